@@ -1,0 +1,270 @@
+import datetime
+
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from mnemo.v1 import memory_pb2 as _memory_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RecallStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECALL_STAGE_UNSPECIFIED: _ClassVar[RecallStage]
+    RECALL_STAGE_VECTOR: _ClassVar[RecallStage]
+    RECALL_STAGE_FULL_TEXT: _ClassVar[RecallStage]
+RECALL_STAGE_UNSPECIFIED: RecallStage
+RECALL_STAGE_VECTOR: RecallStage
+RECALL_STAGE_FULL_TEXT: RecallStage
+
+class CreateMemoryRequest(_message.Message):
+    __slots__ = ("memory", "request_id", "wait_for_index")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_INDEX_FIELD_NUMBER: _ClassVar[int]
+    memory: _memory_pb2.Memory
+    request_id: str
+    wait_for_index: bool
+    def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ..., request_id: _Optional[str] = ..., wait_for_index: _Optional[bool] = ...) -> None: ...
+
+class CreateMemoryResponse(_message.Message):
+    __slots__ = ("memory", "deduplicated")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    memory: _memory_pb2.Memory
+    deduplicated: bool
+    def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+
+class BatchCreateMemoriesRequest(_message.Message):
+    __slots__ = ("requests", "request_id", "wait_for_index")
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_INDEX_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[CreateMemoryRequest]
+    request_id: str
+    wait_for_index: bool
+    def __init__(self, requests: _Optional[_Iterable[_Union[CreateMemoryRequest, _Mapping]]] = ..., request_id: _Optional[str] = ..., wait_for_index: _Optional[bool] = ...) -> None: ...
+
+class BatchCreateMemoriesResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[CreateMemoryResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[CreateMemoryResponse, _Mapping]]] = ...) -> None: ...
+
+class GetMemoryRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetMemoryResponse(_message.Message):
+    __slots__ = ("memory",)
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    memory: _memory_pb2.Memory
+    def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ...) -> None: ...
+
+class ListMemoriesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "filter", "show_deleted")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    SHOW_DELETED_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    filter: _memory_pb2.MemoryFilter
+    show_deleted: bool
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[_Union[_memory_pb2.MemoryFilter, _Mapping]] = ..., show_deleted: _Optional[bool] = ...) -> None: ...
+
+class ListMemoriesResponse(_message.Message):
+    __slots__ = ("memories", "next_page_token")
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[_memory_pb2.Memory]
+    next_page_token: str
+    def __init__(self, memories: _Optional[_Iterable[_Union[_memory_pb2.Memory, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class UpdateMemoryRequest(_message.Message):
+    __slots__ = ("memory", "update_mask", "request_id", "wait_for_index")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_INDEX_FIELD_NUMBER: _ClassVar[int]
+    memory: _memory_pb2.Memory
+    update_mask: _field_mask_pb2.FieldMask
+    request_id: str
+    wait_for_index: bool
+    def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ..., request_id: _Optional[str] = ..., wait_for_index: _Optional[bool] = ...) -> None: ...
+
+class UpdateMemoryResponse(_message.Message):
+    __slots__ = ("memory",)
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    memory: _memory_pb2.Memory
+    def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ...) -> None: ...
+
+class DeleteMemoryRequest(_message.Message):
+    __slots__ = ("id", "request_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    request_id: str
+    def __init__(self, id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class DeleteMemoryResponse(_message.Message):
+    __slots__ = ("memory",)
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    memory: _memory_pb2.Memory
+    def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ...) -> None: ...
+
+class PurgeMemoriesRequest(_message.Message):
+    __slots__ = ("filter", "force", "request_id", "all_memories")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ALL_MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    filter: _memory_pb2.MemoryFilter
+    force: bool
+    request_id: str
+    all_memories: bool
+    def __init__(self, filter: _Optional[_Union[_memory_pb2.MemoryFilter, _Mapping]] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ..., all_memories: _Optional[bool] = ...) -> None: ...
+
+class PurgeMemoriesResponse(_message.Message):
+    __slots__ = ("purge_count",)
+    PURGE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    purge_count: int
+    def __init__(self, purge_count: _Optional[int] = ...) -> None: ...
+
+class RecallOptions(_message.Message):
+    __slots__ = ("disabled_stages", "explain")
+    DISABLED_STAGES_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    disabled_stages: _containers.RepeatedScalarFieldContainer[RecallStage]
+    explain: bool
+    def __init__(self, disabled_stages: _Optional[_Iterable[_Union[RecallStage, str]]] = ..., explain: _Optional[bool] = ...) -> None: ...
+
+class RecallRequest(_message.Message):
+    __slots__ = ("query", "top_k", "filter", "options")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    top_k: int
+    filter: _memory_pb2.MemoryFilter
+    options: RecallOptions
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_memory_pb2.MemoryFilter, _Mapping]] = ..., options: _Optional[_Union[RecallOptions, _Mapping]] = ...) -> None: ...
+
+class RecallScores(_message.Message):
+    __slots__ = ("vector_score", "vector_rank", "text_score", "text_rank", "fused_score", "signals")
+    class SignalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    VECTOR_SCORE_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_RANK_FIELD_NUMBER: _ClassVar[int]
+    TEXT_SCORE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_RANK_FIELD_NUMBER: _ClassVar[int]
+    FUSED_SCORE_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    vector_score: float
+    vector_rank: int
+    text_score: float
+    text_rank: int
+    fused_score: float
+    signals: _containers.ScalarMap[str, float]
+    def __init__(self, vector_score: _Optional[float] = ..., vector_rank: _Optional[int] = ..., text_score: _Optional[float] = ..., text_rank: _Optional[int] = ..., fused_score: _Optional[float] = ..., signals: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class RecallHit(_message.Message):
+    __slots__ = ("memory", "score", "scores", "explanation")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    memory: _memory_pb2.Memory
+    score: float
+    scores: RecallScores
+    explanation: str
+    def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ..., score: _Optional[float] = ..., scores: _Optional[_Union[RecallScores, _Mapping]] = ..., explanation: _Optional[str] = ...) -> None: ...
+
+class RecallResponse(_message.Message):
+    __slots__ = ("hits", "vector_candidates", "text_candidates", "took_ms")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    TEXT_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    TOOK_MS_FIELD_NUMBER: _ClassVar[int]
+    hits: _containers.RepeatedCompositeFieldContainer[RecallHit]
+    vector_candidates: int
+    text_candidates: int
+    took_ms: float
+    def __init__(self, hits: _Optional[_Iterable[_Union[RecallHit, _Mapping]]] = ..., vector_candidates: _Optional[int] = ..., text_candidates: _Optional[int] = ..., took_ms: _Optional[float] = ...) -> None: ...
+
+class ExportMemoriesRequest(_message.Message):
+    __slots__ = ("filter", "include_deleted")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_DELETED_FIELD_NUMBER: _ClassVar[int]
+    filter: _memory_pb2.MemoryFilter
+    include_deleted: bool
+    def __init__(self, filter: _Optional[_Union[_memory_pb2.MemoryFilter, _Mapping]] = ..., include_deleted: _Optional[bool] = ...) -> None: ...
+
+class ExportMemoriesResponse(_message.Message):
+    __slots__ = ("memories", "exported_count", "total_count")
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    EXPORTED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[_memory_pb2.Memory]
+    exported_count: int
+    total_count: int
+    def __init__(self, memories: _Optional[_Iterable[_Union[_memory_pb2.Memory, _Mapping]]] = ..., exported_count: _Optional[int] = ..., total_count: _Optional[int] = ...) -> None: ...
+
+class ImportMemoriesRequest(_message.Message):
+    __slots__ = ("memories",)
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[_memory_pb2.Memory]
+    def __init__(self, memories: _Optional[_Iterable[_Union[_memory_pb2.Memory, _Mapping]]] = ...) -> None: ...
+
+class ImportMemoriesResponse(_message.Message):
+    __slots__ = ("imported_count", "skipped_count", "received_count")
+    IMPORTED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    imported_count: int
+    skipped_count: int
+    received_count: int
+    def __init__(self, imported_count: _Optional[int] = ..., skipped_count: _Optional[int] = ..., received_count: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("server_version", "embedding_model", "embedding_dimension", "memory_count", "deleted_count", "pending_index_count", "memory_count_by_type", "oldest_pending_index_time")
+    class MemoryCountByTypeEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DELETED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_INDEX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_COUNT_BY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_PENDING_INDEX_TIME_FIELD_NUMBER: _ClassVar[int]
+    server_version: str
+    embedding_model: str
+    embedding_dimension: int
+    memory_count: int
+    deleted_count: int
+    pending_index_count: int
+    memory_count_by_type: _containers.ScalarMap[str, int]
+    oldest_pending_index_time: _timestamp_pb2.Timestamp
+    def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

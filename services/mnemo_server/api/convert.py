@@ -1,0 +1,191 @@
+"""Protobuf <-> domain conversion for the shared memory types. Pure functions; the only
+place that knows both shapes."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf.message import Message
+
+from mnemo.v1 import common_pb2, memory_pb2
+from mnemo_server.errors import InvalidArgument
+from mnemo_server.memory.model import (
+    IdempotencyKey,
+    Memory,
+    MemoryDraft,
+    MemoryFilter,
+    MemoryType,
+    Scope,
+    ScopeKind,
+    Source,
+    TimeRange,
+)
+
+_TYPE_TO_PB = {
+    MemoryType.SEMANTIC: common_pb2.MEMORY_TYPE_SEMANTIC,
+    MemoryType.EPISODIC: common_pb2.MEMORY_TYPE_EPISODIC,
+    MemoryType.PROCEDURAL: common_pb2.MEMORY_TYPE_PROCEDURAL,
+    MemoryType.DOCUMENT_CHUNK: common_pb2.MEMORY_TYPE_DOCUMENT_CHUNK,
+}
+_TYPE_FROM_PB = {v: k for k, v in _TYPE_TO_PB.items()}
+_SCOPE_TO_PB = {
+    ScopeKind.SESSION: common_pb2.SCOPE_KIND_SESSION,
+    ScopeKind.PERSONA: common_pb2.SCOPE_KIND_PERSONA,
+    ScopeKind.PROJECT: common_pb2.SCOPE_KIND_PROJECT,
+    ScopeKind.WORKSPACE: common_pb2.SCOPE_KIND_WORKSPACE,
+}
+_SCOPE_FROM_PB = {v: k for k, v in _SCOPE_TO_PB.items()}
+
+
+# --- primitives ----------------------------------------------------------------------
+
+
+def ts_to_ns(ts: timestamp_pb2.Timestamp) -> int:
+    return int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
+
+
+def ns_to_ts(ns: int) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=ns // 1_000_000_000, nanos=ns % 1_000_000_000)
+
+
+def opt_ts(msg: Message, name: str) -> int | None:
+    return ts_to_ns(getattr(msg, name)) if msg.HasField(name) else None
+
+
+def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
+    d: dict[str, Any] = json_format.MessageToDict(s)
+    return d
+
+
+def dict_to_struct(d: dict[str, Any]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    if d:
+        s.update(d)
+    return s
+
+
+def idempotency_key(method: str, request: Message, request_id: str) -> IdempotencyKey | None:
+    """The request's fingerprint covers everything but the request_id itself."""
+    if not request_id:
+        return None
+    clone = type(request)()
+    clone.CopyFrom(request)
+    clone.ClearField("request_id")  # type: ignore[arg-type]
+    digest = hashlib.sha256(clone.SerializeToString(deterministic=True)).hexdigest()
+    return IdempotencyKey(method, request_id, digest)
+
+
+# --- enums and small messages ----------------------------------------------------------
+
+
+def memory_type_from_pb(value: int, field: str, *, default: MemoryType | None = MemoryType.SEMANTIC) -> MemoryType:
+    if value == common_pb2.MEMORY_TYPE_UNSPECIFIED and default is not None:
+        return default
+    try:
+        return _TYPE_FROM_PB[value]  # type: ignore[index]
+    except KeyError:
+        raise InvalidArgument(field, f"unknown memory type {value}") from None
+
+
+def memory_type_to_pb(t: MemoryType) -> common_pb2.MemoryType.ValueType:
+    return _TYPE_TO_PB[t]
+
+
+def scope_from_pb(s: common_pb2.Scope, field: str, *, present: bool = True) -> Scope:
+    if not present:
+        return Scope.workspace()
+    if s.kind == common_pb2.SCOPE_KIND_UNSPECIFIED:
+        raise InvalidArgument(f"{field}.kind", "is required (session, persona, project or workspace)")
+    try:
+        kind = _SCOPE_FROM_PB[s.kind]
+    except KeyError:
+        raise InvalidArgument(f"{field}.kind", f"unknown scope kind {s.kind}") from None
+    if kind is ScopeKind.WORKSPACE and not s.id:
+        return Scope.workspace()
+    return Scope(kind, s.id)
+
+
+def scope_to_pb(s: Scope) -> common_pb2.Scope:
+    return common_pb2.Scope(kind=_SCOPE_TO_PB[s.kind], id=s.id)
+
+
+def source_from_pb(s: common_pb2.Source) -> Source:
+    return Source(s.who, s.why, s.run_id, s.session_id)
+
+
+def source_to_pb(s: Source) -> common_pb2.Source:
+    return common_pb2.Source(who=s.who, why=s.why, run_id=s.run_id, session_id=s.session_id)
+
+
+def time_range_from_pb(msg: Message, name: str) -> TimeRange:
+    if not msg.HasField(name):
+        return TimeRange()
+    tr: common_pb2.TimeRange = getattr(msg, name)
+    return TimeRange(opt_ts(tr, "start_time"), opt_ts(tr, "end_time"))
+
+
+# --- memories --------------------------------------------------------------------------
+
+
+def draft_from_pb(m: memory_pb2.Memory, field: str) -> MemoryDraft:
+    return MemoryDraft(
+        content=m.content,
+        scope=scope_from_pb(m.scope, f"{field}.scope", present=m.HasField("scope")),
+        type=memory_type_from_pb(m.type, f"{field}.type"),
+        category=m.category or "general",
+        external_id=m.external_id,
+        importance=m.importance if m.HasField("importance") else 0.5,
+        confidence=m.confidence if m.HasField("confidence") else 1.0,
+        pinned=m.pinned,
+        source=source_from_pb(m.source),
+        metadata=struct_to_dict(m.metadata),
+        event_time_ns=opt_ts(m, "event_time"),
+    )
+
+
+def memory_to_pb(m: Memory) -> memory_pb2.Memory:
+    pb = memory_pb2.Memory(
+        id=m.id, external_id=m.external_id, scope=scope_to_pb(m.scope), type=memory_type_to_pb(m.type),
+        category=m.category, content=m.content, content_hash=m.content_hash, importance=m.importance,
+        confidence=m.confidence, pinned=m.pinned, source=source_to_pb(m.source),
+        metadata=dict_to_struct(m.metadata), event_time=ns_to_ts(m.event_time_ns),
+        create_time=ns_to_ts(m.create_time_ns), update_time=ns_to_ts(m.update_time_ns),
+        supersedes_id=m.supersedes_id, superseded_by_id=m.superseded_by_id,
+        embedding_model=m.embedding_model,
+        index_state=memory_pb2.INDEX_STATE_INDEXED if m.indexed else memory_pb2.INDEX_STATE_PENDING,
+    )
+    if m.delete_time_ns is not None:
+        pb.delete_time.CopyFrom(ns_to_ts(m.delete_time_ns))
+    return pb
+
+
+def exported_memory_from_pb(m: memory_pb2.Memory, field: str) -> Memory:
+    """A full memory from an export, server-owned fields included."""
+    return Memory(
+        id=m.id, tenant_id="", scope=scope_from_pb(m.scope, f"{field}.scope", present=m.HasField("scope")),
+        type=memory_type_from_pb(m.type, f"{field}.type"), category=m.category or "general",
+        content=m.content, content_hash="", external_id=m.external_id,
+        importance=m.importance if m.HasField("importance") else 0.5,
+        confidence=m.confidence if m.HasField("confidence") else 1.0, pinned=m.pinned, source=source_from_pb(m.source),
+        metadata=struct_to_dict(m.metadata), event_time_ns=ts_to_ns(m.event_time),
+        create_time_ns=ts_to_ns(m.create_time), update_time_ns=ts_to_ns(m.update_time),
+        delete_time_ns=opt_ts(m, "delete_time"), supersedes_id=m.supersedes_id,
+        superseded_by_id=m.superseded_by_id,
+    )
+
+
+def filter_from_pb(msg: Message, name: str = "filter") -> MemoryFilter:
+    if not msg.HasField(name):
+        return MemoryFilter()
+    f: memory_pb2.MemoryFilter = getattr(msg, name)
+    return MemoryFilter(
+        scopes=tuple(scope_from_pb(s, f"{name}.scopes[{i}]") for i, s in enumerate(f.scopes)),
+        types=tuple(memory_type_from_pb(t, f"{name}.types[{i}]", default=None) for i, t in enumerate(f.types)),
+        categories=tuple(f.categories),
+        create_time=time_range_from_pb(f, "create_time"),
+        event_time=time_range_from_pb(f, "event_time"),
+        pinned_only=f.pinned_only,
+        source_session_ids=tuple(f.source_session_ids),
+    )

@@ -1,0 +1,103 @@
+"""Authentication and error mapping for every RPC, in one interceptor.
+
+The caller's principal is resolved from ``authorization: Bearer <key>`` and made available
+to servicers through a context variable; any domain error raised below becomes a canonical
+status with details, and anything unexpected becomes INTERNAL with an incident id (the
+traceback goes to the log, never to the client)."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from mnemo_server.api.errors import internal_status, to_rpc_status
+from mnemo_server.errors import MnemoError, Unauthenticated
+from mnemo_server.tenancy.tenants import Principal
+
+log = logging.getLogger(__name__)
+
+_PRINCIPAL: contextvars.ContextVar[Principal] = contextvars.ContextVar("mnemo_principal")
+
+# Served without credentials: health checks and reflection.
+OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+def current_principal() -> Principal:
+    try:
+        return _PRINCIPAL.get()
+    except LookupError:
+        raise Unauthenticated("no authenticated caller", reason="MISSING_CREDENTIALS") from None
+
+
+def bearer_token(metadata: Any) -> str:
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            scheme, _, token = text.strip().partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+            raise Unauthenticated("authorization metadata must be 'Bearer <api key>'", reason="BAD_AUTH_SCHEME")
+    return ""
+
+
+def _fail(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
+    if isinstance(exc, MnemoError):
+        context.abort_with_status(to_rpc_status(exc))
+    incident = uuid.uuid4().hex[:12]
+    log.error("incident %s in %s", incident, method, exc_info=exc)
+    context.abort_with_status(internal_status(incident))
+
+
+class ApiInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, authenticate: Callable[[str], Principal]):
+        self._authenticate = authenticate
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        method: str = details.method
+        if handler is None or method.startswith(OPEN_SERVICES):
+            return handler
+        metadata = details.invocation_metadata
+
+        def principal() -> Principal:
+            return self._authenticate(bearer_token(metadata))
+
+        if handler.response_streaming:
+            behavior = handler.unary_stream or handler.stream_stream
+
+            def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                try:
+                    token = _PRINCIPAL.set(principal())
+                    try:
+                        yield from behavior(request, context)
+                    finally:
+                        _PRINCIPAL.reset(token)
+                except Exception as exc:
+                    _fail(context, exc, method)
+
+            factory = (grpc.unary_stream_rpc_method_handler if handler.unary_stream
+                       else grpc.stream_stream_rpc_method_handler)
+            return factory(streaming, request_deserializer=handler.request_deserializer,
+                           response_serializer=handler.response_serializer)
+
+        behavior = handler.unary_unary or handler.stream_unary
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                token = _PRINCIPAL.set(principal())
+                try:
+                    return behavior(request, context)
+                finally:
+                    _PRINCIPAL.reset(token)
+            except Exception as exc:
+                _fail(context, exc, method)
+                raise  # unreachable: abort raises
+
+        factory = grpc.unary_unary_rpc_method_handler if handler.unary_unary else grpc.stream_unary_rpc_method_handler
+        return factory(unary, request_deserializer=handler.request_deserializer,
+                       response_serializer=handler.response_serializer)

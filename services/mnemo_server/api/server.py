@@ -1,0 +1,81 @@
+"""The gRPC server: servicers behind the API interceptor, plus grpc.health.v1 (per service)
+and server reflection. SERVING only once everything is open; NOT_SERVING before draining."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from mnemo_server.api.interceptor import ApiInterceptor
+from mnemo_server.config import ServerConfig
+from mnemo_server.errors import FailedPrecondition
+
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        try:
+            return all(ipaddress.ip_address(info[4][0]).is_loopback
+                       for info in socket.getaddrinfo(host, None))
+        except OSError:
+            return False
+
+
+class GrpcServer:
+    def __init__(self, cfg: ServerConfig, interceptor: ApiInterceptor):
+        self.cfg = cfg
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="mnemo-rpc"),
+            interceptors=[interceptor],
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.so_reuseport", 0)])
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names: list[str] = []
+        self.port = 0
+
+    def add(self, add_fn: Any, servicer: Any, full_name: str) -> None:
+        add_fn(servicer, self.server)
+        self.service_names.append(full_name)
+
+    def start(self) -> int:
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        address = f"{self.cfg.host}:{self.cfg.port}"
+        if self.cfg.tls_cert_file:
+            creds = grpc.ssl_server_credentials([(Path(self.cfg.tls_key_file).read_bytes(),
+                                                  Path(self.cfg.tls_cert_file).read_bytes())])
+            self.port = self.server.add_secure_port(address, creds)
+        else:
+            self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise FailedPrecondition(f"cannot listen on {address} (in use?)", reason="BIND_FAILED")
+        self.server.start()
+        self.set_serving(True)
+        return self.port
+
+    def set_serving(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ["", *self.service_names]:
+            self.health.set(name, status)
+
+    def stop(self, grace_s: float) -> None:
+        self.set_serving(False)
+        self.server.stop(grace_s).wait(grace_s + 1.0)
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()

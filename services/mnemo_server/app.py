@@ -1,0 +1,183 @@
+"""The composition root: builds every store, model, worker and servicer from one Config.
+No module-level singletons; tests build as many independent apps as they like."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mnemo.v1 import admin_service_pb2_grpc, memory_service_pb2_grpc
+from mnemo_server.api.admin_servicer import AdminServicer
+from mnemo_server.api.interceptor import ApiInterceptor
+from mnemo_server.api.memory_servicer import MemoryServicer
+from mnemo_server.api.server import GrpcServer, is_loopback
+from mnemo_server.config import Config
+from mnemo_server.embed.embedder import CachedQueryEmbedder, Embedder
+from mnemo_server.embed.factory import build_embedder
+from mnemo_server.errors import EmbeddingModelMismatch, FailedPrecondition
+from mnemo_server.index.indexer import IndexWorker
+from mnemo_server.index.lance_index import LanceIndex
+from mnemo_server.memory.service import MemoryService
+from mnemo_server.memory.validation import Validator
+from mnemo_server.retrieval.recall import RecallPipeline
+from mnemo_server.store import memory_repo
+from mnemo_server.store.database import Database
+from mnemo_server.tenancy.tenants import Principal, TenantService
+from mnemo_server.workers.retention import RetentionWorker
+from mnemo_server.workers.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+META_MODEL = "embedding_model"
+META_DIMENSION = "embedding_dimension"
+
+
+@dataclass(frozen=True)
+class DataPaths:
+    root: Path
+
+    @property
+    def duckdb(self) -> Path:
+        return self.root / "mnemo.duckdb"
+
+    @property
+    def lance(self) -> Path:
+        return self.root / "lance"
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+
+def check_model_identity(db: Database, embedder: Embedder) -> None:
+    """First open records the model; later opens must match until `mnemo reembed`."""
+    model, dim = db.get_meta(META_MODEL), db.get_meta(META_DIMENSION)
+    if model is None:
+        with db.transaction() as cur:
+            db.set_meta(cur, META_MODEL, embedder.model_id)
+            db.set_meta(cur, META_DIMENSION, str(embedder.dimension))
+        return
+    if model != embedder.model_id or int(dim or 0) != embedder.dimension:
+        raise EmbeddingModelMismatch(
+            f"the store was embedded with {model!r} ({dim} dimensions) but the configured model is "
+            f"{embedder.model_id!r} ({embedder.dimension} dimensions); run `mnemo reembed` to re-embed "
+            "every memory with the configured model, or configure the original one")
+
+
+class Core:
+    """Stores, models and domain services: everything but the network."""
+
+    def __init__(self, config: Config, *, accept_model_change: bool = False):
+        self.config = config
+        self.paths = DataPaths(config.data_dir)
+        self.db = Database(self.paths.duckdb)
+        try:
+            self.embedder = build_embedder(config.embedding, self.paths.models)
+            if accept_model_change:
+                with self.db.transaction() as cur:
+                    self.db.set_meta(cur, META_MODEL, self.embedder.model_id)
+                    self.db.set_meta(cur, META_DIMENSION, str(self.embedder.dimension))
+            check_model_identity(self.db, self.embedder)
+            self.index = LanceIndex(self.paths.lance, self.embedder.dimension, config.index)
+            self.indexer = IndexWorker(self.db, self.index, self.embedder, config.index)
+            self.validator = Validator(config.limits)
+            self.memories = MemoryService(self.db, self.indexer, self.validator, config.caps, config.index,
+                                          self.embedder.model_id)
+            self.recall = RecallPipeline(self.db, self.index,
+                                         CachedQueryEmbedder(self.embedder, config.embedding.query_cache_size),
+                                         self.validator, config.limits, config.recall)
+            self.tenants = TenantService(self.db)
+            self.retention = RetentionWorker(self.db, config.retention)
+        except BaseException:
+            self.db.close()
+            raise
+
+    def optimize_dirty(self) -> None:
+        dirty = set(self.indexer.stats.dirty_tenants)
+        self.indexer.stats.dirty_tenants.difference_update(dirty)
+        for tenant_id in dirty:
+            self.index.optimize(tenant_id)
+
+    def rebuild_index(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Drop LanceDB and re-embed every live memory from DuckDB (offline command)."""
+        self.index.drop_all()
+        with self.db.transaction() as cur:
+            memory_repo.reset_index_marks(cur)
+        total = self.indexer.reconcile()
+        self.indexer.start()
+        try:
+            while not self.indexer.wait_idle(0.5):
+                if progress:
+                    progress(total - self.indexer.pending(), total)
+            for tenant_id in self.index.tenants():
+                self.index.optimize(tenant_id)
+        finally:
+            self.indexer.stop()
+        if progress:
+            progress(total, total)
+        return total
+
+    def close(self) -> None:
+        self.indexer.stop()
+        self.db.close()
+
+
+class MnemoServer:
+    """Core + gRPC server + background workers, with an orderly start and stop."""
+
+    def __init__(self, config: Config):
+        if not config.auth.enabled and not is_loopback(config.server.host):
+            raise FailedPrecondition(
+                f"authentication is disabled, so the server only binds loopback addresses, not "
+                f"{config.server.host!r}; enable auth or bind 127.0.0.1", reason="INSECURE_BIND")
+        self.config = config
+        self.core = Core(config)
+        self.scheduler = Scheduler()
+        self.grpc = GrpcServer(config.server, ApiInterceptor(self._authenticate))
+        self.grpc.add(memory_service_pb2_grpc.add_MemoryServiceServicer_to_server,
+                      MemoryServicer(self.core.memories, self.core.recall, self.core.embedder.dimension),
+                      "mnemo.v1.MemoryService")
+        self.grpc.add(admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
+                      AdminServicer(self.core.tenants), "mnemo.v1.AdminService")
+        self._stopped = threading.Event()
+
+    def _authenticate(self, token: str) -> Principal:
+        if not self.config.auth.enabled:
+            return Principal(tenant_id=self.config.auth.local_tenant, is_admin=True)
+        return self.core.tenants.authenticate(token, self.config.auth.admin_key)
+
+    @property
+    def port(self) -> int:
+        return self.grpc.port
+
+    def start(self) -> int:
+        core = self.core
+        if not self.config.auth.enabled:
+            core.tenants.ensure_tenant(self.config.auth.local_tenant)
+        # Anything committed but not indexed before a crash (or indexed but since deleted).
+        queued = core.indexer.reconcile(full=True)
+        if queued:
+            log.info("reconciler: %d memories to (re)index or remove", queued)
+        core.indexer.start()
+        cfg = self.config
+        self.scheduler.add("reconcile", cfg.index.reconcile_interval_s, core.indexer.reconcile)
+        self.scheduler.add("optimize", cfg.index.optimize_interval_s, core.optimize_dirty)
+        self.scheduler.add("retention", cfg.retention.interval_s, core.retention.sweep)
+        self.scheduler.start()
+        port = self.grpc.start()
+        log.info("mnemo serving on %s:%d (data in %s)", cfg.server.host, port, cfg.data_dir)
+        return port
+
+    def stop(self, grace_s: float | None = None) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.grpc.stop(self.config.server.shutdown_grace_s if grace_s is None else grace_s)
+        self.scheduler.stop()
+        self.core.close()
+
+    def wait(self) -> None:
+        self.grpc.wait()

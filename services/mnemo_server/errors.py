@@ -1,0 +1,88 @@
+"""The domain's error hierarchy.
+
+Domain code raises these; exactly one place (``api.errors``) maps them to gRPC status codes
+with ``google.rpc`` details. Messages are written for the API's users: they name the field
+or resource and never carry Python class names or stack traces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class MnemoError(Exception):
+    """Base class. ``reason`` is an UPPER_SNAKE identifier clients can switch on."""
+
+    default_reason = "ERROR"
+
+    def __init__(self, message: str, *, reason: str | None = None, metadata: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.reason = reason or self.default_reason
+        self.metadata = dict(metadata or {})
+
+
+class InvalidArgument(MnemoError):
+    default_reason = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, description: str, *, reason: str | None = None):
+        super().__init__(f"{field}: {description}", reason=reason, metadata={"field": field})
+        self.violations = [FieldViolation(field, description)]
+
+    @classmethod
+    def many(cls, violations: list[FieldViolation]) -> InvalidArgument:
+        first = violations[0]
+        err = cls(first.field, first.description)
+        err.violations = list(violations)
+        if len(violations) > 1:
+            err.message = "; ".join(f"{v.field}: {v.description}" for v in violations)
+            err.args = (err.message,)
+        return err
+
+
+class NotFound(MnemoError):
+    default_reason = "NOT_FOUND"
+
+    def __init__(self, resource: str, ident: str):
+        super().__init__(f"{resource} {ident!r} not found", reason=f"{resource.upper()}_NOT_FOUND",
+                         metadata={"resource": resource, "id": ident})
+
+
+class AlreadyExists(MnemoError):
+    default_reason = "ALREADY_EXISTS"
+
+
+class FailedPrecondition(MnemoError):
+    default_reason = "FAILED_PRECONDITION"
+
+
+class Unauthenticated(MnemoError):
+    default_reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(MnemoError):
+    default_reason = "PERMISSION_DENIED"
+
+
+class ResourceExhausted(MnemoError):
+    default_reason = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(MnemoError):
+    default_reason = "UNAVAILABLE"
+
+
+class DeadlineExceeded(MnemoError):
+    default_reason = "DEADLINE_EXCEEDED"
+
+
+class EmbeddingModelMismatch(FailedPrecondition):
+    """The store was embedded with another model; `mnemo reembed` resolves it."""
+
+    default_reason = "EMBEDDING_MODEL_MISMATCH"

@@ -1,0 +1,244 @@
+"""Keeps LanceDB in step with DuckDB.
+
+Writes commit to DuckDB first and are acknowledged; their ids are then submitted here. One
+worker thread embeds them in micro-batches (outside any transaction), upserts them into
+LanceDB, and only then marks them indexed in DuckDB. A crash anywhere in between leaves the
+row marked as behind, and reconcile() — at start-up and periodically — submits it again;
+the LanceDB upsert is keyed on id, so doing it twice is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from mnemo_server.config import IndexConfig
+from mnemo_server.embed.embedder import Embedder
+from mnemo_server.index.lance_index import IndexRow, LanceIndex
+from mnemo_server.store import memory_repo
+from mnemo_server.store.database import Database
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (tenant_id, memory_id)
+
+
+@dataclass
+class IndexerStats:
+    indexed: int = 0
+    removed: int = 0
+    failed_batches: int = 0
+    batches: int = 0
+    last_error: str = ""
+    dirty_tenants: set[str] = field(default_factory=set)
+
+
+class IndexWorker:
+    def __init__(self, db: Database, index: LanceIndex, embedder: Embedder, cfg: IndexConfig):
+        self.db = db
+        self.index = index
+        self.embedder = embedder
+        self.cfg = cfg
+        self.stats = IndexerStats()
+        self._queue: queue.Queue[Key | None] = queue.Queue()
+        self._queued: set[Key] = set()
+        self._queued_lock = threading.Lock()
+        self._waiters: dict[Key, list[threading.Event]] = defaultdict(list)
+        self._waiters_lock = threading.Lock()
+        self._idle = threading.Condition()
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # --- producer side -----------------------------------------------------------------
+
+    def submit(self, tenant_id: str, ids: Iterable[str]) -> None:
+        with self._queued_lock:
+            fresh = [(tenant_id, i) for i in ids if (tenant_id, i) not in self._queued]
+            self._queued.update(fresh)
+        for key in fresh:
+            self._queue.put(key)
+
+    def pending(self) -> int:
+        with self._queued_lock:
+            return len(self._queued)
+
+    def wait_indexed(self, tenant_id: str, ids: Sequence[str], timeout_s: float) -> bool:
+        """Block until every id is searchable (or deleted), at most timeout_s."""
+        events: list[threading.Event] = []
+        with self._waiters_lock:
+            for i in ids:
+                ev = threading.Event()
+                self._waiters[(tenant_id, i)].append(ev)
+                events.append(ev)
+        # Check after registering so a completion in between is not missed.
+        current = memory_repo.get_many(self.db.reader(), tenant_id, list(ids))
+        for i, ev in zip(ids, events, strict=True):
+            m = current.get(i)
+            if m is None or m.deleted or m.indexed:
+                ev.set()
+        deadline = time.monotonic() + timeout_s
+        ok = all(ev.wait(max(0.0, deadline - time.monotonic())) for ev in events)
+        with self._waiters_lock:
+            for i, ev in zip(ids, events, strict=True):
+                lst = self._waiters.get((tenant_id, i))
+                if lst and ev in lst:
+                    lst.remove(ev)
+                    if not lst:
+                        del self._waiters[(tenant_id, i)]
+        return ok
+
+    def _notify(self, keys: Iterable[Key]) -> None:
+        with self._waiters_lock:
+            for key in keys:
+                for ev in self._waiters.pop(key, []):
+                    ev.set()
+
+    # --- worker ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._run, name="mnemo-indexer", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._thread is not None:
+            self._stopping.set()
+            self._queue.put(None)
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """True once nothing is queued or in flight (used by commands and tests)."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self.pending() or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(min(remaining, 0.05))
+        return True
+
+    def _take_batch(self) -> list[Key]:
+        first = self._queue.get()
+        if first is None:
+            return []
+        batch = [first]
+        deadline = time.monotonic() + self.cfg.batch_wait_ms / 1000.0
+        while len(batch) < self.cfg.max_batch:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if item is None:
+                self._stopping.set()
+                break
+            batch.append(item)
+        return batch
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while not self._stopping.is_set():
+            batch = self._take_batch()
+            if not batch:
+                continue
+            with self._idle:
+                self._busy += 1
+            with self._queued_lock:
+                self._queued.difference_update(batch)
+            try:
+                self.process(batch)
+                backoff = 0.0
+            except Exception as exc:  # keep serving; the reconciler retries these rows
+                self.stats.failed_batches += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("index batch of %d failed", len(batch))
+                backoff = min(max(backoff * 2, 0.5), 30.0)
+                self._stopping.wait(backoff)
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+    def process(self, batch: Sequence[Key]) -> None:
+        by_tenant: dict[str, list[str]] = defaultdict(list)
+        for tenant_id, mid in dict.fromkeys(batch):
+            by_tenant[tenant_id].append(mid)
+        for tenant_id, ids in by_tenant.items():
+            self._process_tenant(tenant_id, ids)
+
+    def _process_tenant(self, tenant_id: str, ids: list[str]) -> None:
+        current = memory_repo.get_many(self.db.reader(), tenant_id, ids)
+        live = [m for m in current.values() if not m.deleted and not m.indexed]
+        gone = [i for i in ids if i not in current or current[i].deleted]
+        if live:
+            vectors = self.embedder.embed([m.content for m in live])
+            rows = [IndexRow(id=m.id, scope=m.scope.key, type=m.type.value, category=m.category,
+                             session=m.source.session_id, pinned=m.pinned, event_time_ns=m.event_time_ns,
+                             create_time_ns=m.create_time_ns, revision=m.revision, text=m.content,
+                             vector=vectors[n]) for n, m in enumerate(live)]
+            self.index.upsert(tenant_id, rows)
+        if gone:
+            self.index.delete(tenant_id, gone)
+        with self.db.transaction() as cur:
+            memory_repo.mark_indexed(cur, [(tenant_id, m.id, m.revision) for m in live], self.embedder.model_id)
+            memory_repo.mark_unindexed(cur, [(tenant_id, i) for i in gone])
+        self.stats.indexed += len(live)
+        self.stats.removed += len(gone)
+        self.stats.batches += 1
+        self.stats.dirty_tenants.add(tenant_id)
+        self._notify([(tenant_id, i) for i in ids])
+
+    # --- reconciliation ----------------------------------------------------------------
+
+    def reconcile(self, *, full: bool = False) -> int:
+        """Submit every row DuckDB says is behind; with full=True also remove LanceDB rows
+        DuckDB does not hold as live (e.g. after a crash or a restored data directory).
+        Returns how many rows were submitted or removed."""
+        n = 0
+        after = ("", "")
+        while True:
+            tasks = memory_repo.needing_index(self.db.reader(), self.embedder.model_id, 5000, after)
+            if not tasks:
+                break
+            by_tenant: dict[str, list[str]] = defaultdict(list)
+            for t in tasks:
+                by_tenant[t.tenant_id].append(t.id)
+            for tenant_id, ids in by_tenant.items():
+                self.submit(tenant_id, ids)
+            n += len(tasks)
+            after = (tasks[-1].tenant_id, tasks[-1].id)
+        if full:
+            n += self._remove_orphans()
+        return n
+
+    def _remove_orphans(self) -> int:
+        removed = 0
+        for tenant_id in self.index.tenants():
+            indexed = self.index.revisions(tenant_id)
+            if not indexed:
+                continue
+            rows = self.db.reader().execute(
+                "SELECT id, revision, indexed_revision FROM memories WHERE tenant_id = ? "
+                "AND delete_time_ns IS NULL", [tenant_id]).fetchall()
+            live = {r[0]: (r[1], r[2]) for r in rows}
+            orphans = [i for i in indexed if i not in live]
+            if orphans:
+                self.index.delete(tenant_id, orphans)
+                removed += len(orphans)
+            # Marked indexed but LanceDB lost the row or holds another revision: redo.
+            stale = [i for i, (rev, idx_rev) in live.items()
+                     if idx_rev is not None and indexed.get(i) != idx_rev]
+            if stale:
+                with self.db.transaction() as cur:
+                    cur.execute("UPDATE memories SET indexed_revision = NULL WHERE tenant_id = ? AND id = ANY(?)",
+                                [tenant_id, stale])
+                self.submit(tenant_id, stale)
+                removed += len(stale)
+        return removed

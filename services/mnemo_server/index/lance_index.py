@@ -1,0 +1,251 @@
+"""The derived search index: one LanceDB table per tenant holding each live memory's
+vector and text, with a BM25 full-text index and, past a size threshold, an ANN index.
+
+Everything here can be rebuilt from DuckDB. Filter columns are copied in so filters run
+inside LanceDB (prefilter); results are still re-checked against DuckDB by the caller, so a
+stale copy here can cost a hit but never show a wrong one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from mnemo_server.config import IndexConfig
+from mnemo_server.memory.model import MemoryFilter
+
+log = logging.getLogger(__name__)
+
+_TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    id: str
+    scope: str
+    type: str
+    category: str
+    session: str
+    pinned: bool
+    event_time_ns: int
+    create_time_ns: int
+    revision: int
+    text: str
+    vector: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class LegHit:
+    id: str
+    score: float  # higher is better: cosine similarity or BM25
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _in(column: str, values: Sequence[str]) -> str:
+    return f"{column} IN ({', '.join(_quote(v) for v in values)})"
+
+
+def filter_sql(f: MemoryFilter) -> str | None:
+    """The filter as a LanceDB (DataFusion SQL) predicate."""
+    parts: list[str] = []
+    if f.scopes:
+        parts.append(_in("scope", [s.key for s in f.scopes]))
+    if f.types:
+        parts.append(_in("type", [t.value for t in f.types]))
+    if f.categories:
+        parts.append(_in("category", list(f.categories)))
+    if f.source_session_ids:
+        parts.append(_in("session", list(f.source_session_ids)))
+    if f.pinned_only:
+        parts.append("pinned = true")
+    for column, tr in (("create_time_ns", f.create_time), ("event_time_ns", f.event_time)):
+        if tr.start_ns is not None:
+            parts.append(f"{column} >= {int(tr.start_ns)}")
+        if tr.end_ns is not None:
+            parts.append(f"{column} < {int(tr.end_ns)}")
+    return " AND ".join(parts) if parts else None
+
+
+class LanceIndex:
+    def __init__(self, path: Path, dimension: int, cfg: IndexConfig):
+        import lancedb
+
+        self.path = path
+        self.dimension = dimension
+        self.cfg = cfg
+        path.mkdir(parents=True, exist_ok=True)
+        self._db = lancedb.connect(str(path), read_consistency_interval=timedelta(0))
+        self._tables: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._write_locks: dict[str, threading.Lock] = {}
+        self.schema = pa.schema([
+            pa.field("id", pa.string(), nullable=False),
+            pa.field("scope", pa.string()),
+            pa.field("type", pa.string()),
+            pa.field("category", pa.string()),
+            pa.field("session", pa.string()),
+            pa.field("pinned", pa.bool_()),
+            pa.field("event_time_ns", pa.int64()),
+            pa.field("create_time_ns", pa.int64()),
+            pa.field("revision", pa.int64()),
+            pa.field("text", pa.string()),
+            pa.field("vector", pa.list_(pa.float32(), dimension)),
+        ])
+
+    # --- tables ----------------------------------------------------------------------
+
+    @staticmethod
+    def table_name(tenant_id: str) -> str:
+        if not _TENANT_RE.match(tenant_id):
+            raise ValueError(f"bad tenant id {tenant_id!r}")
+        return f"t_{tenant_id}"
+
+    def _table(self, tenant_id: str, *, create: bool) -> Any | None:
+        name = self.table_name(tenant_id)
+        with self._lock:
+            table = self._tables.get(name)
+            if table is not None:
+                return table
+            if name in self._db.list_tables().tables:
+                table = self._db.open_table(name)
+            elif create:
+                table = self._db.create_table(name, schema=self.schema)
+            else:
+                return None
+            self._tables[name] = table
+            self._write_locks.setdefault(name, threading.Lock())
+            return table
+
+    def _write_lock(self, tenant_id: str) -> threading.Lock:
+        with self._lock:
+            return self._write_locks.setdefault(self.table_name(tenant_id), threading.Lock())
+
+    def tenants(self) -> list[str]:
+        return [n[2:] for n in self._db.list_tables().tables if n.startswith("t_")]
+
+    # --- writes ----------------------------------------------------------------------
+
+    def upsert(self, tenant_id: str, rows: Sequence[IndexRow]) -> None:
+        if not rows:
+            return
+        table = self._table(tenant_id, create=True)
+        data = pa.table({
+            "id": [r.id for r in rows], "scope": [r.scope for r in rows], "type": [r.type for r in rows],
+            "category": [r.category for r in rows], "session": [r.session for r in rows],
+            "pinned": [r.pinned for r in rows], "event_time_ns": [r.event_time_ns for r in rows],
+            "create_time_ns": [r.create_time_ns for r in rows], "revision": [r.revision for r in rows],
+            "text": [r.text for r in rows],
+            "vector": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.concatenate([r.vector for r in rows]).astype(np.float32)), self.dimension),
+        }, schema=self.schema)
+        with self._write_lock(tenant_id):
+            (table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(data))
+            self._ensure_text_index(table)
+
+    def delete(self, tenant_id: str, ids: Sequence[str]) -> None:
+        table = self._table(tenant_id, create=False)
+        if table is None or not ids:
+            return
+        with self._write_lock(tenant_id):
+            for start in range(0, len(ids), 500):
+                table.delete(_in("id", ids[start:start + 500]))
+
+    def drop_all(self) -> None:
+        with self._lock:
+            for name in list(self._db.list_tables().tables):
+                self._db.drop_table(name)
+            self._tables.clear()
+
+    # --- indices and maintenance -------------------------------------------------------
+
+    @staticmethod
+    def _index_names(table: Any) -> dict[str, Any]:
+        return {ix.name: ix for ix in table.list_indices()}
+
+    def _ensure_text_index(self, table: Any) -> None:
+        from lancedb.index import FTS
+
+        if "text_idx" not in self._index_names(table):
+            table.create_index("text", config=FTS(with_position=False), name="text_idx")
+
+    def optimize(self, tenant_id: str) -> dict[str, Any]:
+        """Compact small fragments, fold new rows into the indices, add the ANN index once
+        the table is large. Returns what was done (for logs and tests)."""
+        table = self._table(tenant_id, create=False)
+        if table is None:
+            return {}
+        done: dict[str, Any] = {}
+        with self._write_lock(tenant_id):
+            rows = table.count_rows()
+            indices = self._index_names(table)
+            if rows >= self.cfg.ann_min_rows and "vector_idx" not in indices:
+                partitions = max(1, int(rows ** 0.5))
+                table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ",
+                                   num_partitions=partitions, name="vector_idx")
+                done["ann_index"] = partitions
+            if "scope_idx" not in indices and rows:
+                table.create_scalar_index("scope", index_type="BITMAP", name="scope_idx")
+                done["scope_index"] = True
+            table.optimize(cleanup_older_than=timedelta(minutes=5))
+            done["rows"] = rows
+        return done
+
+    def stats(self, tenant_id: str) -> dict[str, Any]:
+        table = self._table(tenant_id, create=False)
+        if table is None:
+            return {"rows": 0, "indices": {}}
+        return {"rows": table.count_rows(),
+                "indices": {n: {"indexed": ix.num_indexed_rows, "unindexed": ix.num_unindexed_rows}
+                            for n, ix in self._index_names(table).items()}}
+
+    # --- reads -----------------------------------------------------------------------
+
+    def count(self, tenant_id: str) -> int:
+        table = self._table(tenant_id, create=False)
+        return 0 if table is None else int(table.count_rows())
+
+    def revisions(self, tenant_id: str) -> dict[str, int]:
+        """id -> indexed revision, for reconciliation."""
+        table = self._table(tenant_id, create=False)
+        if table is None:
+            return {}
+        data = table.to_lance().to_table(columns=["id", "revision"])
+        return dict(zip(data.column("id").to_pylist(), data.column("revision").to_pylist(), strict=True))
+
+    def vector_search(self, tenant_id: str, vector: npt.NDArray[np.float32], k: int,
+                      where: str | None) -> list[LegHit]:
+        table = self._table(tenant_id, create=False)
+        if table is None:
+            return []
+        q = table.search(vector).distance_type("cosine").select(["id"]).limit(k)
+        if where:
+            q = q.where(where, prefilter=True)
+        result = q.to_arrow()
+        ids = result.column("id").to_pylist()
+        dists = result.column("_distance").to_pylist()
+        return [LegHit(i, 1.0 - float(d)) for i, d in zip(ids, dists, strict=True)]
+
+    def text_search(self, tenant_id: str, query: str, k: int, where: str | None) -> list[LegHit]:
+        table = self._table(tenant_id, create=False)
+        if table is None or not query.strip():
+            return []
+        q = table.search(query, query_type="fts").select(["id"]).limit(k)
+        if where:
+            q = q.where(where, prefilter=True)
+        result = q.to_arrow()
+        ids = result.column("id").to_pylist()
+        scores = result.column("_score").to_pylist()
+        return [LegHit(i, float(s)) for i, s in zip(ids, scores, strict=True)]

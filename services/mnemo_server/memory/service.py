@@ -1,0 +1,395 @@
+"""The memory domain: create, read, update, delete, purge, export and import.
+
+Writes are raw-first: validated and normalised, committed to DuckDB in one short
+transaction (with dedup, caps and the idempotency record), acknowledged, and only then
+embedded and indexed by the IndexWorker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mnemo_server.config import CapsConfig, IndexConfig
+from mnemo_server.errors import AlreadyExists, FieldViolation, InvalidArgument, NotFound
+from mnemo_server.index.indexer import IndexWorker
+from mnemo_server.memory.model import (
+    CreateResult,
+    IdempotencyKey,
+    Memory,
+    MemoryDraft,
+    MemoryFilter,
+    MemoryType,
+    Scope,
+    ScopeKind,
+    now_ns,
+)
+from mnemo_server.memory.normalize import normalize_content, sanitize_category
+from mnemo_server.memory.paging import decode_token, encode_token, query_fingerprint
+from mnemo_server.memory.validation import Validator, raise_if
+from mnemo_server.store import idempotency_repo, memory_repo
+from mnemo_server.store.database import Cursor, Database
+
+EXTERNAL_PREFIX = "external:"
+UPDATABLE_PATHS = ("importance", "confidence", "pinned", "category", "metadata", "event_time", "content")
+
+
+@dataclass(frozen=True)
+class MemoryPatch:
+    """New values for an update; only the paths named in the mask are read."""
+
+    importance: float = 0.5
+    confidence: float = 1.0
+    pinned: bool = False
+    category: str = ""
+    metadata: dict[str, Any] | None = None
+    event_time_ns: int | None = None
+    content: str = ""
+
+
+@dataclass(frozen=True)
+class TenantStatus:
+    live: int
+    deleted: int
+    pending_index: int
+    oldest_pending_ns: int | None
+    by_type: dict[str, int]
+
+
+class MemoryService:
+    def __init__(self, db: Database, indexer: IndexWorker, validator: Validator, caps: CapsConfig,
+                 index_cfg: IndexConfig, embedding_model: str, clock: Callable[[], int] = now_ns):
+        self.db = db
+        self.indexer = indexer
+        self.validator = validator
+        self.caps = caps
+        self.index_cfg = index_cfg
+        self.embedding_model = embedding_model
+        self.clock = clock
+
+    # --- create ------------------------------------------------------------------------
+
+    def create(self, tenant_id: str, draft: MemoryDraft, *, key: IdempotencyKey | None = None,
+               wait_for_index: bool = False, wait_timeout_s: float = 0.0, field_prefix: str = "memory",
+               ) -> CreateResult:
+        return self.batch_create(tenant_id, [draft], key=key, wait_for_index=wait_for_index,
+                                 wait_timeout_s=wait_timeout_s, field_prefixes=[field_prefix])[0]
+
+    def batch_create(self, tenant_id: str, drafts: Sequence[MemoryDraft], *, key: IdempotencyKey | None = None,
+                     wait_for_index: bool = False, wait_timeout_s: float = 0.0,
+                     field_prefixes: Sequence[str] | None = None) -> list[CreateResult]:
+        prefixes = list(field_prefixes or [f"requests[{i}].memory" for i in range(len(drafts))])
+        if not drafts:
+            raise InvalidArgument("requests", "must hold at least one memory")
+        if len(drafts) > self.validator.limits.max_batch_size:
+            raise InvalidArgument("requests", f"holds {len(drafts)} memories; the limit is "
+                                              f"{self.validator.limits.max_batch_size}")
+        prepared = [self._prepare(d, p) for d, p in zip(drafts, prefixes, strict=True)]
+        seen_external: dict[str, str] = {}
+        violations: list[FieldViolation] = []
+        for d, p in zip(prepared, prefixes, strict=True):
+            if d.external_id:
+                if d.external_id in seen_external:
+                    violations.append(FieldViolation(f"{p}.external_id", "repeats another entry of this batch"))
+                seen_external[d.external_id] = p
+        raise_if(violations)
+
+        now = self.clock()
+        with self.db.transaction() as cur:
+            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            if replay is not None:
+                stored = memory_repo.get_many(cur, tenant_id, replay["ids"])
+                results = [CreateResult(stored[i], bool(dd)) for i, dd in zip(replay["ids"], replay["dedup"],
+                                                                              strict=True)]
+                new_ids: list[str] = []
+                pruned: list[str] = []
+            else:
+                results, new_ids, pruned = self._insert(cur, tenant_id, prepared, prefixes, now)
+                idempotency_repo.record(cur, tenant_id, key, {"ids": [r.memory.id for r in results],
+                                                              "dedup": [r.deduplicated for r in results]}, now)
+        if new_ids or pruned:
+            self.indexer.submit(tenant_id, [*new_ids, *pruned])
+        if wait_for_index:
+            ids = [r.memory.id for r in results]
+            if self.indexer.wait_indexed(tenant_id, ids, self._wait_budget(wait_timeout_s)):
+                fresh = memory_repo.get_many(self.db.reader(), tenant_id, ids)
+                results = [CreateResult(fresh.get(r.memory.id, r.memory), r.deduplicated) for r in results]
+        return results
+
+    def _wait_budget(self, requested_s: float) -> float:
+        limit = self.index_cfg.max_wait_for_index_s
+        return limit if requested_s <= 0 else min(requested_s, limit)
+
+    def _prepare(self, d: MemoryDraft, prefix: str) -> MemoryDraft:
+        scope = d.scope
+        if scope.kind is ScopeKind.WORKSPACE and not scope.id:
+            scope = Scope.workspace()
+        raise_if(self.validator.draft(replace(d, scope=scope), prefix))
+        return replace(d, scope=scope, category=sanitize_category(d.category))
+
+    def _insert(self, cur: Cursor, tenant_id: str, drafts: Sequence[MemoryDraft], prefixes: Sequence[str],
+                now: int) -> tuple[list[CreateResult], list[str], list[str]]:
+        normalized = [normalize_content(d.content) for d in drafts]
+        existing = memory_repo.find_live_duplicates(cur, tenant_id, [n.hash for n in normalized])
+        taken_external = memory_repo.live_external_ids(cur, tenant_id, [d.external_id for d in drafts
+                                                                        if d.external_id])
+        results: list[CreateResult] = []
+        to_insert: list[tuple[Memory, str]] = []
+        fresh = [k for k, d in enumerate(drafts) if (d.scope.key, normalized[k].hash) not in existing]
+        seqs = iter(memory_repo.next_seqs(cur, len(fresh)))
+        batch_seen: dict[tuple[str, str], Memory] = {}
+        for k, (d, norm) in enumerate(zip(drafts, normalized, strict=True)):
+            dedup_key = (d.scope.key, norm.hash)
+            dup = existing.get(dedup_key) or batch_seen.get(dedup_key)
+            if dup is not None:
+                if d.external_id and d.external_id != dup.external_id:
+                    raise AlreadyExists(
+                        f"{prefixes[k]}: the same content already exists in this scope as memory {dup.id}",
+                        reason="DUPLICATE_CONTENT", metadata={"memory_id": dup.id})
+                results.append(CreateResult(dup, True))
+                continue
+            if d.external_id and d.external_id in taken_external:
+                raise AlreadyExists(f"{prefixes[k]}.external_id: {d.external_id!r} is already used by memory "
+                                    f"{taken_external[d.external_id]}", reason="EXTERNAL_ID_TAKEN",
+                                    metadata={"memory_id": taken_external[d.external_id]})
+            m = Memory(
+                id=str(uuid.uuid4()), tenant_id=tenant_id, seq=next(seqs), external_id=d.external_id,
+                scope=d.scope, type=d.type, category=d.category, content=norm.storage, content_hash=norm.hash,
+                importance=d.importance, confidence=d.confidence, pinned=d.pinned, source=d.source,
+                metadata=d.metadata, event_time_ns=d.event_time_ns if d.event_time_ns is not None else now,
+                create_time_ns=now, update_time_ns=now, revision=1, embedding_model=self.embedding_model)
+            to_insert.append((m, norm.normalized))
+            batch_seen[dedup_key] = m
+            results.append(CreateResult(m, False))
+        memory_repo.insert_many(cur, to_insert)
+        memory_repo.record_history(
+            cur, [(tenant_id, m.id, "create", m.source.who or "api", m.source.why, {"type": m.type.value})
+                  for m, _ in to_insert], now)
+        pruned = self._enforce_caps(cur, tenant_id, {(m.scope, m.type) for m, _ in to_insert}, now)
+        return results, [m.id for m, _ in to_insert], pruned
+
+    def _cap_for(self, mtype: MemoryType) -> int:
+        cap: int = getattr(self.caps, mtype.value)
+        return cap
+
+    def _enforce_caps(self, cur: Cursor, tenant_id: str, groups: set[tuple[Scope, MemoryType]], now: int,
+                      ) -> list[str]:
+        pruned: list[str] = []
+        for scope, mtype in sorted(groups, key=lambda g: (g[0].key, g[1].value)):
+            cap = self._cap_for(mtype)
+            if cap <= 0:
+                continue
+            excess = memory_repo.count_live_in(cur, tenant_id, scope, mtype) - cap
+            if excess > 0:
+                victims = memory_repo.oldest_unpinned(cur, tenant_id, scope, mtype, excess)
+                memory_repo.tombstone(cur, tenant_id, victims, now)
+                memory_repo.record_history(
+                    cur, [(tenant_id, v, "prune", "mnemo", f"{mtype.value} cap {cap} reached", {})
+                          for v in victims], now)
+                pruned.extend(victims)
+        return pruned
+
+    # --- read --------------------------------------------------------------------------
+
+    def get(self, tenant_id: str, ident: str, *, field: str = "id") -> Memory:
+        if not ident:
+            raise InvalidArgument(field, "is required")
+        cur = self.db.reader()
+        if ident.startswith(EXTERNAL_PREFIX):
+            m = memory_repo.get_by_external_id(cur, tenant_id, ident[len(EXTERNAL_PREFIX):])
+        else:
+            m = memory_repo.get(cur, tenant_id, ident)
+        if m is None:
+            raise NotFound("memory", ident)
+        return m
+
+    def list(self, tenant_id: str, f: MemoryFilter, *, page_size: int, page_token: str,
+             show_deleted: bool) -> tuple[list[Memory], str]:
+        size = self.validator.page_size(page_size)
+        raise_if(self.validator.filter(f))
+        fingerprint = query_fingerprint("list", f, show_deleted)
+        before = decode_token(page_token, fingerprint)
+        if before is not None and not isinstance(before, int):
+            raise InvalidArgument("page_token", "is not a token this server issued")
+        rows = memory_repo.list_page(self.db.reader(), tenant_id, f, include_deleted=show_deleted,
+                                     before_seq=before, limit=size + 1)
+        next_token = encode_token(rows[size - 1].seq, fingerprint) if len(rows) > size else ""
+        return rows[:size], next_token
+
+    def history(self, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+        self.get(tenant_id, memory_id)
+        return memory_repo.history(self.db.reader(), tenant_id, memory_id)
+
+    # --- update / delete ---------------------------------------------------------------
+
+    def update(self, tenant_id: str, memory_id: str, patch: MemoryPatch, paths: Sequence[str], *,
+               key: IdempotencyKey | None = None, wait_for_index: bool = False,
+               wait_timeout_s: float = 0.0) -> Memory:
+        if not memory_id:
+            raise InvalidArgument("memory.id", "is required")
+        changes = self._changes(patch, paths)
+        now = self.clock()
+        with self.db.transaction() as cur:
+            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            if replay is None:
+                current = memory_repo.get(cur, tenant_id, memory_id)
+                if current is None or current.deleted:
+                    raise NotFound("memory", memory_id)
+                if "content_hash" in changes and changes["content_hash"] != current.content_hash:
+                    dup = memory_repo.find_live_duplicates(cur, tenant_id, [changes["content_hash"]]).get(
+                        (current.scope.key, changes["content_hash"]))
+                    if dup is not None and dup.id != memory_id:
+                        raise AlreadyExists(f"memory.content: the same content already exists in this scope as "
+                                            f"memory {dup.id}", reason="DUPLICATE_CONTENT",
+                                            metadata={"memory_id": dup.id})
+                memory_repo.update_columns(cur, tenant_id, memory_id, changes, now)
+                memory_repo.record_history(cur, [(tenant_id, memory_id, "update", "api", "",
+                                                  {"paths": sorted(paths)})], now)
+                idempotency_repo.record(cur, tenant_id, key, {"ids": [memory_id]}, now)
+        self.indexer.submit(tenant_id, [memory_id])
+        if wait_for_index:
+            self.indexer.wait_indexed(tenant_id, [memory_id], self._wait_budget(wait_timeout_s))
+        return self.get(tenant_id, memory_id)
+
+    def _changes(self, patch: MemoryPatch, paths: Sequence[str]) -> dict[str, Any]:
+        if not paths:
+            raise InvalidArgument("update_mask", f"must name at least one of {', '.join(UPDATABLE_PATHS)}")
+        unknown = [p for p in paths if p not in UPDATABLE_PATHS]
+        if unknown:
+            raise InvalidArgument("update_mask", f"cannot update {', '.join(unknown)}; updatable: "
+                                                 f"{', '.join(UPDATABLE_PATHS)}")
+        probe = MemoryDraft(content=patch.content if "content" in paths else "x",
+                            category=patch.category, importance=patch.importance if "importance" in paths else 0.5,
+                            confidence=patch.confidence if "confidence" in paths else 1.0,
+                            metadata=(patch.metadata or {}) if "metadata" in paths else {})
+        raise_if(self.validator.draft(probe, "memory"))
+        changes: dict[str, Any] = {}
+        for path in paths:
+            if path == "content":
+                norm = normalize_content(patch.content)
+                changes.update(content=norm.storage, normalized_content=norm.normalized, content_hash=norm.hash)
+            elif path == "category":
+                changes["category"] = sanitize_category(patch.category)
+            elif path == "metadata":
+                changes["metadata"] = patch.metadata or {}
+            elif path == "event_time":
+                if patch.event_time_ns is None:
+                    raise InvalidArgument("memory.event_time", "is required when named in update_mask")
+                changes["event_time_ns"] = patch.event_time_ns
+            else:
+                changes[path] = getattr(patch, path)
+        return changes
+
+    def delete(self, tenant_id: str, memory_id: str, *, key: IdempotencyKey | None = None) -> Memory:
+        if not memory_id:
+            raise InvalidArgument("id", "is required")
+        now = self.clock()
+        with self.db.transaction() as cur:
+            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            if replay is None:
+                current = memory_repo.get(cur, tenant_id, memory_id)
+                if current is None or current.deleted:
+                    raise NotFound("memory", memory_id)
+                memory_repo.tombstone(cur, tenant_id, [memory_id], now)
+                memory_repo.record_history(cur, [(tenant_id, memory_id, "delete", "api", "", {})], now)
+                idempotency_repo.record(cur, tenant_id, key, {"ids": [memory_id]}, now)
+        self.indexer.submit(tenant_id, [memory_id])
+        return self.get(tenant_id, memory_id)
+
+    def purge(self, tenant_id: str, f: MemoryFilter, *, force: bool, all_memories: bool,
+              key: IdempotencyKey | None = None) -> int:
+        raise_if(self.validator.filter(f))
+        if f.is_empty and not all_memories:
+            raise InvalidArgument("filter", "must name at least one criterion (or set all_memories)")
+        if not force:
+            return memory_repo.count(self.db.reader(), tenant_id, f, include_deleted=False)
+        now = self.clock()
+        with self.db.transaction() as cur:
+            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            if replay is not None:
+                return int(replay["count"])
+            ids = memory_repo.live_ids_matching(cur, tenant_id, f)
+            memory_repo.tombstone(cur, tenant_id, ids, now)
+            memory_repo.record_history(cur, [(tenant_id, i, "delete", "api", "purge", {}) for i in ids], now)
+            idempotency_repo.record(cur, tenant_id, key, {"count": len(ids)}, now)
+        self.indexer.submit(tenant_id, ids)
+        return len(ids)
+
+    # --- export / import ---------------------------------------------------------------
+
+    def export(self, tenant_id: str, f: MemoryFilter, *, include_deleted: bool, batch_size: int = 500,
+               ) -> Iterator[tuple[list[Memory], int, int]]:
+        """Batches in insertion order with (exported so far, total)."""
+        raise_if(self.validator.filter(f))
+        cur = self.db.reader()
+        total = memory_repo.count(cur, tenant_id, f, include_deleted=include_deleted)
+        done, after = 0, 0
+        while True:
+            rows = memory_repo.scan(self.db.reader(), tenant_id, f, include_deleted=include_deleted,
+                                    after_seq=after, limit=batch_size)
+            if not rows:
+                if done == 0:
+                    yield [], 0, total
+                return
+            done += len(rows)
+            after = rows[-1].seq
+            yield rows, done, max(total, done)
+
+    def import_batch(self, tenant_id: str, memories: Sequence[Memory], *, field_prefix: str = "memories",
+                     ) -> tuple[int, int]:
+        """Restore exported memories as they were. Returns (imported, skipped): ids that are
+        live already, or whose content is already live in the scope, are skipped; tombstoned
+        ids are restored."""
+        if len(memories) > self.validator.limits.max_batch_size:
+            raise InvalidArgument(field_prefix, f"at most {self.validator.limits.max_batch_size} per message")
+        violations: list[FieldViolation] = []
+        for k, m in enumerate(memories):
+            p = f"{field_prefix}[{k}]"
+            try:
+                uuid.UUID(m.id)
+            except ValueError:
+                violations.append(FieldViolation(f"{p}.id", "must be the memory's id (a UUID) from an export"))
+            draft = MemoryDraft(content=m.content, scope=m.scope, type=m.type, category=m.category,
+                                external_id=m.external_id, importance=m.importance, confidence=m.confidence,
+                                metadata=m.metadata, source=m.source)
+            violations.extend(self.validator.draft(draft, p))
+            if m.create_time_ns <= 0:
+                violations.append(FieldViolation(f"{p}.create_time", "is required"))
+        raise_if(violations)
+        now = self.clock()
+        imported: list[str] = []
+        with self.db.transaction() as cur:
+            existing = memory_repo.get_many(cur, tenant_id, [m.id for m in memories])
+            normalized = {m.id: normalize_content(m.content) for m in memories}
+            dups = memory_repo.find_live_duplicates(cur, tenant_id, [n.hash for n in normalized.values()])
+            revive = [m.id for m in memories if m.id in existing and existing[m.id].deleted]
+            if revive:
+                cur.execute("DELETE FROM memories WHERE tenant_id = ? AND id = ANY(?)", [tenant_id, revive])
+            rows: list[tuple[Memory, str]] = []
+            seen: set[str] = set()
+            for m in memories:
+                norm = normalized[m.id]
+                live_dup = dups.get((m.scope.key, norm.hash))
+                if (m.id in existing and not existing[m.id].deleted) or m.id in seen or (
+                        live_dup is not None and live_dup.id != m.id and m.delete_time_ns is None):
+                    continue
+                seen.add(m.id)
+                rows.append((replace(m, tenant_id=tenant_id, content=norm.storage, content_hash=norm.hash,
+                                     category=sanitize_category(m.category), revision=1,
+                                     embedding_model=self.embedding_model,
+                                     update_time_ns=m.update_time_ns or m.create_time_ns,
+                                     event_time_ns=m.event_time_ns or m.create_time_ns), norm.normalized))
+            seqs = memory_repo.next_seqs(cur, len(rows))
+            rows = [(replace(m, seq=s), n) for (m, n), s in zip(rows, seqs, strict=True)]
+            memory_repo.insert_many(cur, rows)
+            memory_repo.record_history(cur, [(tenant_id, m.id, "import", "api", "", {}) for m, _ in rows], now)
+            imported = [m.id for m, _ in rows]
+        self.indexer.submit(tenant_id, imported)
+        return len(imported), len(memories) - len(imported)
+
+    def status(self, tenant_id: str) -> TenantStatus:
+        s = memory_repo.tenant_stats(self.db.reader(), tenant_id, self.embedding_model)
+        return TenantStatus(live=s["live"], deleted=s["deleted"], pending_index=s["pending"],
+                            oldest_pending_ns=s["oldest_pending_ns"], by_type=s["by_type"])

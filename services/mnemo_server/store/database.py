@@ -1,0 +1,113 @@
+"""The DuckDB file: the source of truth.
+
+One process owns the file. Reads run concurrently on per-thread cursors; writes are
+serialised through one lock and always run in a short explicit transaction, never around a
+model or network call (Signet's rule: fetch and embed outside, then commit).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+
+from mnemo_server.errors import FailedPrecondition
+from mnemo_server.store.schema import MIGRATIONS
+
+Cursor = duckdb.DuckDBPyConnection
+
+
+class Database:
+    def __init__(self, path: Path, *, read_only: bool = False):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise FailedPrecondition(
+                    f"{path} is in use by another process (is a Mnemo server running on this data directory?)",
+                    reason="DATA_DIR_LOCKED") from None
+            raise
+        self._write_lock = threading.Lock()
+        self._local = threading.local()
+        self._cursors: list[Cursor] = []
+        self._cursors_lock = threading.Lock()
+        self._closed = False
+        if not read_only:
+            self._migrate()
+
+    def _migrate(self) -> None:
+        con = self._conn
+        has_meta = con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'store_meta'").fetchone()
+        version = 0
+        if has_meta and has_meta[0]:
+            row = con.execute("SELECT value FROM store_meta WHERE key = 'schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+        if version > len(MIGRATIONS):
+            raise FailedPrecondition(
+                f"{self.path} has schema version {version}, newer than this server ({len(MIGRATIONS)})",
+                reason="SCHEMA_TOO_NEW")
+        for number, ddl in enumerate(MIGRATIONS[version:], start=version + 1):
+            con.execute("BEGIN")
+            try:
+                con.execute(ddl)
+                con.execute("INSERT OR REPLACE INTO store_meta VALUES ('schema_version', ?)", [str(number)])
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+
+    def reader(self) -> Cursor:
+        """This thread's cursor. Reads see the latest committed state."""
+        cur: Cursor | None = getattr(self._local, "cursor", None)
+        if cur is None:
+            if self._closed:
+                raise FailedPrecondition("the store is closed", reason="STORE_CLOSED")
+            cur = self._conn.cursor()
+            self._local.cursor = cur
+            with self._cursors_lock:
+                self._cursors.append(cur)
+        return cur
+
+    @contextmanager
+    def transaction(self) -> Iterator[Cursor]:
+        """One short write transaction; commits on success, rolls back on any exception."""
+        with self._write_lock:
+            cur = self.reader()
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.reader().execute("SELECT value FROM store_meta WHERE key = ?", [key]).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, cur: Cursor, key: str, value: str) -> None:
+        cur.execute("INSERT OR REPLACE INTO store_meta VALUES (?, ?)", [key, value])
+
+    def checkpoint(self) -> None:
+        with self._write_lock:
+            self._conn.execute("CHECKPOINT")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._write_lock:
+            self._closed = True
+            with self._cursors_lock:
+                for cur in self._cursors:
+                    try:
+                        cur.close()
+                    except duckdb.Error:
+                        pass
+                self._cursors.clear()
+            self._conn.close()

@@ -1,0 +1,39 @@
+"""request_id bookkeeping: the result of a write is recorded in the same transaction as the
+write itself, so a retry after a crash or a lost response sees exactly one effect."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mnemo_server.errors import InvalidArgument
+from mnemo_server.memory.model import IdempotencyKey
+from mnemo_server.store.database import Cursor
+
+
+def lookup(cur: Cursor, tenant_id: str, key: IdempotencyKey | None) -> dict[str, Any] | None:
+    """The recorded result for this key, None if the key is new. The same key with another
+    request is the caller's bug: INVALID_ARGUMENT."""
+    if key is None:
+        return None
+    row = cur.execute("SELECT method, fingerprint, result FROM idempotency WHERE tenant_id = ? AND request_id = ?",
+                      [tenant_id, key.request_id]).fetchone()
+    if row is None:
+        return None
+    method, fingerprint, result = row
+    if method != key.method or fingerprint != key.fingerprint:
+        raise InvalidArgument("request_id", "was already used with a different request",
+                              reason="REQUEST_ID_REUSED")
+    decoded: dict[str, Any] = json.loads(result)
+    return decoded
+
+
+def record(cur: Cursor, tenant_id: str, key: IdempotencyKey | None, result: dict[str, Any], now_ns: int) -> None:
+    if key is None:
+        return
+    cur.execute("INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?)",
+                [tenant_id, key.request_id, key.method, key.fingerprint, json.dumps(result), now_ns])
+
+
+def purge(cur: Cursor, before_ns: int) -> None:
+    cur.execute("DELETE FROM idempotency WHERE create_time_ns < ?", [before_ns])

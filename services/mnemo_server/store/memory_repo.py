@@ -1,0 +1,362 @@
+"""SQL for the memories table and its audit history. Functions take a cursor so callers
+decide the transaction; nothing here calls a model or the network."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from mnemo_server.memory.model import (
+    Memory,
+    MemoryFilter,
+    MemoryType,
+    Scope,
+    ScopeKind,
+    Source,
+    TimeRange,
+)
+from mnemo_server.store.database import Cursor
+
+# Column order shared by SELECTs and the row decoder.
+_COLUMNS = (
+    "tenant_id", "id", "seq", "external_id", "scope_kind", "scope_id", "type", "category",
+    "content", "content_hash", "importance", "confidence", "pinned", "source_who", "source_why",
+    "source_run_id", "source_session_id", "metadata", "event_time_ns", "create_time_ns",
+    "update_time_ns", "delete_time_ns", "supersedes_id", "superseded_by_id", "revision",
+    "embedding_model", "indexed_revision", "indexed_model",
+)
+SELECT_COLUMNS = ", ".join(_COLUMNS)
+
+
+@contextmanager
+def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]]) -> Iterator[None]:
+    """Expose Python rows to SQL as a named relation for one statement (fast bulk writes:
+    DuckDB's executemany costs ~1 ms a row, an Arrow scan microseconds)."""
+    cur.register(name, pa.Table.from_pylist(rows))
+    try:
+        yield
+    finally:
+        cur.unregister(name)
+
+
+def _decode(row: Sequence[Any]) -> Memory:
+    (tenant_id, mid, seq, external_id, scope_kind, scope_id, mtype, category, content, content_hash,
+     importance, confidence, pinned, who, why, run_id, session_id, metadata, event_ns, create_ns,
+     update_ns, delete_ns, supersedes_id, superseded_by_id, revision, embedding_model,
+     indexed_revision, indexed_model) = row
+    return Memory(
+        id=mid, tenant_id=tenant_id, seq=seq, external_id=external_id or "",
+        scope=Scope(ScopeKind(scope_kind), scope_id), type=MemoryType(mtype), category=category,
+        content=content, content_hash=content_hash, importance=float(importance),
+        confidence=float(confidence), pinned=bool(pinned),
+        source=Source(who, why, run_id, session_id), metadata=json.loads(metadata),
+        event_time_ns=event_ns, create_time_ns=create_ns, update_time_ns=update_ns,
+        delete_time_ns=delete_ns, supersedes_id=supersedes_id, superseded_by_id=superseded_by_id,
+        revision=revision, embedding_model=embedding_model,
+        indexed=(indexed_revision == revision and indexed_model == embedding_model),
+    )
+
+
+def _row_values(m: Memory, normalized: str) -> dict[str, Any]:
+    return {
+        "tenant_id": m.tenant_id, "id": m.id, "seq": m.seq, "external_id": m.external_id or None,
+        "scope_kind": m.scope.kind.value, "scope_id": m.scope.id, "type": m.type.value,
+        "category": m.category, "content": m.content, "normalized_content": normalized,
+        "content_hash": m.content_hash, "importance": m.importance, "confidence": m.confidence,
+        "pinned": m.pinned, "source_who": m.source.who, "source_why": m.source.why,
+        "source_run_id": m.source.run_id, "source_session_id": m.source.session_id,
+        "metadata": json.dumps(m.metadata, separators=(",", ":"), ensure_ascii=False, sort_keys=True),
+        "event_time_ns": m.event_time_ns, "create_time_ns": m.create_time_ns,
+        "update_time_ns": m.update_time_ns, "delete_time_ns": m.delete_time_ns,
+        "supersedes_id": m.supersedes_id, "superseded_by_id": m.superseded_by_id,
+        "revision": m.revision, "embedding_model": m.embedding_model,
+        "indexed_revision": None, "indexed_model": None,
+    }
+
+
+def next_seqs(cur: Cursor, n: int) -> list[int]:
+    rows = cur.execute("SELECT nextval('memory_seq') FROM range(?)", [n]).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]]) -> None:
+    """Insert (memory, normalized_content) pairs in one statement through Arrow."""
+    if not rows:
+        return
+    values = [_row_values(m, normalized) for m, normalized in rows]
+    cols = ", ".join(values[0].keys())
+    with arrow_view(cur, "new_memories", values):
+        cur.execute(f"INSERT INTO memories ({cols}) SELECT {cols} FROM new_memories")
+
+
+def get(cur: Cursor, tenant_id: str, memory_id: str) -> Memory | None:
+    row = cur.execute(f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ? AND tenant_id = ?",
+                      [memory_id, tenant_id]).fetchone()
+    return None if row is None else _decode(row)
+
+
+def get_by_external_id(cur: Cursor, tenant_id: str, external_id: str) -> Memory | None:
+    row = cur.execute(
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE external_id = ? AND tenant_id = ? "
+        "AND delete_time_ns IS NULL", [external_id, tenant_id]).fetchone()
+    return None if row is None else _decode(row)
+
+
+def get_many(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, Memory]:
+    if not ids:
+        return {}
+    rows = cur.execute(f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ANY(?) AND tenant_id = ?",
+                       [list(ids), tenant_id]).fetchall()
+    return {r[1]: _decode(r) for r in rows}
+
+
+def find_live_duplicates(cur: Cursor, tenant_id: str, hashes: Sequence[str]) -> dict[tuple[str, str], Memory]:
+    """Live memories with any of these content hashes, keyed by (scope key, hash)."""
+    if not hashes:
+        return {}
+    rows = cur.execute(
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE content_hash = ANY(?) AND tenant_id = ? "
+        "AND delete_time_ns IS NULL", [list(set(hashes)), tenant_id]).fetchall()
+    out: dict[tuple[str, str], Memory] = {}
+    for r in rows:
+        m = _decode(r)
+        out.setdefault((m.scope.key, m.content_hash), m)
+    return out
+
+
+def live_external_ids(cur: Cursor, tenant_id: str, external_ids: Sequence[str]) -> dict[str, str]:
+    """external_id -> memory id for live memories."""
+    if not external_ids:
+        return {}
+    rows = cur.execute(
+        "SELECT external_id, id FROM memories WHERE external_id = ANY(?) AND tenant_id = ? "
+        "AND delete_time_ns IS NULL", [list(set(external_ids)), tenant_id]).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+@dataclass
+class _Where:
+    clauses: list[str]
+    params: list[Any]
+
+    def add(self, clause: str, *params: Any) -> None:
+        self.clauses.append(clause)
+        self.params.extend(params)
+
+    def sql(self) -> str:
+        return " AND ".join(self.clauses) if self.clauses else "TRUE"
+
+
+def _range(where: _Where, column: str, tr: TimeRange) -> None:
+    if tr.start_ns is not None:
+        where.add(f"{column} >= ?", tr.start_ns)
+    if tr.end_ns is not None:
+        where.add(f"{column} < ?", tr.end_ns)
+
+
+def _filter_where(tenant_id: str, f: MemoryFilter, *, include_deleted: bool) -> _Where:
+    where = _Where(["tenant_id = ?"], [tenant_id])
+    if not include_deleted:
+        where.add("delete_time_ns IS NULL")
+    if f.scopes:
+        where.add("(scope_kind || ':' || scope_id) = ANY(?)", [s.key for s in f.scopes])
+    if f.types:
+        where.add("type = ANY(?)", [t.value for t in f.types])
+    if f.categories:
+        where.add("category = ANY(?)", list(f.categories))
+    _range(where, "create_time_ns", f.create_time)
+    _range(where, "event_time_ns", f.event_time)
+    if f.pinned_only:
+        where.add("pinned")
+    if f.source_session_ids:
+        where.add("source_session_id = ANY(?)", list(f.source_session_ids))
+    return where
+
+
+def list_page(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool,
+              before_seq: int | None, limit: int) -> list[Memory]:
+    """Newest first (by insertion sequence), strictly older than before_seq."""
+    where = _filter_where(tenant_id, f, include_deleted=include_deleted)
+    if before_seq is not None:
+        where.add("seq < ?", before_seq)
+    rows = cur.execute(f"SELECT {SELECT_COLUMNS} FROM memories WHERE {where.sql()} ORDER BY seq DESC LIMIT ?",
+                       [*where.params, limit]).fetchall()
+    return [_decode(r) for r in rows]
+
+
+def scan(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool, after_seq: int,
+         limit: int) -> list[Memory]:
+    """Oldest first, strictly newer than after_seq (exports)."""
+    where = _filter_where(tenant_id, f, include_deleted=include_deleted)
+    where.add("seq > ?", after_seq)
+    rows = cur.execute(f"SELECT {SELECT_COLUMNS} FROM memories WHERE {where.sql()} ORDER BY seq LIMIT ?",
+                       [*where.params, limit]).fetchall()
+    return [_decode(r) for r in rows]
+
+
+def count(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool) -> int:
+    where = _filter_where(tenant_id, f, include_deleted=include_deleted)
+    row = cur.execute(f"SELECT count(*) FROM memories WHERE {where.sql()}", where.params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def live_ids_matching(cur: Cursor, tenant_id: str, f: MemoryFilter) -> list[str]:
+    where = _filter_where(tenant_id, f, include_deleted=False)
+    return [r[0] for r in cur.execute(f"SELECT id FROM memories WHERE {where.sql()}", where.params).fetchall()]
+
+
+def count_live_in(cur: Cursor, tenant_id: str, scope: Scope, mtype: MemoryType) -> int:
+    row = cur.execute(
+        "SELECT count(*) FROM memories WHERE tenant_id = ? AND scope_kind = ? AND scope_id = ? "
+        "AND type = ? AND delete_time_ns IS NULL",
+        [tenant_id, scope.kind.value, scope.id, mtype.value]).fetchone()
+    return int(row[0]) if row else 0
+
+
+def oldest_unpinned(cur: Cursor, tenant_id: str, scope: Scope, mtype: MemoryType, n: int) -> list[str]:
+    rows = cur.execute(
+        "SELECT id FROM memories WHERE tenant_id = ? AND scope_kind = ? AND scope_id = ? AND type = ? "
+        "AND delete_time_ns IS NULL AND NOT pinned ORDER BY create_time_ns, seq LIMIT ?",
+        [tenant_id, scope.kind.value, scope.id, mtype.value, n]).fetchall()
+    return [r[0] for r in rows]
+
+
+def tombstone(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int) -> None:
+    if ids:
+        cur.execute(
+            "UPDATE memories SET delete_time_ns = ?, update_time_ns = ?, revision = revision + 1 "
+            "WHERE id = ANY(?) AND tenant_id = ? AND delete_time_ns IS NULL",
+            [now_ns, now_ns, list(ids), tenant_id])
+
+
+UPDATABLE_COLUMNS = frozenset({
+    "importance", "confidence", "pinned", "category", "metadata", "event_time_ns", "content",
+    "normalized_content", "content_hash", "embedding_model", "superseded_by_id", "delete_time_ns",
+})
+
+
+def update_columns(cur: Cursor, tenant_id: str, memory_id: str, changes: dict[str, Any], now_ns: int) -> None:
+    bad = set(changes) - UPDATABLE_COLUMNS
+    if bad:
+        raise ValueError(f"not updatable: {sorted(bad)}")
+    values = dict(changes)
+    if "metadata" in values:
+        values["metadata"] = json.dumps(values["metadata"], separators=(",", ":"), ensure_ascii=False,
+                                        sort_keys=True)
+    sets = ", ".join(f"{c} = ?" for c in values)
+    cur.execute(f"UPDATE memories SET {sets}, update_time_ns = ?, revision = revision + 1 "
+                "WHERE id = ? AND tenant_id = ?", [*values.values(), now_ns, memory_id, tenant_id])
+
+
+def record_history(cur: Cursor, entries: Iterable[tuple[str, str, str, str, str, dict[str, Any]]],
+                   now_ns: int) -> None:
+    """entries: (tenant_id, memory_id, action, actor, reason, details)."""
+    values = [
+        {"tenant_id": t, "memory_id": m, "action": a, "actor": actor, "reason": reason,
+         "details": json.dumps(details, separators=(",", ":"), sort_keys=True), "time_ns": now_ns}
+        for t, m, a, actor, reason, details in entries
+    ]
+    if values:
+        with arrow_view(cur, "new_history", values):
+            cur.execute("INSERT INTO memory_history SELECT * FROM new_history")
+
+
+def history(cur: Cursor, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+    rows = cur.execute(
+        "SELECT action, actor, reason, details, time_ns FROM memory_history "
+        "WHERE tenant_id = ? AND memory_id = ? ORDER BY time_ns", [tenant_id, memory_id]).fetchall()
+    return [{"action": a, "actor": actor, "reason": r, "details": json.loads(d), "time_ns": t}
+            for a, actor, r, d, t in rows]
+
+
+# --- index bookkeeping -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexTask:
+    tenant_id: str
+    id: str
+    revision: int
+    deleted: bool
+
+
+def needing_index(cur: Cursor, model: str, limit: int, after: tuple[str, str] = ("", "")) -> list[IndexTask]:
+    """Rows whose LanceDB state is behind DuckDB: new, changed, re-modelled, or tombstoned
+    but still indexed. Ordered by (tenant, id) for stable paging."""
+    rows = cur.execute(
+        "SELECT tenant_id, id, revision, delete_time_ns IS NOT NULL FROM memories "
+        "WHERE (tenant_id > ? OR (tenant_id = ? AND id > ?)) AND ("
+        " (delete_time_ns IS NULL AND (indexed_revision IS DISTINCT FROM revision "
+        "                              OR indexed_model IS DISTINCT FROM ?))"
+        " OR (delete_time_ns IS NOT NULL AND indexed_revision IS NOT NULL))"
+        " ORDER BY tenant_id, id LIMIT ?", [after[0], after[0], after[1], model, limit]).fetchall()
+    return [IndexTask(t, i, r, bool(d)) for t, i, r, d in rows]
+
+
+def mark_indexed(cur: Cursor, done: Sequence[tuple[str, str, int]], model: str) -> None:
+    """done: (tenant, id, revision) now reflected in LanceDB. A row changed since keeps its
+    stale marker and is picked up again."""
+    if not done:
+        return
+    with arrow_view(cur, "marks", [{"tenant_id": t, "id": i, "revision": r} for t, i, r in done]):
+        cur.execute(
+            "UPDATE memories SET indexed_revision = marks.revision, indexed_model = ?, embedding_model = ? "
+            "FROM marks WHERE memories.id = marks.id AND memories.tenant_id = marks.tenant_id "
+            "AND memories.revision = marks.revision AND memories.delete_time_ns IS NULL", [model, model])
+
+
+def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:
+    """Tombstoned rows whose LanceDB row is gone."""
+    if not removed:
+        return
+    with arrow_view(cur, "gone", [{"tenant_id": t, "id": i} for t, i in removed]):
+        cur.execute(
+            "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL FROM gone "
+            "WHERE memories.id = gone.id AND memories.tenant_id = gone.tenant_id "
+            "AND memories.delete_time_ns IS NOT NULL")
+
+
+def reset_index_marks(cur: Cursor) -> None:
+    """Forget what LanceDB holds: everything is re-indexed (full rebuild, re-embed)."""
+    cur.execute("UPDATE memories SET indexed_revision = NULL, indexed_model = NULL")
+
+
+# --- status and retention ----------------------------------------------------------------
+
+
+def tenant_stats(cur: Cursor, tenant_id: str, model: str) -> dict[str, Any]:
+    row = cur.execute(
+        "SELECT count(*) FILTER (WHERE delete_time_ns IS NULL),"
+        " count(*) FILTER (WHERE delete_time_ns IS NOT NULL),"
+        " count(*) FILTER (WHERE delete_time_ns IS NULL AND (indexed_revision IS DISTINCT FROM revision"
+        "                  OR indexed_model IS DISTINCT FROM ?)),"
+        " min(update_time_ns) FILTER (WHERE delete_time_ns IS NULL AND (indexed_revision IS DISTINCT FROM revision"
+        "                  OR indexed_model IS DISTINCT FROM ?))"
+        " FROM memories WHERE tenant_id = ?", [model, model, tenant_id]).fetchone()
+    by_type = dict(cur.execute(
+        "SELECT type, count(*) FROM memories WHERE tenant_id = ? AND delete_time_ns IS NULL GROUP BY type",
+        [tenant_id]).fetchall())
+    live, deleted, pending, oldest = row if row else (0, 0, 0, None)
+    return {"live": live, "deleted": deleted, "pending": pending, "oldest_pending_ns": oldest,
+            "by_type": by_type}
+
+
+def purge_tombstones(cur: Cursor, before_ns: int, limit: int) -> list[tuple[str, str]]:
+    """Hard-delete tombstones older than before_ns whose index row is already gone."""
+    rows = cur.execute(
+        "SELECT tenant_id, id FROM memories WHERE delete_time_ns < ? AND indexed_revision IS NULL "
+        "ORDER BY delete_time_ns LIMIT ?", [before_ns, limit]).fetchall()
+    if rows:
+        with arrow_view(cur, "doomed", [{"tenant_id": t, "id": i} for t, i in rows]):
+            cur.execute("DELETE FROM memories USING doomed WHERE memories.id = doomed.id "
+                        "AND memories.tenant_id = doomed.tenant_id")
+    return [(t, i) for t, i in rows]
+
+
+def purge_history(cur: Cursor, before_ns: int) -> None:
+    cur.execute("DELETE FROM memory_history WHERE time_ns < ?", [before_ns])

@@ -1,0 +1,142 @@
+"""DuckDB schema, applied as numbered migrations recorded in store_meta."""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: tenants, keys, memories, audit, idempotency
+    """
+    CREATE TABLE store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
+    CREATE SEQUENCE memory_seq START 1;
+    CREATE TABLE tenants (
+        id VARCHAR PRIMARY KEY,
+        display_name VARCHAR NOT NULL,
+        create_time_ns BIGINT NOT NULL
+    );
+    CREATE TABLE api_keys (
+        id VARCHAR PRIMARY KEY,
+        tenant_id VARCHAR NOT NULL,
+        secret_hash VARCHAR NOT NULL,
+        description VARCHAR NOT NULL,
+        create_time_ns BIGINT NOT NULL,
+        revoke_time_ns BIGINT
+    );
+    CREATE TABLE memories (
+        tenant_id VARCHAR NOT NULL,
+        id VARCHAR NOT NULL,
+        seq BIGINT NOT NULL,
+        external_id VARCHAR,
+        scope_kind VARCHAR NOT NULL,
+        scope_id VARCHAR NOT NULL,
+        type VARCHAR NOT NULL,
+        category VARCHAR NOT NULL,
+        content VARCHAR NOT NULL,
+        normalized_content VARCHAR NOT NULL,
+        content_hash VARCHAR NOT NULL,
+        importance FLOAT NOT NULL,
+        confidence FLOAT NOT NULL,
+        pinned BOOLEAN NOT NULL,
+        source_who VARCHAR NOT NULL,
+        source_why VARCHAR NOT NULL,
+        source_run_id VARCHAR NOT NULL,
+        source_session_id VARCHAR NOT NULL,
+        metadata VARCHAR NOT NULL,
+        event_time_ns BIGINT NOT NULL,
+        create_time_ns BIGINT NOT NULL,
+        update_time_ns BIGINT NOT NULL,
+        delete_time_ns BIGINT,
+        supersedes_id VARCHAR NOT NULL,
+        superseded_by_id VARCHAR NOT NULL,
+        revision BIGINT NOT NULL,
+        embedding_model VARCHAR NOT NULL,
+        -- what the LanceDB row currently reflects (NULL: nothing indexed yet)
+        indexed_revision BIGINT,
+        indexed_model VARCHAR,
+        access_count BIGINT NOT NULL DEFAULT 0,
+        last_access_ns BIGINT,
+        PRIMARY KEY (tenant_id, id)
+    );
+    -- Point lookups: DuckDB only uses single-column ART indexes for them.
+    CREATE INDEX memories_by_id ON memories (id);
+    CREATE INDEX memories_by_hash ON memories (content_hash);
+    CREATE INDEX memories_by_external_id ON memories (external_id);
+    CREATE INDEX memories_by_seq ON memories (seq);
+    CREATE TABLE memory_history (
+        tenant_id VARCHAR NOT NULL,
+        memory_id VARCHAR NOT NULL,
+        action VARCHAR NOT NULL,
+        actor VARCHAR NOT NULL,
+        reason VARCHAR NOT NULL,
+        details VARCHAR NOT NULL,
+        time_ns BIGINT NOT NULL
+    );
+    CREATE TABLE idempotency (
+        tenant_id VARCHAR NOT NULL,
+        request_id VARCHAR NOT NULL,
+        method VARCHAR NOT NULL,
+        fingerprint VARCHAR NOT NULL,
+        result VARCHAR NOT NULL,
+        create_time_ns BIGINT NOT NULL,
+        PRIMARY KEY (tenant_id, request_id)
+    );
+    """,
+    # 2: learnings and skills
+    """
+    CREATE TABLE learning_candidates (
+        tenant_id VARCHAR NOT NULL,
+        id VARCHAR NOT NULL,
+        scope_kind VARCHAR NOT NULL,
+        scope_id VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,
+        content VARCHAR NOT NULL,
+        confidence FLOAT NOT NULL,
+        source VARCHAR NOT NULL,
+        evidence_refs VARCHAR NOT NULL,
+        origin VARCHAR NOT NULL,
+        state VARCHAR NOT NULL,
+        review_reason VARCHAR NOT NULL,
+        learning_id VARCHAR NOT NULL,
+        create_time_ns BIGINT NOT NULL,
+        review_time_ns BIGINT,
+        PRIMARY KEY (tenant_id, id)
+    );
+    CREATE TABLE learnings (
+        tenant_id VARCHAR NOT NULL,
+        id VARCHAR NOT NULL,
+        scope_kind VARCHAR NOT NULL,
+        scope_id VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,
+        content VARCHAR NOT NULL,
+        confidence FLOAT NOT NULL,
+        state VARCHAR NOT NULL,
+        candidate_id VARCHAR NOT NULL,
+        supersedes_id VARCHAR NOT NULL,
+        superseded_by_id VARCHAR NOT NULL,
+        revoke_reason VARCHAR NOT NULL,
+        create_time_ns BIGINT NOT NULL,
+        update_time_ns BIGINT NOT NULL,
+        PRIMARY KEY (tenant_id, id)
+    );
+    CREATE TABLE skills (
+        tenant_id VARCHAR NOT NULL,
+        id VARCHAR NOT NULL,
+        name VARCHAR NOT NULL,
+        description VARCHAR NOT NULL,
+        instructions VARCHAR NOT NULL,
+        source_learning_id VARCHAR NOT NULL,
+        state VARCHAR NOT NULL,
+        definition_fingerprint VARCHAR NOT NULL,
+        create_time_ns BIGINT NOT NULL,
+        update_time_ns BIGINT NOT NULL,
+        PRIMARY KEY (tenant_id, id)
+    );
+    CREATE TABLE lifecycle_events (
+        tenant_id VARCHAR NOT NULL,
+        subject_kind VARCHAR NOT NULL,
+        subject_id VARCHAR NOT NULL,
+        from_state VARCHAR NOT NULL,
+        to_state VARCHAR NOT NULL,
+        reason VARCHAR NOT NULL,
+        time_ns BIGINT NOT NULL
+    );
+    """,
+]

@@ -60,6 +60,8 @@ class EmbeddingConfig:
     intra_op_threads: int = 1
     max_seq_length: int = 256
     query_cache_size: int = 2048
+    # Where the one-time ONNX export is cached; empty means <data_dir>/models.
+    cache_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,9 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         if typ is str:
             return str(value)
     except (TypeError, ValueError):
-        raise FailedPrecondition(f"config {where}: expected {typ.__name__}, got {value!r}",
-                                 reason="BAD_CONFIG") from None
+        raise FailedPrecondition(
+            f"config {where}: expected {typ.__name__}, got {value!r}", reason="BAD_CONFIG"
+        ) from None
     raise FailedPrecondition(f"config {where}: unsupported type", reason="BAD_CONFIG")
 
 
@@ -180,7 +183,9 @@ def _apply(cfg: Config, sections: Mapping[str, Mapping[str, Any]], origin: str) 
         if not hasattr(cfg, name) or not dataclasses.is_dataclass(getattr(cfg, name)):
             raise FailedPrecondition(f"config ({origin}): unknown section {name!r}", reason="BAD_CONFIG")
         if not isinstance(values, Mapping):
-            raise FailedPrecondition(f"config ({origin}): section {name!r} must be a table", reason="BAD_CONFIG")
+            raise FailedPrecondition(
+                f"config ({origin}): section {name!r} must be a table", reason="BAD_CONFIG"
+            )
         changes[name] = _apply_section(getattr(cfg, name), values, f"{name}")
     return dataclasses.replace(cfg, **changes)
 
@@ -190,7 +195,7 @@ def _env_sections(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     for key, value in env.items():
         if not key.startswith(ENV_PREFIX) or "__" not in key:
             continue
-        section, _, name = key[len(ENV_PREFIX):].lower().partition("__")
+        section, _, name = key[len(ENV_PREFIX) :].lower().partition("__")
         sections.setdefault(section, {})[name] = value
     return sections
 

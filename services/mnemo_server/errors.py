@@ -50,8 +50,11 @@ class NotFound(MnemoError):
     default_reason = "NOT_FOUND"
 
     def __init__(self, resource: str, ident: str):
-        super().__init__(f"{resource} {ident!r} not found", reason=f"{resource.upper()}_NOT_FOUND",
-                         metadata={"resource": resource, "id": ident})
+        super().__init__(
+            f"{resource} {ident!r} not found",
+            reason=f"{resource.upper()}_NOT_FOUND",
+            metadata={"resource": resource, "id": ident},
+        )
 
 
 class AlreadyExists(MnemoError):

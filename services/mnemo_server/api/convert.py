@@ -8,8 +8,8 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
-
 from mnemo.v1 import common_pb2, memory_pb2
+
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import (
     IdempotencyKey,
@@ -66,13 +66,19 @@ def dict_to_struct(d: dict[str, Any]) -> struct_pb2.Struct:
     return s
 
 
+_DELIVERY_FIELDS = ("request_id", "wait_for_index")
+
+
 def idempotency_key(method: str, request: Message, request_id: str) -> IdempotencyKey | None:
-    """The request's fingerprint covers everything but the request_id itself."""
+    """The request's fingerprint covers what the write is, not how it is delivered: the
+    request_id itself and wait_for_index are left out, so a retry may change the latter."""
     if not request_id:
         return None
     clone = type(request)()
     clone.CopyFrom(request)
-    clone.ClearField("request_id")  # type: ignore[arg-type]
+    for name in _DELIVERY_FIELDS:
+        if name in clone.DESCRIPTOR.fields_by_name:
+            clone.ClearField(name)
     digest = hashlib.sha256(clone.SerializeToString(deterministic=True)).hexdigest()
     return IdempotencyKey(method, request_id, digest)
 
@@ -80,7 +86,9 @@ def idempotency_key(method: str, request: Message, request_id: str) -> Idempoten
 # --- enums and small messages ----------------------------------------------------------
 
 
-def memory_type_from_pb(value: int, field: str, *, default: MemoryType | None = MemoryType.SEMANTIC) -> MemoryType:
+def memory_type_from_pb(
+    value: int, field: str, *, default: MemoryType | None = MemoryType.SEMANTIC
+) -> MemoryType:
     if value == common_pb2.MEMORY_TYPE_UNSPECIFIED and default is not None:
         return default
     try:
@@ -89,7 +97,7 @@ def memory_type_from_pb(value: int, field: str, *, default: MemoryType | None = 
         raise InvalidArgument(field, f"unknown memory type {value}") from None
 
 
-def memory_type_to_pb(t: MemoryType) -> common_pb2.MemoryType.ValueType:
+def memory_type_to_pb(t: MemoryType) -> common_pb2.MemoryType:
     return _TYPE_TO_PB[t]
 
 
@@ -147,12 +155,23 @@ def draft_from_pb(m: memory_pb2.Memory, field: str) -> MemoryDraft:
 
 def memory_to_pb(m: Memory) -> memory_pb2.Memory:
     pb = memory_pb2.Memory(
-        id=m.id, external_id=m.external_id, scope=scope_to_pb(m.scope), type=memory_type_to_pb(m.type),
-        category=m.category, content=m.content, content_hash=m.content_hash, importance=m.importance,
-        confidence=m.confidence, pinned=m.pinned, source=source_to_pb(m.source),
-        metadata=dict_to_struct(m.metadata), event_time=ns_to_ts(m.event_time_ns),
-        create_time=ns_to_ts(m.create_time_ns), update_time=ns_to_ts(m.update_time_ns),
-        supersedes_id=m.supersedes_id, superseded_by_id=m.superseded_by_id,
+        id=m.id,
+        external_id=m.external_id,
+        scope=scope_to_pb(m.scope),
+        type=memory_type_to_pb(m.type),
+        category=m.category,
+        content=m.content,
+        content_hash=m.content_hash,
+        importance=m.importance,
+        confidence=m.confidence,
+        pinned=m.pinned,
+        source=source_to_pb(m.source),
+        metadata=dict_to_struct(m.metadata),
+        event_time=ns_to_ts(m.event_time_ns),
+        create_time=ns_to_ts(m.create_time_ns),
+        update_time=ns_to_ts(m.update_time_ns),
+        supersedes_id=m.supersedes_id,
+        superseded_by_id=m.superseded_by_id,
         embedding_model=m.embedding_model,
         index_state=memory_pb2.INDEX_STATE_INDEXED if m.indexed else memory_pb2.INDEX_STATE_PENDING,
     )
@@ -164,14 +183,24 @@ def memory_to_pb(m: Memory) -> memory_pb2.Memory:
 def exported_memory_from_pb(m: memory_pb2.Memory, field: str) -> Memory:
     """A full memory from an export, server-owned fields included."""
     return Memory(
-        id=m.id, tenant_id="", scope=scope_from_pb(m.scope, f"{field}.scope", present=m.HasField("scope")),
-        type=memory_type_from_pb(m.type, f"{field}.type"), category=m.category or "general",
-        content=m.content, content_hash="", external_id=m.external_id,
+        id=m.id,
+        tenant_id="",
+        scope=scope_from_pb(m.scope, f"{field}.scope", present=m.HasField("scope")),
+        type=memory_type_from_pb(m.type, f"{field}.type"),
+        category=m.category or "general",
+        content=m.content,
+        content_hash="",
+        external_id=m.external_id,
         importance=m.importance if m.HasField("importance") else 0.5,
-        confidence=m.confidence if m.HasField("confidence") else 1.0, pinned=m.pinned, source=source_from_pb(m.source),
-        metadata=struct_to_dict(m.metadata), event_time_ns=ts_to_ns(m.event_time),
-        create_time_ns=ts_to_ns(m.create_time), update_time_ns=ts_to_ns(m.update_time),
-        delete_time_ns=opt_ts(m, "delete_time"), supersedes_id=m.supersedes_id,
+        confidence=m.confidence if m.HasField("confidence") else 1.0,
+        pinned=m.pinned,
+        source=source_from_pb(m.source),
+        metadata=struct_to_dict(m.metadata),
+        event_time_ns=ts_to_ns(m.event_time),
+        create_time_ns=ts_to_ns(m.create_time),
+        update_time_ns=ts_to_ns(m.update_time),
+        delete_time_ns=opt_ts(m, "delete_time"),
+        supersedes_id=m.supersedes_id,
         superseded_by_id=m.superseded_by_id,
     )
 
@@ -182,7 +211,9 @@ def filter_from_pb(msg: Message, name: str = "filter") -> MemoryFilter:
     f: memory_pb2.MemoryFilter = getattr(msg, name)
     return MemoryFilter(
         scopes=tuple(scope_from_pb(s, f"{name}.scopes[{i}]") for i, s in enumerate(f.scopes)),
-        types=tuple(memory_type_from_pb(t, f"{name}.types[{i}]", default=None) for i, t in enumerate(f.types)),
+        types=tuple(
+            memory_type_from_pb(t, f"{name}.types[{i}]", default=None) for i, t in enumerate(f.types)
+        ),
         categories=tuple(f.categories),
         create_time=time_range_from_pb(f, "create_time"),
         event_time=time_range_from_pb(f, "event_time"),

@@ -40,11 +40,20 @@ def _pack(msg: object) -> any_pb2.Any:
 
 def to_rpc_status(exc: errors.MnemoError) -> grpc.Status:
     code = status_code_for(exc)
-    details = [_pack(error_details_pb2.ErrorInfo(reason=exc.reason, domain=ERROR_DOMAIN, metadata=exc.metadata))]
+    details = [
+        _pack(error_details_pb2.ErrorInfo(reason=exc.reason, domain=ERROR_DOMAIN, metadata=exc.metadata))
+    ]
     if isinstance(exc, errors.InvalidArgument):
-        details.append(_pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-            for v in exc.violations])))
+        details.append(
+            _pack(
+                error_details_pb2.BadRequest(
+                    field_violations=[
+                        error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                        for v in exc.violations
+                    ]
+                )
+            )
+        )
     status = status_pb2.Status(code=getattr(code_pb2, code.name), message=exc.message, details=details)
     result: grpc.Status = rpc_status.to_status(status)
     return result
@@ -52,8 +61,15 @@ def to_rpc_status(exc: errors.MnemoError) -> grpc.Status:
 
 def internal_status(incident: str) -> grpc.Status:
     status = status_pb2.Status(
-        code=code_pb2.INTERNAL, message=f"internal error (incident {incident}; details are in the server log)",
-        details=[_pack(error_details_pb2.ErrorInfo(reason="INTERNAL", domain=ERROR_DOMAIN,
-                                                   metadata={"incident": incident}))])
+        code=code_pb2.INTERNAL,
+        message=f"internal error (incident {incident}; details are in the server log)",
+        details=[
+            _pack(
+                error_details_pb2.ErrorInfo(
+                    reason="INTERNAL", domain=ERROR_DOMAIN, metadata={"incident": incident}
+                )
+            )
+        ],
+    )
     result: grpc.Status = rpc_status.to_status(status)
     return result

@@ -41,7 +41,9 @@ def bearer_token(metadata: Any) -> str:
             scheme, _, token = text.strip().partition(" ")
             if scheme.lower() == "bearer":
                 return token.strip()
-            raise Unauthenticated("authorization metadata must be 'Bearer <api key>'", reason="BAD_AUTH_SCHEME")
+            raise Unauthenticated(
+                "authorization metadata must be 'Bearer <api key>'", reason="BAD_AUTH_SCHEME"
+            )
     return ""
 
 
@@ -53,7 +55,7 @@ def _fail(context: grpc.ServicerContext, exc: BaseException, method: str) -> Non
     context.abort_with_status(internal_status(incident))
 
 
-class ApiInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+class ApiInterceptor(grpc.ServerInterceptor):
     def __init__(self, authenticate: Callable[[str], Principal]):
         self._authenticate = authenticate
 
@@ -80,10 +82,16 @@ class ApiInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 except Exception as exc:
                     _fail(context, exc, method)
 
-            factory = (grpc.unary_stream_rpc_method_handler if handler.unary_stream
-                       else grpc.stream_stream_rpc_method_handler)
-            return factory(streaming, request_deserializer=handler.request_deserializer,
-                           response_serializer=handler.response_serializer)
+            factory = (
+                grpc.unary_stream_rpc_method_handler
+                if handler.unary_stream
+                else grpc.stream_stream_rpc_method_handler
+            )
+            return factory(
+                streaming,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
 
         behavior = handler.unary_unary or handler.stream_unary
 
@@ -98,6 +106,13 @@ class ApiInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 _fail(context, exc, method)
                 raise  # unreachable: abort raises
 
-        factory = grpc.unary_unary_rpc_method_handler if handler.unary_unary else grpc.stream_unary_rpc_method_handler
-        return factory(unary, request_deserializer=handler.request_deserializer,
-                       response_serializer=handler.response_serializer)
+        factory = (
+            grpc.unary_unary_rpc_method_handler
+            if handler.unary_unary
+            else grpc.stream_unary_rpc_method_handler
+        )
+        return factory(
+            unary,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import grpc
-
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
+
 from mnemo_server import __version__
 from mnemo_server.api import convert
 from mnemo_server.api.interceptor import current_principal
@@ -36,66 +36,112 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.recall_pipeline = recall
         self.embedding_dimension = embedding_dimension
 
-    def CreateMemory(self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext) -> pb.CreateMemoryResponse:
+    def CreateMemory(
+        self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
+    ) -> pb.CreateMemoryResponse:
         tenant = _tenant()
         self.memories.validator.request_id(request.request_id)
         result = self.memories.create(
-            tenant, convert.draft_from_pb(request.memory, "memory"),
+            tenant,
+            convert.draft_from_pb(request.memory, "memory"),
             key=convert.idempotency_key("CreateMemory", request, request.request_id),
-            wait_for_index=request.wait_for_index, wait_timeout_s=_wait_budget(context))
-        return pb.CreateMemoryResponse(memory=convert.memory_to_pb(result.memory), deduplicated=result.deduplicated)
+            wait_for_index=request.wait_for_index,
+            wait_timeout_s=_wait_budget(context),
+        )
+        return pb.CreateMemoryResponse(
+            memory=convert.memory_to_pb(result.memory), deduplicated=result.deduplicated
+        )
 
-    def BatchCreateMemories(self, request: pb.BatchCreateMemoriesRequest,
-                            context: grpc.ServicerContext) -> pb.BatchCreateMemoriesResponse:
+    def BatchCreateMemories(
+        self, request: pb.BatchCreateMemoriesRequest, context: grpc.ServicerContext
+    ) -> pb.BatchCreateMemoriesResponse:
         tenant = _tenant()
         self.memories.validator.request_id(request.request_id)
         limit = self.memories.validator.limits.max_batch_size
         if len(request.requests) > limit:
             raise InvalidArgument("requests", f"holds {len(request.requests)} memories; the limit is {limit}")
-        drafts = [convert.draft_from_pb(r.memory, f"requests[{i}].memory") for i, r in enumerate(request.requests)]
+        drafts = [
+            convert.draft_from_pb(r.memory, f"requests[{i}].memory") for i, r in enumerate(request.requests)
+        ]
         results = self.memories.batch_create(
-            tenant, drafts, key=convert.idempotency_key("BatchCreateMemories", request, request.request_id),
-            wait_for_index=request.wait_for_index, wait_timeout_s=_wait_budget(context))
-        return pb.BatchCreateMemoriesResponse(results=[
-            pb.CreateMemoryResponse(memory=convert.memory_to_pb(r.memory), deduplicated=r.deduplicated)
-            for r in results])
+            tenant,
+            drafts,
+            key=convert.idempotency_key("BatchCreateMemories", request, request.request_id),
+            wait_for_index=request.wait_for_index,
+            wait_timeout_s=_wait_budget(context),
+        )
+        return pb.BatchCreateMemoriesResponse(
+            results=[
+                pb.CreateMemoryResponse(memory=convert.memory_to_pb(r.memory), deduplicated=r.deduplicated)
+                for r in results
+            ]
+        )
 
     def GetMemory(self, request: pb.GetMemoryRequest, context: grpc.ServicerContext) -> pb.GetMemoryResponse:
         return pb.GetMemoryResponse(memory=convert.memory_to_pb(self.memories.get(_tenant(), request.id)))
 
-    def ListMemories(self, request: pb.ListMemoriesRequest, context: grpc.ServicerContext) -> pb.ListMemoriesResponse:
-        rows, token = self.memories.list(_tenant(), convert.filter_from_pb(request), page_size=request.page_size,
-                                         page_token=request.page_token, show_deleted=request.show_deleted)
-        return pb.ListMemoriesResponse(memories=[convert.memory_to_pb(m) for m in rows], next_page_token=token)
+    def ListMemories(
+        self, request: pb.ListMemoriesRequest, context: grpc.ServicerContext
+    ) -> pb.ListMemoriesResponse:
+        rows, token = self.memories.list_memories(
+            _tenant(),
+            convert.filter_from_pb(request),
+            page_size=request.page_size,
+            page_token=request.page_token,
+            show_deleted=request.show_deleted,
+        )
+        return pb.ListMemoriesResponse(
+            memories=[convert.memory_to_pb(m) for m in rows], next_page_token=token
+        )
 
-    def UpdateMemory(self, request: pb.UpdateMemoryRequest, context: grpc.ServicerContext) -> pb.UpdateMemoryResponse:
+    def UpdateMemory(
+        self, request: pb.UpdateMemoryRequest, context: grpc.ServicerContext
+    ) -> pb.UpdateMemoryResponse:
         tenant = _tenant()
         self.memories.validator.request_id(request.request_id)
         m = request.memory
         patch = MemoryPatch(
-            importance=m.importance, confidence=m.confidence, pinned=m.pinned, category=m.category,
-            metadata=convert.struct_to_dict(m.metadata), event_time_ns=convert.opt_ts(m, "event_time"),
-            content=m.content)
+            importance=m.importance,
+            confidence=m.confidence,
+            pinned=m.pinned,
+            category=m.category,
+            metadata=convert.struct_to_dict(m.metadata),
+            event_time_ns=convert.opt_ts(m, "event_time"),
+            content=m.content,
+        )
         updated = self.memories.update(
-            tenant, m.id, patch, list(request.update_mask.paths),
+            tenant,
+            m.id,
+            patch,
+            list(request.update_mask.paths),
             key=convert.idempotency_key("UpdateMemory", request, request.request_id),
-            wait_for_index=request.wait_for_index, wait_timeout_s=_wait_budget(context))
+            wait_for_index=request.wait_for_index,
+            wait_timeout_s=_wait_budget(context),
+        )
         return pb.UpdateMemoryResponse(memory=convert.memory_to_pb(updated))
 
-    def DeleteMemory(self, request: pb.DeleteMemoryRequest, context: grpc.ServicerContext) -> pb.DeleteMemoryResponse:
+    def DeleteMemory(
+        self, request: pb.DeleteMemoryRequest, context: grpc.ServicerContext
+    ) -> pb.DeleteMemoryResponse:
         tenant = _tenant()
         self.memories.validator.request_id(request.request_id)
-        deleted = self.memories.delete(tenant, request.id,
-                                       key=convert.idempotency_key("DeleteMemory", request, request.request_id))
+        deleted = self.memories.delete(
+            tenant, request.id, key=convert.idempotency_key("DeleteMemory", request, request.request_id)
+        )
         return pb.DeleteMemoryResponse(memory=convert.memory_to_pb(deleted))
 
-    def PurgeMemories(self, request: pb.PurgeMemoriesRequest,
-                      context: grpc.ServicerContext) -> pb.PurgeMemoriesResponse:
+    def PurgeMemories(
+        self, request: pb.PurgeMemoriesRequest, context: grpc.ServicerContext
+    ) -> pb.PurgeMemoriesResponse:
         tenant = _tenant()
         self.memories.validator.request_id(request.request_id)
-        n = self.memories.purge(tenant, convert.filter_from_pb(request), force=request.force,
-                                all_memories=request.all_memories,
-                                key=convert.idempotency_key("PurgeMemories", request, request.request_id))
+        n = self.memories.purge(
+            tenant,
+            convert.filter_from_pb(request),
+            force=request.force,
+            all_memories=request.all_memories,
+            key=convert.idempotency_key("PurgeMemories", request, request.request_id),
+        )
         return pb.PurgeMemoriesResponse(purge_count=n)
 
     def Recall(self, request: pb.RecallRequest, context: grpc.ServicerContext) -> pb.RecallResponse:
@@ -105,44 +151,75 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             if stage not in _STAGES:
                 raise InvalidArgument(f"options.disabled_stages[{i}]", f"unknown stage {stage}")
             disabled.add(_STAGES[stage])
-        result = self.recall_pipeline.recall(tenant, RecallQuery(
-            text=request.query, top_k=request.top_k, filter=convert.filter_from_pb(request),
-            disabled=frozenset(disabled), explain=request.options.explain))
+        result = self.recall_pipeline.recall(
+            tenant,
+            RecallQuery(
+                text=request.query,
+                top_k=request.top_k,
+                filter=convert.filter_from_pb(request),
+                disabled=frozenset(disabled),
+                explain=request.options.explain,
+            ),
+        )
         return pb.RecallResponse(
-            hits=[pb.RecallHit(
-                memory=convert.memory_to_pb(h.memory), score=h.score, explanation=h.explanation,
-                scores=pb.RecallScores(
-                    vector_score=h.scores.vector_score, vector_rank=h.scores.vector_rank,
-                    text_score=h.scores.text_score, text_rank=h.scores.text_rank,
-                    fused_score=h.scores.fused_score, signals=h.scores.signals))
-                for h in result.hits],
-            vector_candidates=result.vector_candidates, text_candidates=result.text_candidates,
-            took_ms=result.took_ms)
+            hits=[
+                pb.RecallHit(
+                    memory=convert.memory_to_pb(h.memory),
+                    score=h.score,
+                    explanation=h.explanation,
+                    scores=pb.RecallScores(
+                        vector_score=h.scores.vector_score,
+                        vector_rank=h.scores.vector_rank,
+                        text_score=h.scores.text_score,
+                        text_rank=h.scores.text_rank,
+                        fused_score=h.scores.fused_score,
+                        signals=h.scores.signals,
+                    ),
+                )
+                for h in result.hits
+            ],
+            vector_candidates=result.vector_candidates,
+            text_candidates=result.text_candidates,
+            took_ms=result.took_ms,
+        )
 
-    def ExportMemories(self, request: pb.ExportMemoriesRequest,
-                       context: grpc.ServicerContext) -> Iterator[pb.ExportMemoriesResponse]:
+    def ExportMemories(
+        self, request: pb.ExportMemoriesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ExportMemoriesResponse]:
         tenant = _tenant()
-        for rows, done, total in self.memories.export(tenant, convert.filter_from_pb(request),
-                                                      include_deleted=request.include_deleted):
-            yield pb.ExportMemoriesResponse(memories=[convert.memory_to_pb(m) for m in rows],
-                                            exported_count=done, total_count=total)
+        for rows, done, total in self.memories.export(
+            tenant, convert.filter_from_pb(request), include_deleted=request.include_deleted
+        ):
+            yield pb.ExportMemoriesResponse(
+                memories=[convert.memory_to_pb(m) for m in rows], exported_count=done, total_count=total
+            )
 
-    def ImportMemories(self, request_iterator: Iterator[pb.ImportMemoriesRequest],
-                       context: grpc.ServicerContext) -> Iterator[pb.ImportMemoriesResponse]:
+    def ImportMemories(
+        self, request_iterator: Iterator[pb.ImportMemoriesRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.ImportMemoriesResponse]:
         tenant = _tenant()
         imported = skipped = received = 0
         for n, request in enumerate(request_iterator):
-            batch = [convert.exported_memory_from_pb(m, f"memories[{i}]") for i, m in enumerate(request.memories)]
+            batch = [
+                convert.exported_memory_from_pb(m, f"memories[{i}]") for i, m in enumerate(request.memories)
+            ]
             done, skip = self.memories.import_batch(tenant, batch, field_prefix=f"messages[{n}].memories")
             imported, skipped, received = imported + done, skipped + skip, received + len(batch)
-            yield pb.ImportMemoriesResponse(imported_count=imported, skipped_count=skipped, received_count=received)
+            yield pb.ImportMemoriesResponse(
+                imported_count=imported, skipped_count=skipped, received_count=received
+            )
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
         s = self.memories.status(_tenant())
         resp = pb.GetStatusResponse(
-            server_version=__version__, embedding_model=self.memories.embedding_model,
-            embedding_dimension=self.embedding_dimension, memory_count=s.live, deleted_count=s.deleted,
-            pending_index_count=s.pending_index, memory_count_by_type=s.by_type)
+            server_version=__version__,
+            embedding_model=self.memories.embedding_model,
+            embedding_dimension=self.embedding_dimension,
+            memory_count=s.live,
+            deleted_count=s.deleted,
+            pending_index_count=s.pending_index,
+            memory_count_by_type=s.by_type,
+        )
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))
         return resp

@@ -27,8 +27,9 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         try:
-            return all(ipaddress.ip_address(info[4][0]).is_loopback
-                       for info in socket.getaddrinfo(host, None))
+            return all(
+                ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None)
+            )
         except OSError:
             return False
 
@@ -39,9 +40,12 @@ class GrpcServer:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="mnemo-rpc"),
             interceptors=[interceptor],
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0)])
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
         self.health = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names: list[str] = []
@@ -53,11 +57,13 @@ class GrpcServer:
 
     def start(self) -> int:
         reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
         address = f"{self.cfg.host}:{self.cfg.port}"
         if self.cfg.tls_cert_file:
-            creds = grpc.ssl_server_credentials([(Path(self.cfg.tls_key_file).read_bytes(),
-                                                  Path(self.cfg.tls_cert_file).read_bytes())])
+            creds = grpc.ssl_server_credentials(
+                [(Path(self.cfg.tls_key_file).read_bytes(), Path(self.cfg.tls_cert_file).read_bytes())]
+            )
             self.port = self.server.add_secure_port(address, creds)
         else:
             self.port = self.server.add_insecure_port(address)
@@ -68,8 +74,9 @@ class GrpcServer:
         return self.port
 
     def set_serving(self, serving: bool) -> None:
-        status = (health_pb2.HealthCheckResponse.SERVING if serving
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for name in ["", *self.service_names]:
             self.health.set(name, status)
 

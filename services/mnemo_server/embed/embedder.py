@@ -40,7 +40,8 @@ def bundled_model_path() -> Path:
 def _normalise(v: npt.NDArray[np.float32]) -> Vectors:
     norms = np.linalg.norm(v, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
-    return (v / norms).astype(np.float32)
+    out: Vectors = (v / norms).astype(np.float32)
+    return out
 
 
 class OnnxEmbedder:
@@ -48,8 +49,16 @@ class OnnxEmbedder:
     sessions accept concurrent run() calls and the tokenizer is used without shared padding
     state."""
 
-    def __init__(self, model_id: str, onnx_file: Path, tokenizer_file: Path, *, max_seq_length: int,
-                 intra_op_threads: int, batch_size: int):
+    def __init__(
+        self,
+        model_id: str,
+        onnx_file: Path,
+        tokenizer_file: Path,
+        *,
+        max_seq_length: int,
+        intra_op_threads: int,
+        batch_size: int,
+    ):
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -74,7 +83,7 @@ class OnnxEmbedder:
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         out: list[tuple[int, npt.NDArray[np.float32]]] = []
         for start in range(0, len(order), self._batch_size):
-            idx = order[start:start + self._batch_size]
+            idx = order[start : start + self._batch_size]
             width = max(len(encodings[i].ids) for i in idx)
             ids = np.full((len(idx), width), self._pad_id, dtype=np.int64)
             mask = np.zeros((len(idx), width), dtype=np.int64)
@@ -82,8 +91,9 @@ class OnnxEmbedder:
                 n = len(encodings[i].ids)
                 ids[row, :n] = encodings[i].ids
                 mask[row, :n] = 1
-            hidden = self._session.run(None, {"input_ids": ids, "attention_mask": mask,
-                                              "token_type_ids": np.zeros_like(ids)})[0]
+            hidden = self._session.run(
+                None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            )[0]
             pooled = (hidden * mask[..., None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1)
             out.extend(zip(idx, pooled.astype(np.float32), strict=True))
         out.sort(key=lambda pair: pair[0])
@@ -105,9 +115,15 @@ class TorchEmbedder:
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         with self._lock:
-            v = self._model.encode(list(texts), batch_size=self._batch_size, normalize_embeddings=True,
-                                   convert_to_numpy=True, show_progress_bar=False)
-        return np.asarray(v, dtype=np.float32)
+            v = self._model.encode(
+                list(texts),
+                batch_size=self._batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        out: Vectors = np.asarray(v, dtype=np.float32)
+        return out
 
 
 class CachedQueryEmbedder:
@@ -127,7 +143,7 @@ class CachedQueryEmbedder:
             if hit is not None:
                 self._cache.move_to_end(text)
                 return hit
-        vec = self.inner.embed([text])[0]
+        vec: npt.NDArray[np.float32] = self.inner.embed([text])[0]
         with self._lock:
             self._cache[text] = vec
             while len(self._cache) > self._capacity:

@@ -17,19 +17,26 @@ log = logging.getLogger(__name__)
 def build_embedder(cfg: EmbeddingConfig, cache_root: Path) -> Embedder:
     model_dir = Path(cfg.model_path) if cfg.model_path else bundled_model_path()
     if not (model_dir / "config.json").exists():
-        raise FailedPrecondition(f"embedding model directory {model_dir} has no config.json",
-                                 reason="EMBEDDING_MODEL_MISSING")
+        raise FailedPrecondition(
+            f"embedding model directory {model_dir} has no config.json", reason="EMBEDDING_MODEL_MISSING"
+        )
     if cfg.backend == "onnx":
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the exporter's tracer warnings are noise here
                 onnx_file = export_to_onnx(model_dir, export_dir_for(cache_root, cfg.model, model_dir))
-            return OnnxEmbedder(cfg.model, onnx_file, onnx_file.parent / "tokenizer.json",
-                                max_seq_length=cfg.max_seq_length, intra_op_threads=cfg.intra_op_threads,
-                                batch_size=cfg.batch_size)
+            return OnnxEmbedder(
+                cfg.model,
+                onnx_file,
+                onnx_file.parent / "tokenizer.json",
+                max_seq_length=cfg.max_seq_length,
+                intra_op_threads=cfg.intra_op_threads,
+                batch_size=cfg.batch_size,
+            )
         except Exception as exc:  # the fallback is the point: any export/runtime failure
             log.warning("ONNX embedding unavailable (%s); falling back to sentence-transformers", exc)
     elif cfg.backend != "torch":
-        raise FailedPrecondition(f"embedding.backend must be 'onnx' or 'torch', not {cfg.backend!r}",
-                                 reason="BAD_CONFIG")
+        raise FailedPrecondition(
+            f"embedding.backend must be 'onnx' or 'torch', not {cfg.backend!r}", reason="BAD_CONFIG"
+        )
     return TorchEmbedder(cfg.model, model_dir, batch_size=cfg.batch_size, max_seq_length=cfg.max_seq_length)

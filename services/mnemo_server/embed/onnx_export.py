@@ -36,9 +36,12 @@ def export_to_onnx(model_dir: Path, target: Path) -> Path:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    token_type_ids: torch.Tensor) -> torch.Tensor:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        def forward(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+        ) -> torch.Tensor:
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            )
             hidden: torch.Tensor = out.last_hidden_state
             return hidden
 
@@ -46,12 +49,20 @@ def export_to_onnx(model_dir: Path, target: Path) -> Path:
     dynamic = {0: "batch", 1: "tokens"}
     with torch.no_grad():
         torch.onnx.export(
-            LastHidden(base), (sample["input_ids"], sample["attention_mask"], sample["token_type_ids"]),
-            str(tmp / "model.onnx"), input_names=["input_ids", "attention_mask", "token_type_ids"],
+            LastHidden(base),
+            (sample["input_ids"], sample["attention_mask"], sample["token_type_ids"]),
+            str(tmp / "model.onnx"),
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
             output_names=["last_hidden_state"],
-            dynamic_axes={"input_ids": dynamic, "attention_mask": dynamic, "token_type_ids": dynamic,
-                          "last_hidden_state": dynamic},
-            opset_version=17, dynamo=False)
+            dynamic_axes={
+                "input_ids": dynamic,
+                "attention_mask": dynamic,
+                "token_type_ids": dynamic,
+                "last_hidden_state": dynamic,
+            },
+            opset_version=17,
+            dynamo=False,
+        )
     shutil.copy(model_dir / "tokenizer.json", tmp / "tokenizer.json")
     (tmp / "source.json").write_text(json.dumps({"model_dir": str(model_dir)}))
     shutil.rmtree(target, ignore_errors=True)

@@ -179,15 +179,29 @@ class IndexWorker:
         gone = [i for i in ids if i not in current or current[i].deleted]
         if live:
             vectors = self.embedder.embed([m.content for m in live])
-            rows = [IndexRow(id=m.id, scope=m.scope.key, type=m.type.value, category=m.category,
-                             session=m.source.session_id, pinned=m.pinned, event_time_ns=m.event_time_ns,
-                             create_time_ns=m.create_time_ns, revision=m.revision, text=m.content,
-                             vector=vectors[n]) for n, m in enumerate(live)]
+            rows = [
+                IndexRow(
+                    id=m.id,
+                    scope=m.scope.key,
+                    type=m.type.value,
+                    category=m.category,
+                    session=m.source.session_id,
+                    pinned=m.pinned,
+                    event_time_ns=m.event_time_ns,
+                    create_time_ns=m.create_time_ns,
+                    revision=m.revision,
+                    text=m.content,
+                    vector=vectors[n],
+                )
+                for n, m in enumerate(live)
+            ]
             self.index.upsert(tenant_id, rows)
         if gone:
             self.index.delete(tenant_id, gone)
         with self.db.transaction() as cur:
-            memory_repo.mark_indexed(cur, [(tenant_id, m.id, m.revision) for m in live], self.embedder.model_id)
+            memory_repo.mark_indexed(
+                cur, [(tenant_id, m.id, m.revision) for m in live], self.embedder.model_id
+            )
             memory_repo.mark_unindexed(cur, [(tenant_id, i) for i in gone])
         self.stats.indexed += len(live)
         self.stats.removed += len(gone)
@@ -224,21 +238,30 @@ class IndexWorker:
             indexed = self.index.revisions(tenant_id)
             if not indexed:
                 continue
-            rows = self.db.reader().execute(
-                "SELECT id, revision, indexed_revision FROM memories WHERE tenant_id = ? "
-                "AND delete_time_ns IS NULL", [tenant_id]).fetchall()
+            rows = (
+                self.db.reader()
+                .execute(
+                    "SELECT id, revision, indexed_revision FROM memories WHERE tenant_id = ? "
+                    "AND delete_time_ns IS NULL",
+                    [tenant_id],
+                )
+                .fetchall()
+            )
             live = {r[0]: (r[1], r[2]) for r in rows}
             orphans = [i for i in indexed if i not in live]
             if orphans:
                 self.index.delete(tenant_id, orphans)
                 removed += len(orphans)
             # Marked indexed but LanceDB lost the row or holds another revision: redo.
-            stale = [i for i, (rev, idx_rev) in live.items()
-                     if idx_rev is not None and indexed.get(i) != idx_rev]
+            stale = [
+                i for i, (rev, idx_rev) in live.items() if idx_rev is not None and indexed.get(i) != idx_rev
+            ]
             if stale:
                 with self.db.transaction() as cur:
-                    cur.execute("UPDATE memories SET indexed_revision = NULL WHERE tenant_id = ? AND id = ANY(?)",
-                                [tenant_id, stale])
+                    cur.execute(
+                        "UPDATE memories SET indexed_revision = NULL WHERE tenant_id = ? AND id = ANY(?)",
+                        [tenant_id, stale],
+                    )
                 self.submit(tenant_id, stale)
                 removed += len(stale)
         return removed

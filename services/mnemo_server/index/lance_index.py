@@ -91,25 +91,27 @@ class LanceIndex:
         self._tables: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._write_locks: dict[str, threading.Lock] = {}
-        self.schema = pa.schema([
-            pa.field("id", pa.string(), nullable=False),
-            pa.field("scope", pa.string()),
-            pa.field("type", pa.string()),
-            pa.field("category", pa.string()),
-            pa.field("session", pa.string()),
-            pa.field("pinned", pa.bool_()),
-            pa.field("event_time_ns", pa.int64()),
-            pa.field("create_time_ns", pa.int64()),
-            pa.field("revision", pa.int64()),
-            pa.field("text", pa.string()),
-            pa.field("vector", pa.list_(pa.float32(), dimension)),
-        ])
+        self.schema = pa.schema(
+            [
+                pa.field("id", pa.string(), nullable=False),
+                pa.field("scope", pa.string()),
+                pa.field("type", pa.string()),
+                pa.field("category", pa.string()),
+                pa.field("session", pa.string()),
+                pa.field("pinned", pa.bool_()),
+                pa.field("event_time_ns", pa.int64()),
+                pa.field("create_time_ns", pa.int64()),
+                pa.field("revision", pa.int64()),
+                pa.field("text", pa.string()),
+                pa.field("vector", pa.list_(pa.float32(), dimension)),
+            ]
+        )
 
     # --- tables ----------------------------------------------------------------------
 
     @staticmethod
     def table_name(tenant_id: str) -> str:
-        if not _TENANT_RE.match(tenant_id):
+        if not _TENANT_RE.fullmatch(tenant_id):
             raise ValueError(f"bad tenant id {tenant_id!r}")
         return f"t_{tenant_id}"
 
@@ -142,15 +144,25 @@ class LanceIndex:
         if not rows:
             return
         table = self._table(tenant_id, create=True)
-        data = pa.table({
-            "id": [r.id for r in rows], "scope": [r.scope for r in rows], "type": [r.type for r in rows],
-            "category": [r.category for r in rows], "session": [r.session for r in rows],
-            "pinned": [r.pinned for r in rows], "event_time_ns": [r.event_time_ns for r in rows],
-            "create_time_ns": [r.create_time_ns for r in rows], "revision": [r.revision for r in rows],
-            "text": [r.text for r in rows],
-            "vector": pa.FixedSizeListArray.from_arrays(
-                pa.array(np.concatenate([r.vector for r in rows]).astype(np.float32)), self.dimension),
-        }, schema=self.schema)
+        assert table is not None
+        data = pa.table(
+            {
+                "id": [r.id for r in rows],
+                "scope": [r.scope for r in rows],
+                "type": [r.type for r in rows],
+                "category": [r.category for r in rows],
+                "session": [r.session for r in rows],
+                "pinned": [r.pinned for r in rows],
+                "event_time_ns": [r.event_time_ns for r in rows],
+                "create_time_ns": [r.create_time_ns for r in rows],
+                "revision": [r.revision for r in rows],
+                "text": [r.text for r in rows],
+                "vector": pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.concatenate([r.vector for r in rows]).astype(np.float32)), self.dimension
+                ),
+            },
+            schema=self.schema,
+        )
         with self._write_lock(tenant_id):
             (table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(data))
             self._ensure_text_index(table)
@@ -161,7 +173,7 @@ class LanceIndex:
             return
         with self._write_lock(tenant_id):
             for start in range(0, len(ids), 500):
-                table.delete(_in("id", ids[start:start + 500]))
+                table.delete(_in("id", ids[start : start + 500]))
 
     def drop_all(self) -> None:
         with self._lock:
@@ -187,17 +199,22 @@ class LanceIndex:
         table = self._table(tenant_id, create=False)
         if table is None:
             return {}
+        from lancedb.index import Bitmap, HnswSq
+
         done: dict[str, Any] = {}
         with self._write_lock(tenant_id):
             rows = table.count_rows()
             indices = self._index_names(table)
             if rows >= self.cfg.ann_min_rows and "vector_idx" not in indices:
-                partitions = max(1, int(rows ** 0.5))
-                table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ",
-                                   num_partitions=partitions, name="vector_idx")
+                partitions = max(1, int(rows**0.5))
+                table.create_index(
+                    "vector",
+                    config=HnswSq(distance_type="cosine", num_partitions=partitions),
+                    name="vector_idx",
+                )
                 done["ann_index"] = partitions
             if "scope_idx" not in indices and rows:
-                table.create_scalar_index("scope", index_type="BITMAP", name="scope_idx")
+                table.create_index("scope", config=Bitmap(), name="scope_idx")
                 done["scope_index"] = True
             table.optimize(cleanup_older_than=timedelta(minutes=5))
             done["rows"] = rows
@@ -207,9 +224,13 @@ class LanceIndex:
         table = self._table(tenant_id, create=False)
         if table is None:
             return {"rows": 0, "indices": {}}
-        return {"rows": table.count_rows(),
-                "indices": {n: {"indexed": ix.num_indexed_rows, "unindexed": ix.num_unindexed_rows}
-                            for n, ix in self._index_names(table).items()}}
+        return {
+            "rows": table.count_rows(),
+            "indices": {
+                n: {"indexed": ix.num_indexed_rows, "unindexed": ix.num_unindexed_rows}
+                for n, ix in self._index_names(table).items()
+            },
+        }
 
     # --- reads -----------------------------------------------------------------------
 
@@ -222,11 +243,12 @@ class LanceIndex:
         table = self._table(tenant_id, create=False)
         if table is None:
             return {}
-        data = table.to_lance().to_table(columns=["id", "revision"])
+        data = table.search().select(["id", "revision"]).limit(None).to_arrow()
         return dict(zip(data.column("id").to_pylist(), data.column("revision").to_pylist(), strict=True))
 
-    def vector_search(self, tenant_id: str, vector: npt.NDArray[np.float32], k: int,
-                      where: str | None) -> list[LegHit]:
+    def vector_search(
+        self, tenant_id: str, vector: npt.NDArray[np.float32], k: int, where: str | None
+    ) -> list[LegHit]:
         table = self._table(tenant_id, create=False)
         if table is None:
             return []

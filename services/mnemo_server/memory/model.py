@@ -129,18 +129,27 @@ class MemoryFilter:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.scopes or self.types or self.categories or self.create_time.is_set
-                    or self.event_time.is_set or self.pinned_only or self.source_session_ids)
+        return not (
+            self.scopes
+            or self.types
+            or self.categories
+            or self.create_time.is_set
+            or self.event_time.is_set
+            or self.pinned_only
+            or self.source_session_ids
+        )
 
     def matches(self, m: Memory) -> bool:
         """The filter evaluated in Python, on the source of truth."""
-        return ((not self.scopes or m.scope in self.scopes)
-                and (not self.types or m.type in self.types)
-                and (not self.categories or m.category in self.categories)
-                and self.create_time.contains(m.create_time_ns)
-                and self.event_time.contains(m.event_time_ns)
-                and (not self.pinned_only or m.pinned)
-                and (not self.source_session_ids or m.source.session_id in self.source_session_ids))
+        return (
+            (not self.scopes or m.scope in self.scopes)
+            and (not self.types or m.type in self.types)
+            and (not self.categories or m.category in self.categories)
+            and self.create_time.contains(m.create_time_ns)
+            and self.event_time.contains(m.event_time_ns)
+            and (not self.pinned_only or m.pinned)
+            and (not self.source_session_ids or m.source.session_id in self.source_session_ids)
+        )
 
 
 @dataclass(frozen=True)

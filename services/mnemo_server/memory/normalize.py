@@ -13,9 +13,9 @@ _CATEGORY_BAD = re.compile(r"[^a-z0-9_]")
 
 @dataclass(frozen=True)
 class NormalizedContent:
-    storage: str      # trimmed, whitespace collapsed, casing kept: what is stored
-    normalized: str   # lower-cased, trailing punctuation stripped: the hash basis
-    hash: str         # SHA-256 hex of the basis: the deduplication key
+    storage: str  # trimmed, whitespace collapsed, casing kept: what is stored
+    normalized: str  # lower-cased, trailing punctuation stripped: the hash basis
+    hash: str  # SHA-256 hex of the basis: the deduplication key
 
 
 def normalize_content(raw: str) -> NormalizedContent:

@@ -59,8 +59,16 @@ class TenantStatus:
 
 
 class MemoryService:
-    def __init__(self, db: Database, indexer: IndexWorker, validator: Validator, caps: CapsConfig,
-                 index_cfg: IndexConfig, embedding_model: str, clock: Callable[[], int] = now_ns):
+    def __init__(
+        self,
+        db: Database,
+        indexer: IndexWorker,
+        validator: Validator,
+        caps: CapsConfig,
+        index_cfg: IndexConfig,
+        embedding_model: str,
+        clock: Callable[[], int] = now_ns,
+    ):
         self.db = db
         self.indexer = indexer
         self.validator = validator
@@ -71,28 +79,52 @@ class MemoryService:
 
     # --- create ------------------------------------------------------------------------
 
-    def create(self, tenant_id: str, draft: MemoryDraft, *, key: IdempotencyKey | None = None,
-               wait_for_index: bool = False, wait_timeout_s: float = 0.0, field_prefix: str = "memory",
-               ) -> CreateResult:
-        return self.batch_create(tenant_id, [draft], key=key, wait_for_index=wait_for_index,
-                                 wait_timeout_s=wait_timeout_s, field_prefixes=[field_prefix])[0]
+    def create(
+        self,
+        tenant_id: str,
+        draft: MemoryDraft,
+        *,
+        key: IdempotencyKey | None = None,
+        wait_for_index: bool = False,
+        wait_timeout_s: float = 0.0,
+        field_prefix: str = "memory",
+    ) -> CreateResult:
+        return self.batch_create(
+            tenant_id,
+            [draft],
+            key=key,
+            wait_for_index=wait_for_index,
+            wait_timeout_s=wait_timeout_s,
+            field_prefixes=[field_prefix],
+        )[0]
 
-    def batch_create(self, tenant_id: str, drafts: Sequence[MemoryDraft], *, key: IdempotencyKey | None = None,
-                     wait_for_index: bool = False, wait_timeout_s: float = 0.0,
-                     field_prefixes: Sequence[str] | None = None) -> list[CreateResult]:
+    def batch_create(
+        self,
+        tenant_id: str,
+        drafts: Sequence[MemoryDraft],
+        *,
+        key: IdempotencyKey | None = None,
+        wait_for_index: bool = False,
+        wait_timeout_s: float = 0.0,
+        field_prefixes: Sequence[str] | None = None,
+    ) -> list[CreateResult]:
         prefixes = list(field_prefixes or [f"requests[{i}].memory" for i in range(len(drafts))])
         if not drafts:
             raise InvalidArgument("requests", "must hold at least one memory")
         if len(drafts) > self.validator.limits.max_batch_size:
-            raise InvalidArgument("requests", f"holds {len(drafts)} memories; the limit is "
-                                              f"{self.validator.limits.max_batch_size}")
+            raise InvalidArgument(
+                "requests",
+                f"holds {len(drafts)} memories; the limit is {self.validator.limits.max_batch_size}",
+            )
         prepared = [self._prepare(d, p) for d, p in zip(drafts, prefixes, strict=True)]
         seen_external: dict[str, str] = {}
         violations: list[FieldViolation] = []
         for d, p in zip(prepared, prefixes, strict=True):
             if d.external_id:
                 if d.external_id in seen_external:
-                    violations.append(FieldViolation(f"{p}.external_id", "repeats another entry of this batch"))
+                    violations.append(
+                        FieldViolation(f"{p}.external_id", "repeats another entry of this batch")
+                    )
                 seen_external[d.external_id] = p
         raise_if(violations)
 
@@ -101,14 +133,21 @@ class MemoryService:
             replay = idempotency_repo.lookup(cur, tenant_id, key)
             if replay is not None:
                 stored = memory_repo.get_many(cur, tenant_id, replay["ids"])
-                results = [CreateResult(stored[i], bool(dd)) for i, dd in zip(replay["ids"], replay["dedup"],
-                                                                              strict=True)]
+                results = [
+                    CreateResult(stored[i], bool(dd))
+                    for i, dd in zip(replay["ids"], replay["dedup"], strict=True)
+                ]
                 new_ids: list[str] = []
                 pruned: list[str] = []
             else:
                 results, new_ids, pruned = self._insert(cur, tenant_id, prepared, prefixes, now)
-                idempotency_repo.record(cur, tenant_id, key, {"ids": [r.memory.id for r in results],
-                                                              "dedup": [r.deduplicated for r in results]}, now)
+                idempotency_repo.record(
+                    cur,
+                    tenant_id,
+                    key,
+                    {"ids": [r.memory.id for r in results], "dedup": [r.deduplicated for r in results]},
+                    now,
+                )
         if new_ids or pruned:
             self.indexer.submit(tenant_id, [*new_ids, *pruned])
         if wait_for_index:
@@ -129,44 +168,75 @@ class MemoryService:
         raise_if(self.validator.draft(replace(d, scope=scope), prefix))
         return replace(d, scope=scope, category=sanitize_category(d.category))
 
-    def _insert(self, cur: Cursor, tenant_id: str, drafts: Sequence[MemoryDraft], prefixes: Sequence[str],
-                now: int) -> tuple[list[CreateResult], list[str], list[str]]:
+    def _insert(
+        self, cur: Cursor, tenant_id: str, drafts: Sequence[MemoryDraft], prefixes: Sequence[str], now: int
+    ) -> tuple[list[CreateResult], list[str], list[str]]:
         normalized = [normalize_content(d.content) for d in drafts]
         existing = memory_repo.find_live_duplicates(cur, tenant_id, [n.hash for n in normalized])
-        taken_external = memory_repo.live_external_ids(cur, tenant_id, [d.external_id for d in drafts
-                                                                        if d.external_id])
+        owners = memory_repo.live_by_external_ids(
+            cur, tenant_id, [d.external_id for d in drafts if d.external_id]
+        )
         results: list[CreateResult] = []
         to_insert: list[tuple[Memory, str]] = []
-        fresh = [k for k, d in enumerate(drafts) if (d.scope.key, normalized[k].hash) not in existing]
-        seqs = iter(memory_repo.next_seqs(cur, len(fresh)))
+        seqs = iter(memory_repo.next_seqs(cur, len(drafts)))  # gaps are harmless; order is what counts
         batch_seen: dict[tuple[str, str], Memory] = {}
         for k, (d, norm) in enumerate(zip(drafts, normalized, strict=True)):
             dedup_key = (d.scope.key, norm.hash)
-            dup = existing.get(dedup_key) or batch_seen.get(dedup_key)
-            if dup is not None:
-                if d.external_id and d.external_id != dup.external_id:
+            if d.external_id:
+                # The caller names the memory: the same name with the same content is a
+                # retry (deduplicated); the same name with other content is a conflict; the
+                # same content under another name is a distinct memory (two chat turns may
+                # both say "thanks!").
+                owner = owners.get(d.external_id)
+                if owner is not None:
+                    if owner.scope == d.scope and owner.content_hash == norm.hash:
+                        results.append(CreateResult(owner, True))
+                        continue
                     raise AlreadyExists(
-                        f"{prefixes[k]}: the same content already exists in this scope as memory {dup.id}",
-                        reason="DUPLICATE_CONTENT", metadata={"memory_id": dup.id})
-                results.append(CreateResult(dup, True))
-                continue
-            if d.external_id and d.external_id in taken_external:
-                raise AlreadyExists(f"{prefixes[k]}.external_id: {d.external_id!r} is already used by memory "
-                                    f"{taken_external[d.external_id]}", reason="EXTERNAL_ID_TAKEN",
-                                    metadata={"memory_id": taken_external[d.external_id]})
+                        f"{prefixes[k]}.external_id: {d.external_id!r} is already used by memory {owner.id}",
+                        reason="EXTERNAL_ID_TAKEN",
+                        metadata={"memory_id": owner.id},
+                    )
+            else:
+                dup = existing.get(dedup_key) or batch_seen.get(dedup_key)
+                if dup is not None:
+                    results.append(CreateResult(dup, True))
+                    continue
             m = Memory(
-                id=str(uuid.uuid4()), tenant_id=tenant_id, seq=next(seqs), external_id=d.external_id,
-                scope=d.scope, type=d.type, category=d.category, content=norm.storage, content_hash=norm.hash,
-                importance=d.importance, confidence=d.confidence, pinned=d.pinned, source=d.source,
-                metadata=d.metadata, event_time_ns=d.event_time_ns if d.event_time_ns is not None else now,
-                create_time_ns=now, update_time_ns=now, revision=1, embedding_model=self.embedding_model)
+                id=str(uuid.uuid4()),
+                tenant_id=tenant_id,
+                seq=next(seqs),
+                external_id=d.external_id,
+                scope=d.scope,
+                type=d.type,
+                category=d.category,
+                content=norm.storage,
+                content_hash=norm.hash,
+                importance=d.importance,
+                confidence=d.confidence,
+                pinned=d.pinned,
+                source=d.source,
+                metadata=d.metadata,
+                event_time_ns=d.event_time_ns if d.event_time_ns is not None else now,
+                create_time_ns=now,
+                update_time_ns=now,
+                revision=1,
+                embedding_model=self.embedding_model,
+            )
             to_insert.append((m, norm.normalized))
-            batch_seen[dedup_key] = m
+            batch_seen.setdefault(dedup_key, m)
+            if m.external_id:
+                owners[m.external_id] = m
             results.append(CreateResult(m, False))
         memory_repo.insert_many(cur, to_insert)
         memory_repo.record_history(
-            cur, [(tenant_id, m.id, "create", m.source.who or "api", m.source.why, {"type": m.type.value})
-                  for m, _ in to_insert], now)
+            cur,
+            [
+                (tenant_id, m.id, "create", m.source.who or "api", m.source.why, {"type": m.type.value})
+                for m, _ in to_insert
+            ],
+            now,
+        )
         pruned = self._enforce_caps(cur, tenant_id, {(m.scope, m.type) for m, _ in to_insert}, now)
         return results, [m.id for m, _ in to_insert], pruned
 
@@ -174,8 +244,13 @@ class MemoryService:
         cap: int = getattr(self.caps, mtype.value)
         return cap
 
-    def _enforce_caps(self, cur: Cursor, tenant_id: str, groups: set[tuple[Scope, MemoryType]], now: int,
-                      ) -> list[str]:
+    def _enforce_caps(
+        self,
+        cur: Cursor,
+        tenant_id: str,
+        groups: set[tuple[Scope, MemoryType]],
+        now: int,
+    ) -> list[str]:
         pruned: list[str] = []
         for scope, mtype in sorted(groups, key=lambda g: (g[0].key, g[1].value)):
             cap = self._cap_for(mtype)
@@ -186,8 +261,13 @@ class MemoryService:
                 victims = memory_repo.oldest_unpinned(cur, tenant_id, scope, mtype, excess)
                 memory_repo.tombstone(cur, tenant_id, victims, now)
                 memory_repo.record_history(
-                    cur, [(tenant_id, v, "prune", "mnemo", f"{mtype.value} cap {cap} reached", {})
-                          for v in victims], now)
+                    cur,
+                    [
+                        (tenant_id, v, "prune", "mnemo", f"{mtype.value} cap {cap} reached", {})
+                        for v in victims
+                    ],
+                    now,
+                )
                 pruned.extend(victims)
         return pruned
 
@@ -198,23 +278,25 @@ class MemoryService:
             raise InvalidArgument(field, "is required")
         cur = self.db.reader()
         if ident.startswith(EXTERNAL_PREFIX):
-            m = memory_repo.get_by_external_id(cur, tenant_id, ident[len(EXTERNAL_PREFIX):])
+            m = memory_repo.get_by_external_id(cur, tenant_id, ident[len(EXTERNAL_PREFIX) :])
         else:
             m = memory_repo.get(cur, tenant_id, ident)
         if m is None:
             raise NotFound("memory", ident)
         return m
 
-    def list(self, tenant_id: str, f: MemoryFilter, *, page_size: int, page_token: str,
-             show_deleted: bool) -> tuple[list[Memory], str]:
+    def list_memories(
+        self, tenant_id: str, f: MemoryFilter, *, page_size: int, page_token: str, show_deleted: bool
+    ) -> tuple[list[Memory], str]:
         size = self.validator.page_size(page_size)
         raise_if(self.validator.filter(f))
         fingerprint = query_fingerprint("list", f, show_deleted)
         before = decode_token(page_token, fingerprint)
         if before is not None and not isinstance(before, int):
             raise InvalidArgument("page_token", "is not a token this server issued")
-        rows = memory_repo.list_page(self.db.reader(), tenant_id, f, include_deleted=show_deleted,
-                                     before_seq=before, limit=size + 1)
+        rows = memory_repo.list_page(
+            self.db.reader(), tenant_id, f, include_deleted=show_deleted, before_seq=before, limit=size + 1
+        )
         next_token = encode_token(rows[size - 1].seq, fingerprint) if len(rows) > size else ""
         return rows[:size], next_token
 
@@ -224,9 +306,17 @@ class MemoryService:
 
     # --- update / delete ---------------------------------------------------------------
 
-    def update(self, tenant_id: str, memory_id: str, patch: MemoryPatch, paths: Sequence[str], *,
-               key: IdempotencyKey | None = None, wait_for_index: bool = False,
-               wait_timeout_s: float = 0.0) -> Memory:
+    def update(
+        self,
+        tenant_id: str,
+        memory_id: str,
+        patch: MemoryPatch,
+        paths: Sequence[str],
+        *,
+        key: IdempotencyKey | None = None,
+        wait_for_index: bool = False,
+        wait_timeout_s: float = 0.0,
+    ) -> Memory:
         if not memory_id:
             raise InvalidArgument("memory.id", "is required")
         changes = self._changes(patch, paths)
@@ -239,14 +329,19 @@ class MemoryService:
                     raise NotFound("memory", memory_id)
                 if "content_hash" in changes and changes["content_hash"] != current.content_hash:
                     dup = memory_repo.find_live_duplicates(cur, tenant_id, [changes["content_hash"]]).get(
-                        (current.scope.key, changes["content_hash"]))
+                        (current.scope.key, changes["content_hash"])
+                    )
                     if dup is not None and dup.id != memory_id:
-                        raise AlreadyExists(f"memory.content: the same content already exists in this scope as "
-                                            f"memory {dup.id}", reason="DUPLICATE_CONTENT",
-                                            metadata={"memory_id": dup.id})
+                        raise AlreadyExists(
+                            f"memory.content: the same content already exists in this scope as "
+                            f"memory {dup.id}",
+                            reason="DUPLICATE_CONTENT",
+                            metadata={"memory_id": dup.id},
+                        )
                 memory_repo.update_columns(cur, tenant_id, memory_id, changes, now)
-                memory_repo.record_history(cur, [(tenant_id, memory_id, "update", "api", "",
-                                                  {"paths": sorted(paths)})], now)
+                memory_repo.record_history(
+                    cur, [(tenant_id, memory_id, "update", "api", "", {"paths": sorted(paths)})], now
+                )
                 idempotency_repo.record(cur, tenant_id, key, {"ids": [memory_id]}, now)
         self.indexer.submit(tenant_id, [memory_id])
         if wait_for_index:
@@ -258,18 +353,24 @@ class MemoryService:
             raise InvalidArgument("update_mask", f"must name at least one of {', '.join(UPDATABLE_PATHS)}")
         unknown = [p for p in paths if p not in UPDATABLE_PATHS]
         if unknown:
-            raise InvalidArgument("update_mask", f"cannot update {', '.join(unknown)}; updatable: "
-                                                 f"{', '.join(UPDATABLE_PATHS)}")
-        probe = MemoryDraft(content=patch.content if "content" in paths else "x",
-                            category=patch.category, importance=patch.importance if "importance" in paths else 0.5,
-                            confidence=patch.confidence if "confidence" in paths else 1.0,
-                            metadata=(patch.metadata or {}) if "metadata" in paths else {})
+            raise InvalidArgument(
+                "update_mask", f"cannot update {', '.join(unknown)}; updatable: {', '.join(UPDATABLE_PATHS)}"
+            )
+        probe = MemoryDraft(
+            content=patch.content if "content" in paths else "x",
+            category=patch.category,
+            importance=patch.importance if "importance" in paths else 0.5,
+            confidence=patch.confidence if "confidence" in paths else 1.0,
+            metadata=(patch.metadata or {}) if "metadata" in paths else {},
+        )
         raise_if(self.validator.draft(probe, "memory"))
         changes: dict[str, Any] = {}
         for path in paths:
             if path == "content":
                 norm = normalize_content(patch.content)
-                changes.update(content=norm.storage, normalized_content=norm.normalized, content_hash=norm.hash)
+                changes.update(
+                    content=norm.storage, normalized_content=norm.normalized, content_hash=norm.hash
+                )
             elif path == "category":
                 changes["category"] = sanitize_category(patch.category)
             elif path == "metadata":
@@ -298,8 +399,15 @@ class MemoryService:
         self.indexer.submit(tenant_id, [memory_id])
         return self.get(tenant_id, memory_id)
 
-    def purge(self, tenant_id: str, f: MemoryFilter, *, force: bool, all_memories: bool,
-              key: IdempotencyKey | None = None) -> int:
+    def purge(
+        self,
+        tenant_id: str,
+        f: MemoryFilter,
+        *,
+        force: bool,
+        all_memories: bool,
+        key: IdempotencyKey | None = None,
+    ) -> int:
         raise_if(self.validator.filter(f))
         if f.is_empty and not all_memories:
             raise InvalidArgument("filter", "must name at least one criterion (or set all_memories)")
@@ -319,16 +427,28 @@ class MemoryService:
 
     # --- export / import ---------------------------------------------------------------
 
-    def export(self, tenant_id: str, f: MemoryFilter, *, include_deleted: bool, batch_size: int = 500,
-               ) -> Iterator[tuple[list[Memory], int, int]]:
+    def export(
+        self,
+        tenant_id: str,
+        f: MemoryFilter,
+        *,
+        include_deleted: bool,
+        batch_size: int = 500,
+    ) -> Iterator[tuple[list[Memory], int, int]]:
         """Batches in insertion order with (exported so far, total)."""
         raise_if(self.validator.filter(f))
         cur = self.db.reader()
         total = memory_repo.count(cur, tenant_id, f, include_deleted=include_deleted)
         done, after = 0, 0
         while True:
-            rows = memory_repo.scan(self.db.reader(), tenant_id, f, include_deleted=include_deleted,
-                                    after_seq=after, limit=batch_size)
+            rows = memory_repo.scan(
+                self.db.reader(),
+                tenant_id,
+                f,
+                include_deleted=include_deleted,
+                after_seq=after,
+                limit=batch_size,
+            )
             if not rows:
                 if done == 0:
                     yield [], 0, total
@@ -337,8 +457,13 @@ class MemoryService:
             after = rows[-1].seq
             yield rows, done, max(total, done)
 
-    def import_batch(self, tenant_id: str, memories: Sequence[Memory], *, field_prefix: str = "memories",
-                     ) -> tuple[int, int]:
+    def import_batch(
+        self,
+        tenant_id: str,
+        memories: Sequence[Memory],
+        *,
+        field_prefix: str = "memories",
+    ) -> tuple[int, int]:
         """Restore exported memories as they were. Returns (imported, skipped): ids that are
         live already, or whose content is already live in the scope, are skipped; tombstoned
         ids are restored."""
@@ -350,10 +475,20 @@ class MemoryService:
             try:
                 uuid.UUID(m.id)
             except ValueError:
-                violations.append(FieldViolation(f"{p}.id", "must be the memory's id (a UUID) from an export"))
-            draft = MemoryDraft(content=m.content, scope=m.scope, type=m.type, category=m.category,
-                                external_id=m.external_id, importance=m.importance, confidence=m.confidence,
-                                metadata=m.metadata, source=m.source)
+                violations.append(
+                    FieldViolation(f"{p}.id", "must be the memory's id (a UUID) from an export")
+                )
+            draft = MemoryDraft(
+                content=m.content,
+                scope=m.scope,
+                type=m.type,
+                category=m.category,
+                external_id=m.external_id,
+                importance=m.importance,
+                confidence=m.confidence,
+                metadata=m.metadata,
+                source=m.source,
+            )
             violations.extend(self.validator.draft(draft, p))
             if m.create_time_ns <= 0:
                 violations.append(FieldViolation(f"{p}.create_time", "is required"))
@@ -372,24 +507,45 @@ class MemoryService:
             for m in memories:
                 norm = normalized[m.id]
                 live_dup = dups.get((m.scope.key, norm.hash))
-                if (m.id in existing and not existing[m.id].deleted) or m.id in seen or (
-                        live_dup is not None and live_dup.id != m.id and m.delete_time_ns is None):
+                if (
+                    (m.id in existing and not existing[m.id].deleted)
+                    or m.id in seen
+                    or (live_dup is not None and live_dup.id != m.id and m.delete_time_ns is None)
+                ):
                     continue
                 seen.add(m.id)
-                rows.append((replace(m, tenant_id=tenant_id, content=norm.storage, content_hash=norm.hash,
-                                     category=sanitize_category(m.category), revision=1,
-                                     embedding_model=self.embedding_model,
-                                     update_time_ns=m.update_time_ns or m.create_time_ns,
-                                     event_time_ns=m.event_time_ns or m.create_time_ns), norm.normalized))
+                rows.append(
+                    (
+                        replace(
+                            m,
+                            tenant_id=tenant_id,
+                            content=norm.storage,
+                            content_hash=norm.hash,
+                            category=sanitize_category(m.category),
+                            revision=1,
+                            embedding_model=self.embedding_model,
+                            update_time_ns=m.update_time_ns or m.create_time_ns,
+                            event_time_ns=m.event_time_ns or m.create_time_ns,
+                        ),
+                        norm.normalized,
+                    )
+                )
             seqs = memory_repo.next_seqs(cur, len(rows))
             rows = [(replace(m, seq=s), n) for (m, n), s in zip(rows, seqs, strict=True)]
             memory_repo.insert_many(cur, rows)
-            memory_repo.record_history(cur, [(tenant_id, m.id, "import", "api", "", {}) for m, _ in rows], now)
+            memory_repo.record_history(
+                cur, [(tenant_id, m.id, "import", "api", "", {}) for m, _ in rows], now
+            )
             imported = [m.id for m, _ in rows]
         self.indexer.submit(tenant_id, imported)
         return len(imported), len(memories) - len(imported)
 
     def status(self, tenant_id: str) -> TenantStatus:
         s = memory_repo.tenant_stats(self.db.reader(), tenant_id, self.embedding_model)
-        return TenantStatus(live=s["live"], deleted=s["deleted"], pending_index=s["pending"],
-                            oldest_pending_ns=s["oldest_pending_ns"], by_type=s["by_type"])
+        return TenantStatus(
+            live=s["live"],
+            deleted=s["deleted"],
+            pending_index=s["pending"],
+            oldest_pending_ns=s["oldest_pending_ns"],
+            by_type=s["by_type"],
+        )

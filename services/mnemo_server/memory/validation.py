@@ -39,13 +39,19 @@ class Validator:
         if not d.content.strip():
             out.append(FieldViolation(_join(prefix, "content"), "must not be empty"))
         elif len(d.content) > lim.max_content_chars:
-            out.append(FieldViolation(_join(prefix, "content"),
-                                      f"is {len(d.content)} characters; the limit is {lim.max_content_chars}"))
+            out.append(
+                FieldViolation(
+                    _join(prefix, "content"),
+                    f"is {len(d.content)} characters; the limit is {lim.max_content_chars}",
+                )
+            )
         if "\x00" in d.content:
             out.append(FieldViolation(_join(prefix, "content"), "must not contain NUL characters"))
         self.scope_id(d.scope.kind, d.scope.id, _join(prefix, "scope.id"), out)
         if len(d.category) > lim.max_category_chars:
-            out.append(FieldViolation(_join(prefix, "category"), f"longer than {lim.max_category_chars} characters"))
+            out.append(
+                FieldViolation(_join(prefix, "category"), f"longer than {lim.max_category_chars} characters")
+            )
         if d.external_id:
             self.identifier(d.external_id, _join(prefix, "external_id"), lim.max_external_id_chars, out)
         check_unit_interval(d.importance, _join(prefix, "importance"), out)
@@ -53,8 +59,11 @@ class Validator:
         self.metadata(d.metadata, _join(prefix, "metadata"), out)
         for name in ("who", "why", "run_id", "session_id"):
             if len(getattr(d.source, name)) > lim.max_scope_id_chars:
-                out.append(FieldViolation(_join(prefix, f"source.{name}"),
-                                          f"longer than {lim.max_scope_id_chars} characters"))
+                out.append(
+                    FieldViolation(
+                        _join(prefix, f"source.{name}"), f"longer than {lim.max_scope_id_chars} characters"
+                    )
+                )
         return out
 
     def scope_id(self, kind: ScopeKind, ident: str, field: str, out: list[FieldViolation]) -> None:
@@ -71,13 +80,17 @@ class Validator:
     def identifier(value: str, field: str, max_len: int, out: list[FieldViolation]) -> None:
         if len(value) > max_len:
             out.append(FieldViolation(field, f"longer than {max_len} characters"))
-        elif not _PRINTABLE_ID.match(value):
+        elif not _PRINTABLE_ID.fullmatch(value):
             out.append(FieldViolation(field, "must be visible ASCII characters without spaces"))
 
     def metadata(self, metadata: dict[str, Any], field: str, out: list[FieldViolation]) -> None:
         size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
         if size > self.limits.max_metadata_bytes:
-            out.append(FieldViolation(field, f"is {size} bytes as JSON; the limit is {self.limits.max_metadata_bytes}"))
+            out.append(
+                FieldViolation(
+                    field, f"is {size} bytes as JSON; the limit is {self.limits.max_metadata_bytes}"
+                )
+            )
 
     def request_id(self, request_id: str, field: str = "request_id") -> None:
         if request_id:

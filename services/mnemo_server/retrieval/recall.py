@@ -56,7 +56,7 @@ class RecallResult:
 class RecallQuery:
     text: str
     top_k: int = 10
-    filter: MemoryFilter = MemoryFilter()
+    filter: MemoryFilter = field(default_factory=MemoryFilter)
     disabled: Set[Stage] = frozenset()
     explain: bool = False
 
@@ -70,8 +70,15 @@ def _normalised(hits: list[LegHit]) -> dict[str, tuple[float, int, float]]:
 
 
 class RecallPipeline:
-    def __init__(self, db: Database, index: LanceIndex, embedder: CachedQueryEmbedder, validator: Validator,
-                 limits: LimitsConfig, cfg: RecallConfig):
+    def __init__(
+        self,
+        db: Database,
+        index: LanceIndex,
+        embedder: CachedQueryEmbedder,
+        validator: Validator,
+        limits: LimitsConfig,
+        cfg: RecallConfig,
+    ):
         self.db = db
         self.index = index
         self.embedder = embedder
@@ -83,7 +90,9 @@ class RecallPipeline:
         if not q.text.strip():
             raise InvalidArgument("query", "must not be empty")
         if len(q.text) > self.limits.max_query_chars:
-            raise InvalidArgument("query", f"is {len(q.text)} characters; the limit is {self.limits.max_query_chars}")
+            raise InvalidArgument(
+                "query", f"is {len(q.text)} characters; the limit is {self.limits.max_query_chars}"
+            )
         raise_if(self.validator.filter(q.filter))
         top_k = self.validator.top_k(q.top_k)
         return RecallQuery(q.text, top_k, q.filter, q.disabled, q.explain)
@@ -129,4 +138,6 @@ class RecallPipeline:
         if s.text_rank:
             legs.append(f"full-text #{s.text_rank} (BM25 {s.text_score:.2f})")
         signals = ", ".join(f"{k} {v:+.3f}" for k, v in s.signals.items())
-        return f"{' + '.join(legs) or 'no leg'} → fused {s.fused_score:.3f}" + (f"; {signals}" if signals else "")
+        return f"{' + '.join(legs) or 'no leg'} → fused {s.fused_score:.3f}" + (
+            f"; {signals}" if signals else ""
+        )

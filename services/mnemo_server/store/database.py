@@ -7,6 +7,7 @@ model or network call (Signet's rule: fetch and embed outside, then commit).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,8 +30,10 @@ class Database:
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 raise FailedPrecondition(
-                    f"{path} is in use by another process (is a Mnemo server running on this data directory?)",
-                    reason="DATA_DIR_LOCKED") from None
+                    f"{path} is in use by another process (is a Mnemo server running on this data "
+                    "directory?)",
+                    reason="DATA_DIR_LOCKED",
+                ) from None
             raise
         self._write_lock = threading.Lock()
         self._local = threading.local()
@@ -43,7 +46,8 @@ class Database:
     def _migrate(self) -> None:
         con = self._conn
         has_meta = con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'store_meta'").fetchone()
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'store_meta'"
+        ).fetchone()
         version = 0
         if has_meta and has_meta[0]:
             row = con.execute("SELECT value FROM store_meta WHERE key = 'schema_version'").fetchone()
@@ -51,7 +55,8 @@ class Database:
         if version > len(MIGRATIONS):
             raise FailedPrecondition(
                 f"{self.path} has schema version {version}, newer than this server ({len(MIGRATIONS)})",
-                reason="SCHEMA_TOO_NEW")
+                reason="SCHEMA_TOO_NEW",
+            )
         for number, ddl in enumerate(MIGRATIONS[version:], start=version + 1):
             con.execute("BEGIN")
             try:
@@ -105,9 +110,7 @@ class Database:
             self._closed = True
             with self._cursors_lock:
                 for cur in self._cursors:
-                    try:
+                    with contextlib.suppress(duckdb.Error):
                         cur.close()
-                    except duckdb.Error:
-                        pass
                 self._cursors.clear()
             self._conn.close()

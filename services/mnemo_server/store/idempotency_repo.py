@@ -16,23 +16,30 @@ def lookup(cur: Cursor, tenant_id: str, key: IdempotencyKey | None) -> dict[str,
     request is the caller's bug: INVALID_ARGUMENT."""
     if key is None:
         return None
-    row = cur.execute("SELECT method, fingerprint, result FROM idempotency WHERE tenant_id = ? AND request_id = ?",
-                      [tenant_id, key.request_id]).fetchone()
+    row = cur.execute(
+        "SELECT method, fingerprint, result FROM idempotency WHERE tenant_id = ? AND request_id = ?",
+        [tenant_id, key.request_id],
+    ).fetchone()
     if row is None:
         return None
     method, fingerprint, result = row
     if method != key.method or fingerprint != key.fingerprint:
-        raise InvalidArgument("request_id", "was already used with a different request",
-                              reason="REQUEST_ID_REUSED")
+        raise InvalidArgument(
+            "request_id", "was already used with a different request", reason="REQUEST_ID_REUSED"
+        )
     decoded: dict[str, Any] = json.loads(result)
     return decoded
 
 
-def record(cur: Cursor, tenant_id: str, key: IdempotencyKey | None, result: dict[str, Any], now_ns: int) -> None:
+def record(
+    cur: Cursor, tenant_id: str, key: IdempotencyKey | None, result: dict[str, Any], now_ns: int
+) -> None:
     if key is None:
         return
-    cur.execute("INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?)",
-                [tenant_id, key.request_id, key.method, key.fingerprint, json.dumps(result), now_ns])
+    cur.execute(
+        "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?)",
+        [tenant_id, key.request_id, key.method, key.fingerprint, json.dumps(result), now_ns],
+    )
 
 
 def purge(cur: Cursor, before_ns: int) -> None:

@@ -24,11 +24,34 @@ from mnemo_server.store.database import Cursor
 
 # Column order shared by SELECTs and the row decoder.
 _COLUMNS = (
-    "tenant_id", "id", "seq", "external_id", "scope_kind", "scope_id", "type", "category",
-    "content", "content_hash", "importance", "confidence", "pinned", "source_who", "source_why",
-    "source_run_id", "source_session_id", "metadata", "event_time_ns", "create_time_ns",
-    "update_time_ns", "delete_time_ns", "supersedes_id", "superseded_by_id", "revision",
-    "embedding_model", "indexed_revision", "indexed_model",
+    "tenant_id",
+    "id",
+    "seq",
+    "external_id",
+    "scope_kind",
+    "scope_id",
+    "type",
+    "category",
+    "content",
+    "content_hash",
+    "importance",
+    "confidence",
+    "pinned",
+    "source_who",
+    "source_why",
+    "source_run_id",
+    "source_session_id",
+    "metadata",
+    "event_time_ns",
+    "create_time_ns",
+    "update_time_ns",
+    "delete_time_ns",
+    "supersedes_id",
+    "superseded_by_id",
+    "revision",
+    "embedding_model",
+    "indexed_revision",
+    "indexed_model",
 )
 SELECT_COLUMNS = ", ".join(_COLUMNS)
 
@@ -45,37 +68,94 @@ def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]]) -> Iterator[N
 
 
 def _decode(row: Sequence[Any]) -> Memory:
-    (tenant_id, mid, seq, external_id, scope_kind, scope_id, mtype, category, content, content_hash,
-     importance, confidence, pinned, who, why, run_id, session_id, metadata, event_ns, create_ns,
-     update_ns, delete_ns, supersedes_id, superseded_by_id, revision, embedding_model,
-     indexed_revision, indexed_model) = row
+    (
+        tenant_id,
+        mid,
+        seq,
+        external_id,
+        scope_kind,
+        scope_id,
+        mtype,
+        category,
+        content,
+        content_hash,
+        importance,
+        confidence,
+        pinned,
+        who,
+        why,
+        run_id,
+        session_id,
+        metadata,
+        event_ns,
+        create_ns,
+        update_ns,
+        delete_ns,
+        supersedes_id,
+        superseded_by_id,
+        revision,
+        embedding_model,
+        indexed_revision,
+        indexed_model,
+    ) = row
     return Memory(
-        id=mid, tenant_id=tenant_id, seq=seq, external_id=external_id or "",
-        scope=Scope(ScopeKind(scope_kind), scope_id), type=MemoryType(mtype), category=category,
-        content=content, content_hash=content_hash, importance=float(importance),
-        confidence=float(confidence), pinned=bool(pinned),
-        source=Source(who, why, run_id, session_id), metadata=json.loads(metadata),
-        event_time_ns=event_ns, create_time_ns=create_ns, update_time_ns=update_ns,
-        delete_time_ns=delete_ns, supersedes_id=supersedes_id, superseded_by_id=superseded_by_id,
-        revision=revision, embedding_model=embedding_model,
+        id=mid,
+        tenant_id=tenant_id,
+        seq=seq,
+        external_id=external_id or "",
+        scope=Scope(ScopeKind(scope_kind), scope_id),
+        type=MemoryType(mtype),
+        category=category,
+        content=content,
+        content_hash=content_hash,
+        importance=float(importance),
+        confidence=float(confidence),
+        pinned=bool(pinned),
+        source=Source(who, why, run_id, session_id),
+        metadata=json.loads(metadata),
+        event_time_ns=event_ns,
+        create_time_ns=create_ns,
+        update_time_ns=update_ns,
+        delete_time_ns=delete_ns,
+        supersedes_id=supersedes_id,
+        superseded_by_id=superseded_by_id,
+        revision=revision,
+        embedding_model=embedding_model,
         indexed=(indexed_revision == revision and indexed_model == embedding_model),
     )
 
 
 def _row_values(m: Memory, normalized: str) -> dict[str, Any]:
     return {
-        "tenant_id": m.tenant_id, "id": m.id, "seq": m.seq, "external_id": m.external_id or None,
-        "scope_kind": m.scope.kind.value, "scope_id": m.scope.id, "type": m.type.value,
-        "category": m.category, "content": m.content, "normalized_content": normalized,
-        "content_hash": m.content_hash, "importance": m.importance, "confidence": m.confidence,
-        "pinned": m.pinned, "source_who": m.source.who, "source_why": m.source.why,
-        "source_run_id": m.source.run_id, "source_session_id": m.source.session_id,
+        "tenant_id": m.tenant_id,
+        "id": m.id,
+        "seq": m.seq,
+        "external_id": m.external_id or None,
+        "scope_kind": m.scope.kind.value,
+        "scope_id": m.scope.id,
+        "type": m.type.value,
+        "category": m.category,
+        "content": m.content,
+        "normalized_content": normalized,
+        "content_hash": m.content_hash,
+        "importance": m.importance,
+        "confidence": m.confidence,
+        "pinned": m.pinned,
+        "source_who": m.source.who,
+        "source_why": m.source.why,
+        "source_run_id": m.source.run_id,
+        "source_session_id": m.source.session_id,
         "metadata": json.dumps(m.metadata, separators=(",", ":"), ensure_ascii=False, sort_keys=True),
-        "event_time_ns": m.event_time_ns, "create_time_ns": m.create_time_ns,
-        "update_time_ns": m.update_time_ns, "delete_time_ns": m.delete_time_ns,
-        "supersedes_id": m.supersedes_id, "superseded_by_id": m.superseded_by_id,
-        "revision": m.revision, "embedding_model": m.embedding_model,
-        "indexed_revision": None, "indexed_model": None,
+        "event_time_ns": m.event_time_ns,
+        "create_time_ns": m.create_time_ns,
+        "update_time_ns": m.update_time_ns,
+        "delete_time_ns": m.delete_time_ns,
+        "supersedes_id": m.supersedes_id,
+        "superseded_by_id": m.superseded_by_id,
+        "revision": m.revision,
+        "embedding_model": m.embedding_model,
+        "indexed_revision": None,
+        "indexed_model": None,
     }
 
 
@@ -95,23 +175,27 @@ def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]]) -> None:
 
 
 def get(cur: Cursor, tenant_id: str, memory_id: str) -> Memory | None:
-    row = cur.execute(f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ? AND tenant_id = ?",
-                      [memory_id, tenant_id]).fetchone()
+    row = cur.execute(
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ? AND tenant_id = ?", [memory_id, tenant_id]
+    ).fetchone()
     return None if row is None else _decode(row)
 
 
 def get_by_external_id(cur: Cursor, tenant_id: str, external_id: str) -> Memory | None:
     row = cur.execute(
         f"SELECT {SELECT_COLUMNS} FROM memories WHERE external_id = ? AND tenant_id = ? "
-        "AND delete_time_ns IS NULL", [external_id, tenant_id]).fetchone()
+        "AND delete_time_ns IS NULL",
+        [external_id, tenant_id],
+    ).fetchone()
     return None if row is None else _decode(row)
 
 
 def get_many(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, Memory]:
     if not ids:
         return {}
-    rows = cur.execute(f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ANY(?) AND tenant_id = ?",
-                       [list(ids), tenant_id]).fetchall()
+    rows = cur.execute(
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ANY(?) AND tenant_id = ?", [list(ids), tenant_id]
+    ).fetchall()
     return {r[1]: _decode(r) for r in rows}
 
 
@@ -121,7 +205,9 @@ def find_live_duplicates(cur: Cursor, tenant_id: str, hashes: Sequence[str]) -> 
         return {}
     rows = cur.execute(
         f"SELECT {SELECT_COLUMNS} FROM memories WHERE content_hash = ANY(?) AND tenant_id = ? "
-        "AND delete_time_ns IS NULL", [list(set(hashes)), tenant_id]).fetchall()
+        "AND delete_time_ns IS NULL",
+        [list(set(hashes)), tenant_id],
+    ).fetchall()
     out: dict[tuple[str, str], Memory] = {}
     for r in rows:
         m = _decode(r)
@@ -129,14 +215,16 @@ def find_live_duplicates(cur: Cursor, tenant_id: str, hashes: Sequence[str]) -> 
     return out
 
 
-def live_external_ids(cur: Cursor, tenant_id: str, external_ids: Sequence[str]) -> dict[str, str]:
-    """external_id -> memory id for live memories."""
+def live_by_external_ids(cur: Cursor, tenant_id: str, external_ids: Sequence[str]) -> dict[str, Memory]:
+    """external_id -> the live memory that holds it."""
     if not external_ids:
         return {}
     rows = cur.execute(
-        "SELECT external_id, id FROM memories WHERE external_id = ANY(?) AND tenant_id = ? "
-        "AND delete_time_ns IS NULL", [list(set(external_ids)), tenant_id]).fetchall()
-    return {r[0]: r[1] for r in rows}
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE external_id = ANY(?) AND tenant_id = ? "
+        "AND delete_time_ns IS NULL",
+        [list(set(external_ids)), tenant_id],
+    ).fetchall()
+    return {r[3]: _decode(r) for r in rows}
 
 
 @dataclass
@@ -178,24 +266,30 @@ def _filter_where(tenant_id: str, f: MemoryFilter, *, include_deleted: bool) -> 
     return where
 
 
-def list_page(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool,
-              before_seq: int | None, limit: int) -> list[Memory]:
+def list_page(
+    cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool, before_seq: int | None, limit: int
+) -> list[Memory]:
     """Newest first (by insertion sequence), strictly older than before_seq."""
     where = _filter_where(tenant_id, f, include_deleted=include_deleted)
     if before_seq is not None:
         where.add("seq < ?", before_seq)
-    rows = cur.execute(f"SELECT {SELECT_COLUMNS} FROM memories WHERE {where.sql()} ORDER BY seq DESC LIMIT ?",
-                       [*where.params, limit]).fetchall()
+    rows = cur.execute(
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE {where.sql()} ORDER BY seq DESC LIMIT ?",
+        [*where.params, limit],
+    ).fetchall()
     return [_decode(r) for r in rows]
 
 
-def scan(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool, after_seq: int,
-         limit: int) -> list[Memory]:
+def scan(
+    cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool, after_seq: int, limit: int
+) -> list[Memory]:
     """Oldest first, strictly newer than after_seq (exports)."""
     where = _filter_where(tenant_id, f, include_deleted=include_deleted)
     where.add("seq > ?", after_seq)
-    rows = cur.execute(f"SELECT {SELECT_COLUMNS} FROM memories WHERE {where.sql()} ORDER BY seq LIMIT ?",
-                       [*where.params, limit]).fetchall()
+    rows = cur.execute(
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE {where.sql()} ORDER BY seq LIMIT ?",
+        [*where.params, limit],
+    ).fetchall()
     return [_decode(r) for r in rows]
 
 
@@ -207,14 +301,17 @@ def count(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool
 
 def live_ids_matching(cur: Cursor, tenant_id: str, f: MemoryFilter) -> list[str]:
     where = _filter_where(tenant_id, f, include_deleted=False)
-    return [r[0] for r in cur.execute(f"SELECT id FROM memories WHERE {where.sql()}", where.params).fetchall()]
+    return [
+        r[0] for r in cur.execute(f"SELECT id FROM memories WHERE {where.sql()}", where.params).fetchall()
+    ]
 
 
 def count_live_in(cur: Cursor, tenant_id: str, scope: Scope, mtype: MemoryType) -> int:
     row = cur.execute(
         "SELECT count(*) FROM memories WHERE tenant_id = ? AND scope_kind = ? AND scope_id = ? "
         "AND type = ? AND delete_time_ns IS NULL",
-        [tenant_id, scope.kind.value, scope.id, mtype.value]).fetchone()
+        [tenant_id, scope.kind.value, scope.id, mtype.value],
+    ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -222,7 +319,8 @@ def oldest_unpinned(cur: Cursor, tenant_id: str, scope: Scope, mtype: MemoryType
     rows = cur.execute(
         "SELECT id FROM memories WHERE tenant_id = ? AND scope_kind = ? AND scope_id = ? AND type = ? "
         "AND delete_time_ns IS NULL AND NOT pinned ORDER BY create_time_ns, seq LIMIT ?",
-        [tenant_id, scope.kind.value, scope.id, mtype.value, n]).fetchall()
+        [tenant_id, scope.kind.value, scope.id, mtype.value, n],
+    ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -231,13 +329,26 @@ def tombstone(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int) -> N
         cur.execute(
             "UPDATE memories SET delete_time_ns = ?, update_time_ns = ?, revision = revision + 1 "
             "WHERE id = ANY(?) AND tenant_id = ? AND delete_time_ns IS NULL",
-            [now_ns, now_ns, list(ids), tenant_id])
+            [now_ns, now_ns, list(ids), tenant_id],
+        )
 
 
-UPDATABLE_COLUMNS = frozenset({
-    "importance", "confidence", "pinned", "category", "metadata", "event_time_ns", "content",
-    "normalized_content", "content_hash", "embedding_model", "superseded_by_id", "delete_time_ns",
-})
+UPDATABLE_COLUMNS = frozenset(
+    {
+        "importance",
+        "confidence",
+        "pinned",
+        "category",
+        "metadata",
+        "event_time_ns",
+        "content",
+        "normalized_content",
+        "content_hash",
+        "embedding_model",
+        "superseded_by_id",
+        "delete_time_ns",
+    }
+)
 
 
 def update_columns(cur: Cursor, tenant_id: str, memory_id: str, changes: dict[str, Any], now_ns: int) -> None:
@@ -246,19 +357,31 @@ def update_columns(cur: Cursor, tenant_id: str, memory_id: str, changes: dict[st
         raise ValueError(f"not updatable: {sorted(bad)}")
     values = dict(changes)
     if "metadata" in values:
-        values["metadata"] = json.dumps(values["metadata"], separators=(",", ":"), ensure_ascii=False,
-                                        sort_keys=True)
+        values["metadata"] = json.dumps(
+            values["metadata"], separators=(",", ":"), ensure_ascii=False, sort_keys=True
+        )
     sets = ", ".join(f"{c} = ?" for c in values)
-    cur.execute(f"UPDATE memories SET {sets}, update_time_ns = ?, revision = revision + 1 "
-                "WHERE id = ? AND tenant_id = ?", [*values.values(), now_ns, memory_id, tenant_id])
+    cur.execute(
+        f"UPDATE memories SET {sets}, update_time_ns = ?, revision = revision + 1 "
+        "WHERE id = ? AND tenant_id = ?",
+        [*values.values(), now_ns, memory_id, tenant_id],
+    )
 
 
-def record_history(cur: Cursor, entries: Iterable[tuple[str, str, str, str, str, dict[str, Any]]],
-                   now_ns: int) -> None:
+def record_history(
+    cur: Cursor, entries: Iterable[tuple[str, str, str, str, str, dict[str, Any]]], now_ns: int
+) -> None:
     """entries: (tenant_id, memory_id, action, actor, reason, details)."""
     values = [
-        {"tenant_id": t, "memory_id": m, "action": a, "actor": actor, "reason": reason,
-         "details": json.dumps(details, separators=(",", ":"), sort_keys=True), "time_ns": now_ns}
+        {
+            "tenant_id": t,
+            "memory_id": m,
+            "action": a,
+            "actor": actor,
+            "reason": reason,
+            "details": json.dumps(details, separators=(",", ":"), sort_keys=True),
+            "time_ns": now_ns,
+        }
         for t, m, a, actor, reason, details in entries
     ]
     if values:
@@ -269,9 +392,13 @@ def record_history(cur: Cursor, entries: Iterable[tuple[str, str, str, str, str,
 def history(cur: Cursor, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
     rows = cur.execute(
         "SELECT action, actor, reason, details, time_ns FROM memory_history "
-        "WHERE tenant_id = ? AND memory_id = ? ORDER BY time_ns", [tenant_id, memory_id]).fetchall()
-    return [{"action": a, "actor": actor, "reason": r, "details": json.loads(d), "time_ns": t}
-            for a, actor, r, d, t in rows]
+        "WHERE tenant_id = ? AND memory_id = ? ORDER BY time_ns",
+        [tenant_id, memory_id],
+    ).fetchall()
+    return [
+        {"action": a, "actor": actor, "reason": r, "details": json.loads(d), "time_ns": t}
+        for a, actor, r, d, t in rows
+    ]
 
 
 # --- index bookkeeping -------------------------------------------------------------------
@@ -294,7 +421,9 @@ def needing_index(cur: Cursor, model: str, limit: int, after: tuple[str, str] = 
         " (delete_time_ns IS NULL AND (indexed_revision IS DISTINCT FROM revision "
         "                              OR indexed_model IS DISTINCT FROM ?))"
         " OR (delete_time_ns IS NOT NULL AND indexed_revision IS NOT NULL))"
-        " ORDER BY tenant_id, id LIMIT ?", [after[0], after[0], after[1], model, limit]).fetchall()
+        " ORDER BY tenant_id, id LIMIT ?",
+        [after[0], after[0], after[1], model, limit],
+    ).fetchall()
     return [IndexTask(t, i, r, bool(d)) for t, i, r, d in rows]
 
 
@@ -307,7 +436,9 @@ def mark_indexed(cur: Cursor, done: Sequence[tuple[str, str, int]], model: str) 
         cur.execute(
             "UPDATE memories SET indexed_revision = marks.revision, indexed_model = ?, embedding_model = ? "
             "FROM marks WHERE memories.id = marks.id AND memories.tenant_id = marks.tenant_id "
-            "AND memories.revision = marks.revision AND memories.delete_time_ns IS NULL", [model, model])
+            "AND memories.revision = marks.revision AND memories.delete_time_ns IS NULL",
+            [model, model],
+        )
 
 
 def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:
@@ -318,7 +449,8 @@ def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:
         cur.execute(
             "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL FROM gone "
             "WHERE memories.id = gone.id AND memories.tenant_id = gone.tenant_id "
-            "AND memories.delete_time_ns IS NOT NULL")
+            "AND memories.delete_time_ns IS NOT NULL"
+        )
 
 
 def reset_index_marks(cur: Cursor) -> None:
@@ -330,31 +462,47 @@ def reset_index_marks(cur: Cursor) -> None:
 
 
 def tenant_stats(cur: Cursor, tenant_id: str, model: str) -> dict[str, Any]:
+    behind = (
+        "delete_time_ns IS NULL AND (indexed_revision IS DISTINCT FROM revision "
+        "OR indexed_model IS DISTINCT FROM ?)"
+    )
     row = cur.execute(
         "SELECT count(*) FILTER (WHERE delete_time_ns IS NULL),"
         " count(*) FILTER (WHERE delete_time_ns IS NOT NULL),"
-        " count(*) FILTER (WHERE delete_time_ns IS NULL AND (indexed_revision IS DISTINCT FROM revision"
-        "                  OR indexed_model IS DISTINCT FROM ?)),"
-        " min(update_time_ns) FILTER (WHERE delete_time_ns IS NULL AND (indexed_revision IS DISTINCT FROM revision"
-        "                  OR indexed_model IS DISTINCT FROM ?))"
-        " FROM memories WHERE tenant_id = ?", [model, model, tenant_id]).fetchone()
-    by_type = dict(cur.execute(
-        "SELECT type, count(*) FROM memories WHERE tenant_id = ? AND delete_time_ns IS NULL GROUP BY type",
-        [tenant_id]).fetchall())
+        f" count(*) FILTER (WHERE {behind}), min(update_time_ns) FILTER (WHERE {behind})"
+        " FROM memories WHERE tenant_id = ?",
+        [model, model, tenant_id],
+    ).fetchone()
+    by_type = dict(
+        cur.execute(
+            "SELECT type, count(*) FROM memories WHERE tenant_id = ? AND delete_time_ns IS NULL "
+            "GROUP BY type",
+            [tenant_id],
+        ).fetchall()
+    )
     live, deleted, pending, oldest = row if row else (0, 0, 0, None)
-    return {"live": live, "deleted": deleted, "pending": pending, "oldest_pending_ns": oldest,
-            "by_type": by_type}
+    return {
+        "live": live,
+        "deleted": deleted,
+        "pending": pending,
+        "oldest_pending_ns": oldest,
+        "by_type": by_type,
+    }
 
 
 def purge_tombstones(cur: Cursor, before_ns: int, limit: int) -> list[tuple[str, str]]:
     """Hard-delete tombstones older than before_ns whose index row is already gone."""
     rows = cur.execute(
         "SELECT tenant_id, id FROM memories WHERE delete_time_ns < ? AND indexed_revision IS NULL "
-        "ORDER BY delete_time_ns LIMIT ?", [before_ns, limit]).fetchall()
+        "ORDER BY delete_time_ns LIMIT ?",
+        [before_ns, limit],
+    ).fetchall()
     if rows:
         with arrow_view(cur, "doomed", [{"tenant_id": t, "id": i} for t, i in rows]):
-            cur.execute("DELETE FROM memories USING doomed WHERE memories.id = doomed.id "
-                        "AND memories.tenant_id = doomed.tenant_id")
+            cur.execute(
+                "DELETE FROM memories USING doomed WHERE memories.id = doomed.id "
+                "AND memories.tenant_id = doomed.tenant_id"
+            )
     return [(t, i) for t, i in rows]
 
 

@@ -49,9 +49,13 @@ class TenantService:
 
     # --- tenants ---------------------------------------------------------------------
 
-    def create_tenant(self, tenant_id: str, display_name: str, key: IdempotencyKey | None = None) -> TenantRow:
-        if not TENANT_ID_RE.match(tenant_id):
-            raise InvalidArgument("tenant.id", "must be 1-64 characters of [a-z0-9_-], starting with a letter or digit")
+    def create_tenant(
+        self, tenant_id: str, display_name: str, key: IdempotencyKey | None = None
+    ) -> TenantRow:
+        if not TENANT_ID_RE.fullmatch(tenant_id):
+            raise InvalidArgument(
+                "tenant.id", "must be 1-64 characters of [a-z0-9_-], starting with a letter or digit"
+            )
         if len(display_name) > 200:
             raise InvalidArgument("tenant.display_name", "longer than 200 characters")
         now = self.clock()
@@ -83,8 +87,12 @@ class TenantService:
 
     # --- keys ------------------------------------------------------------------------
 
-    def create_key(self, tenant_id: str, description: str, key: IdempotencyKey | None = None,
-                   ) -> tuple[ApiKeyRow, str]:
+    def create_key(
+        self,
+        tenant_id: str,
+        description: str,
+        key: IdempotencyKey | None = None,
+    ) -> tuple[ApiKeyRow, str]:
         """Returns the key and its full token. A retried request (same request_id) cannot
         return the secret again (it is not stored): it fails with ALREADY_EXISTS naming the key."""
         if len(description) > 500:
@@ -96,8 +104,11 @@ class TenantService:
         with self.db.transaction() as cur:
             replay = idempotency_repo.lookup(cur, ADMIN_TENANT, key)
             if replay is not None:
-                raise AlreadyExists(f"request already created API key {replay['id']}; its secret is shown only "
-                                    "once", reason="API_KEY_ALREADY_ISSUED", metadata={"api_key_id": replay["id"]})
+                raise AlreadyExists(
+                    f"request already created API key {replay['id']}; its secret is shown only once",
+                    reason="API_KEY_ALREADY_ISSUED",
+                    metadata={"api_key_id": replay["id"]},
+                )
             row = ApiKeyRow(key_id, tenant_id, _hash_secret(secret), description, now, None)
             tenant_repo.insert_key(cur, row)
             idempotency_repo.record(cur, ADMIN_TENANT, key, {"id": key_id}, now)
@@ -126,15 +137,16 @@ class TenantService:
 
     def authenticate(self, token: str, admin_key: str) -> Principal:
         if not token:
-            raise Unauthenticated("missing credentials: send 'authorization: Bearer <api key>'",
-                                  reason="MISSING_CREDENTIALS")
+            raise Unauthenticated(
+                "missing credentials: send 'authorization: Bearer <api key>'", reason="MISSING_CREDENTIALS"
+            )
         if admin_key and hmac.compare_digest(token.encode(), admin_key.encode()):
             return Principal(tenant_id=ADMIN_TENANT, is_admin=True)
         with self._cache_lock:
             cached = self._verified.get(token)
         if cached is not None:
             return Principal(tenant_id=cached[1], key_id=cached[0])
-        match = _KEY_RE.match(token)
+        match = _KEY_RE.fullmatch(token)
         if not match:
             raise Unauthenticated("malformed API key", reason="INVALID_API_KEY")
         row = tenant_repo.get_key(self.db.reader(), match.group(1))
@@ -156,6 +168,8 @@ def require_admin(principal: Principal) -> None:
 
 def require_tenant(principal: Principal) -> str:
     if principal.tenant_id == ADMIN_TENANT:
-        raise PermissionDenied("the admin key manages tenants; use a tenant's API key for data calls",
-                               reason="TENANT_KEY_REQUIRED")
+        raise PermissionDenied(
+            "the admin key manages tenants; use a tenant's API key for data calls",
+            reason="TENANT_KEY_REQUIRED",
+        )
     return principal.tenant_id

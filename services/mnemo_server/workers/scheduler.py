@@ -35,8 +35,9 @@ class Scheduler:
         self._stop.clear()
         for job in self.jobs:
             if job.interval_s > 0 and job._thread is None:
-                job._thread = threading.Thread(target=self._loop, args=(job,), name=f"mnemo-{job.name}",
-                                               daemon=True)
+                job._thread = threading.Thread(
+                    target=self._loop, args=(job,), name=f"mnemo-{job.name}", daemon=True
+                )
                 job._thread.start()
 
     def _loop(self, job: PeriodicJob) -> None:

@@ -9,20 +9,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mnemo.v1 import admin_service_pb2_grpc, memory_service_pb2_grpc
+from mnemo.v1 import (
+    admin_service_pb2_grpc,
+    learning_service_pb2_grpc,
+    memory_service_pb2_grpc,
+    skill_service_pb2_grpc,
+)
+
 from mnemo_server.api.admin_servicer import AdminServicer
 from mnemo_server.api.interceptor import ApiInterceptor
+from mnemo_server.api.learning_servicer import LearningServicer
 from mnemo_server.api.memory_servicer import MemoryServicer
 from mnemo_server.api.server import GrpcServer, is_loopback
+from mnemo_server.api.skill_servicer import SkillServicer
 from mnemo_server.config import Config
 from mnemo_server.embed.embedder import CachedQueryEmbedder, Embedder
 from mnemo_server.embed.factory import build_embedder
 from mnemo_server.errors import EmbeddingModelMismatch, FailedPrecondition
 from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import LanceIndex
+from mnemo_server.learning.service import LearningService
 from mnemo_server.memory.service import MemoryService
 from mnemo_server.memory.validation import Validator
 from mnemo_server.retrieval.recall import RecallPipeline
+from mnemo_server.skills.service import SkillService
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
 from mnemo_server.tenancy.tenants import Principal, TenantService
@@ -47,9 +57,8 @@ class DataPaths:
     def lance(self) -> Path:
         return self.root / "lance"
 
-    @property
-    def models(self) -> Path:
-        return self.root / "models"
+    def models(self, config: Config) -> Path:
+        return Path(config.embedding.cache_dir) if config.embedding.cache_dir else self.root / "models"
 
 
 def check_model_identity(db: Database, embedder: Embedder) -> None:
@@ -64,7 +73,8 @@ def check_model_identity(db: Database, embedder: Embedder) -> None:
         raise EmbeddingModelMismatch(
             f"the store was embedded with {model!r} ({dim} dimensions) but the configured model is "
             f"{embedder.model_id!r} ({embedder.dimension} dimensions); run `mnemo reembed` to re-embed "
-            "every memory with the configured model, or configure the original one")
+            "every memory with the configured model, or configure the original one"
+        )
 
 
 class Core:
@@ -75,7 +85,7 @@ class Core:
         self.paths = DataPaths(config.data_dir)
         self.db = Database(self.paths.duckdb)
         try:
-            self.embedder = build_embedder(config.embedding, self.paths.models)
+            self.embedder = build_embedder(config.embedding, self.paths.models(config))
             if accept_model_change:
                 with self.db.transaction() as cur:
                     self.db.set_meta(cur, META_MODEL, self.embedder.model_id)
@@ -84,12 +94,20 @@ class Core:
             self.index = LanceIndex(self.paths.lance, self.embedder.dimension, config.index)
             self.indexer = IndexWorker(self.db, self.index, self.embedder, config.index)
             self.validator = Validator(config.limits)
-            self.memories = MemoryService(self.db, self.indexer, self.validator, config.caps, config.index,
-                                          self.embedder.model_id)
-            self.recall = RecallPipeline(self.db, self.index,
-                                         CachedQueryEmbedder(self.embedder, config.embedding.query_cache_size),
-                                         self.validator, config.limits, config.recall)
+            self.memories = MemoryService(
+                self.db, self.indexer, self.validator, config.caps, config.index, self.embedder.model_id
+            )
+            self.recall = RecallPipeline(
+                self.db,
+                self.index,
+                CachedQueryEmbedder(self.embedder, config.embedding.query_cache_size),
+                self.validator,
+                config.limits,
+                config.recall,
+            )
             self.tenants = TenantService(self.db)
+            self.learnings = LearningService(self.db, self.validator)
+            self.skills = SkillService(self.db, self.validator)
             self.retention = RetentionWorker(self.db, config.retention)
         except BaseException:
             self.db.close()
@@ -132,16 +150,33 @@ class MnemoServer:
         if not config.auth.enabled and not is_loopback(config.server.host):
             raise FailedPrecondition(
                 f"authentication is disabled, so the server only binds loopback addresses, not "
-                f"{config.server.host!r}; enable auth or bind 127.0.0.1", reason="INSECURE_BIND")
+                f"{config.server.host!r}; enable auth or bind 127.0.0.1",
+                reason="INSECURE_BIND",
+            )
         self.config = config
         self.core = Core(config)
         self.scheduler = Scheduler()
         self.grpc = GrpcServer(config.server, ApiInterceptor(self._authenticate))
-        self.grpc.add(memory_service_pb2_grpc.add_MemoryServiceServicer_to_server,
-                      MemoryServicer(self.core.memories, self.core.recall, self.core.embedder.dimension),
-                      "mnemo.v1.MemoryService")
-        self.grpc.add(admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
-                      AdminServicer(self.core.tenants), "mnemo.v1.AdminService")
+        self.grpc.add(
+            memory_service_pb2_grpc.add_MemoryServiceServicer_to_server,
+            MemoryServicer(self.core.memories, self.core.recall, self.core.embedder.dimension),
+            "mnemo.v1.MemoryService",
+        )
+        self.grpc.add(
+            admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
+            AdminServicer(self.core.tenants),
+            "mnemo.v1.AdminService",
+        )
+        self.grpc.add(
+            learning_service_pb2_grpc.add_LearningServiceServicer_to_server,
+            LearningServicer(self.core.learnings),
+            "mnemo.v1.LearningService",
+        )
+        self.grpc.add(
+            skill_service_pb2_grpc.add_SkillServiceServicer_to_server,
+            SkillServicer(self.core.skills),
+            "mnemo.v1.SkillService",
+        )
         self._stopped = threading.Event()
 
     def _authenticate(self, token: str) -> Principal:

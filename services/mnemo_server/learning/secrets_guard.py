@@ -1,0 +1,37 @@
+"""Refuses learning content that looks like secret material.
+
+Learnings are long-lived and shown to agents, so a key pasted into a fact would leak into
+every later run. The check is deliberately blunt: a false positive costs the caller a
+rephrase ("the deploy key lives in vault at ..."), a false negative costs a leaked secret.
+"""
+
+from __future__ import annotations
+
+import re
+
+# (what it looks like, pattern). Labels go into error messages; the matched text never does.
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("a provider API key", re.compile(r"\bsk-[A-Za-z0-9_-]{20,}")),
+    ("a GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")),
+    ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("a private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    # A credential-named key followed by ':' or '=' (env files, YAML, JSON, HTTP headers).
+    # No word boundary in front, so OPENAI_API_KEY= and x-api-key: match too.
+    (
+        "a credential assignment",
+        re.compile(
+            r"(?:api[_-]?key|client[_-]?secret|secret[_-]?token|access[_-]?token|auth[_-]?token"
+            r"|private[_-]?key|password|passwd)[\"']?\s*[:=]",
+            re.IGNORECASE,
+        ),
+    ),
+    ("a personal access token", re.compile(r"\bpersonal[\s_-]+access[\s_-]+tokens?\b", re.IGNORECASE)),
+)
+
+
+def find_secret_material(text: str) -> str | None:
+    """A description of the first kind of secret the text appears to hold, or None."""
+    for label, pattern in _PATTERNS:
+        if pattern.search(text):
+            return label
+    return None

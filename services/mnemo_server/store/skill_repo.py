@@ -1,0 +1,104 @@
+"""SQL for the skills table. Functions take a cursor so callers decide the transaction;
+every statement is filtered by tenant_id."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mnemo_server.skills.model import Skill, SkillState
+from mnemo_server.store.database import Cursor
+from mnemo_server.store.learning_repo import PagePosition, newest_first_page
+
+_COLUMNS = (
+    "tenant_id, id, name, description, instructions, source_learning_id, state, definition_fingerprint, "
+    "create_time_ns, update_time_ns"
+)
+
+
+def _decode(row: Sequence[Any]) -> Skill:
+    (
+        tenant_id,
+        sid,
+        name,
+        description,
+        instructions,
+        source_learning_id,
+        state,
+        fingerprint,
+        create_ns,
+        update_ns,
+    ) = row
+    return Skill(
+        id=sid,
+        tenant_id=tenant_id,
+        name=name,
+        description=description,
+        instructions=instructions,
+        source_learning_id=source_learning_id,
+        state=SkillState(state),
+        definition_fingerprint=fingerprint,
+        create_time_ns=create_ns,
+        update_time_ns=update_ns,
+    )
+
+
+def insert_skill(cur: Cursor, s: Skill) -> None:
+    cur.execute(
+        f"INSERT INTO skills ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            s.tenant_id,
+            s.id,
+            s.name,
+            s.description,
+            s.instructions,
+            s.source_learning_id,
+            s.state.value,
+            s.definition_fingerprint,
+            s.create_time_ns,
+            s.update_time_ns,
+        ],
+    )
+
+
+def get_skill(cur: Cursor, tenant_id: str, skill_id: str) -> Skill | None:
+    row = cur.execute(
+        f"SELECT {_COLUMNS} FROM skills WHERE tenant_id = ? AND id = ?", [tenant_id, skill_id]
+    ).fetchone()
+    return None if row is None else _decode(row)
+
+
+def get_skill_by_name(cur: Cursor, tenant_id: str, name: str) -> Skill | None:
+    row = cur.execute(
+        f"SELECT {_COLUMNS} FROM skills WHERE tenant_id = ? AND name = ? LIMIT 1", [tenant_id, name]
+    ).fetchone()
+    return None if row is None else _decode(row)
+
+
+def list_skills(
+    cur: Cursor, tenant_id: str, state: SkillState | None, before: PagePosition | None, limit: int
+) -> list[Skill]:
+    where, params = ["tenant_id = ?"], [tenant_id]
+    if state is not None:
+        where.append("state = ?")
+        params.append(state.value)
+    tail, values = newest_first_page(where, params, before, limit)
+    rows = cur.execute(f"SELECT {_COLUMNS} FROM skills {tail}", values).fetchall()
+    return [_decode(r) for r in rows]
+
+
+def unrevoked_skills_from(cur: Cursor, tenant_id: str, learning_id: str) -> list[Skill]:
+    rows = cur.execute(
+        f"SELECT {_COLUMNS} FROM skills WHERE tenant_id = ? AND source_learning_id = ? AND state <> ? "
+        "ORDER BY create_time_ns, id",
+        [tenant_id, learning_id, SkillState.REVOKED.value],
+    ).fetchall()
+    return [_decode(r) for r in rows]
+
+
+def set_state(cur: Cursor, tenant_id: str, skill_ids: Sequence[str], state: SkillState, now_ns: int) -> None:
+    if skill_ids:
+        cur.execute(
+            "UPDATE skills SET state = ?, update_time_ns = ? WHERE tenant_id = ? AND id = ANY(?)",
+            [state.value, now_ns, tenant_id, list(skill_ids)],
+        )

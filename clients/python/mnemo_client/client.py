@@ -1,0 +1,348 @@
+"""MnemoClient: the generated stubs with authentication, deadlines and safe retries.
+
+Every write carries a request_id (generated when the caller gives none) and a retry reuses
+it, so a write retried after a lost response takes effect exactly once on the server."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import field_mask_pb2, struct_pb2, timestamp_pb2
+from mnemo.v1 import admin_service_pb2 as admin_pb
+from mnemo.v1 import admin_service_pb2_grpc as admin_grpc
+from mnemo.v1 import common_pb2, memory_pb2
+from mnemo.v1 import memory_service_pb2 as pb
+from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+MEMORY_TYPES = {
+    "semantic": common_pb2.MEMORY_TYPE_SEMANTIC,
+    "episodic": common_pb2.MEMORY_TYPE_EPISODIC,
+    "procedural": common_pb2.MEMORY_TYPE_PROCEDURAL,
+    "document_chunk": common_pb2.MEMORY_TYPE_DOCUMENT_CHUNK,
+}
+TYPE_NAMES = {v: k for k, v in MEMORY_TYPES.items()}
+SCOPE_KINDS = {
+    "session": common_pb2.SCOPE_KIND_SESSION,
+    "persona": common_pb2.SCOPE_KIND_PERSONA,
+    "project": common_pb2.SCOPE_KIND_PROJECT,
+    "workspace": common_pb2.SCOPE_KIND_WORKSPACE,
+}
+
+_RETRYABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
+)
+
+
+class MnemoError(Exception):
+    """A failed call: the status code, message and ErrorInfo reason."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "", fields: Sequence[str] = ()):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.reason = reason
+        self.fields = list(fields)
+
+    @classmethod
+    def from_rpc(cls, err: grpc.RpcError) -> MnemoError:
+        from google.rpc import error_details_pb2
+        from grpc_status import rpc_status
+
+        reason, fields = "", []
+        status = rpc_status.from_call(err)  # type: ignore[arg-type]
+        for detail in status.details if status else []:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason = info.reason
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                fields = [v.field for v in bad.field_violations]
+        return cls(err.code(), err.details() or "", reason, fields)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 4
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+
+
+def scope(kind: str, ident: str = "") -> common_pb2.Scope:
+    if kind not in SCOPE_KINDS:
+        raise ValueError(f"scope kind must be one of {sorted(SCOPE_KINDS)}")
+    return common_pb2.Scope(kind=SCOPE_KINDS[kind], id=ident)
+
+
+def timestamp(when: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if when is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(when)
+    return ts
+
+
+class MnemoClient:
+    """Use as a context manager, or call close()."""
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:50051",
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retry: RetryPolicy | None = None,
+        root_certificates: bytes | None = None,
+        tls: bool = False,
+    ):
+        if tls or root_certificates:
+            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates))
+        else:
+            self.channel = grpc.insecure_channel(address)
+        self.timeout_s = timeout_s
+        self.retry = retry or RetryPolicy()
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self.memory = pb_grpc.MemoryServiceStub(self.channel)
+        self.admin = admin_grpc.AdminServiceStub(self.channel)
+
+    def __enter__(self) -> MnemoClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    # --- plumbing --------------------------------------------------------------------
+
+    def call(
+        self, method: Callable[..., T], request: Any, *, timeout_s: float | None = None, retry: bool = True
+    ) -> T:
+        """One unary call with the client's credentials and deadline; transient failures
+        are retried with jittered exponential backoff (the request, request_id included,
+        is sent unchanged)."""
+        attempts = self.retry.attempts if retry else 1
+        backoff = self.retry.initial_backoff_s
+        for attempt in range(1, attempts + 1):
+            try:
+                return method(request, metadata=self._metadata, timeout=timeout_s or self.timeout_s)
+            except grpc.RpcError as err:
+                if err.code() not in _RETRYABLE or attempt == attempts:
+                    raise MnemoError.from_rpc(err) from None
+                time.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, self.retry.max_backoff_s)
+        raise AssertionError("unreachable")
+
+    # --- memories --------------------------------------------------------------------
+
+    @staticmethod
+    def new_memory(
+        content: str,
+        *,
+        type: str = "semantic",
+        category: str = "general",
+        scope: common_pb2.Scope | None = None,
+        importance: float | None = None,
+        confidence: float | None = None,
+        pinned: bool = False,
+        metadata: dict[str, Any] | None = None,
+        external_id: str = "",
+        event_time: datetime | None = None,
+        source: common_pb2.Source | None = None,
+    ) -> memory_pb2.Memory:
+        m = memory_pb2.Memory(
+            content=content,
+            type=MEMORY_TYPES[type],
+            category=category,
+            pinned=pinned,
+            external_id=external_id,
+        )
+        if scope is not None:
+            m.scope.CopyFrom(scope)
+        if importance is not None:
+            m.importance = importance
+        if confidence is not None:
+            m.confidence = confidence
+        if metadata:
+            m.metadata.update(metadata)
+        if event_time is not None:
+            m.event_time.FromDatetime(event_time)
+        if source is not None:
+            m.source.CopyFrom(source)
+        return m
+
+    def create_memory(
+        self, memory: memory_pb2.Memory, *, wait_for_index: bool = False, request_id: str | None = None
+    ) -> pb.CreateMemoryResponse:
+        req = pb.CreateMemoryRequest(
+            memory=memory, wait_for_index=wait_for_index, request_id=request_id or uuid.uuid4().hex
+        )
+        return self.call(self.memory.CreateMemory, req)
+
+    def batch_create_memories(
+        self,
+        memories: Sequence[memory_pb2.Memory],
+        *,
+        wait_for_index: bool = False,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> list[pb.CreateMemoryResponse]:
+        req = pb.BatchCreateMemoriesRequest(
+            requests=[pb.CreateMemoryRequest(memory=m) for m in memories],
+            wait_for_index=wait_for_index,
+            request_id=request_id or uuid.uuid4().hex,
+        )
+        return list(self.call(self.memory.BatchCreateMemories, req, timeout_s=timeout_s).results)
+
+    def get_memory(self, memory_id: str) -> memory_pb2.Memory:
+        return self.call(self.memory.GetMemory, pb.GetMemoryRequest(id=memory_id)).memory
+
+    def list_memories(
+        self,
+        filter: memory_pb2.MemoryFilter | None = None,
+        *,
+        page_size: int = 100,
+        limit: int | None = None,
+        show_deleted: bool = False,
+    ) -> Iterator[memory_pb2.Memory]:
+        """Newest first, across pages, up to limit."""
+        token, n = "", 0
+        while True:
+            req = pb.ListMemoriesRequest(page_size=page_size, page_token=token, show_deleted=show_deleted)
+            if filter is not None:
+                req.filter.CopyFrom(filter)
+            page = self.call(self.memory.ListMemories, req)
+            for m in page.memories:
+                yield m
+                n += 1
+                if limit is not None and n >= limit:
+                    return
+            token = page.next_page_token
+            if not token:
+                return
+
+    def update_memory(
+        self, memory_id: str, *, request_id: str | None = None, wait_for_index: bool = False, **fields: Any
+    ) -> memory_pb2.Memory:
+        """update_memory(id, importance=0.9, pinned=True, content="...", metadata={...})"""
+        m = memory_pb2.Memory(id=memory_id)
+        for name, value in fields.items():
+            if name == "metadata":
+                m.metadata.update(value)
+            elif name == "event_time":
+                m.event_time.FromDatetime(value)
+            else:
+                setattr(m, name, value)
+        req = pb.UpdateMemoryRequest(
+            memory=m,
+            update_mask=field_mask_pb2.FieldMask(paths=sorted(fields)),
+            request_id=request_id or uuid.uuid4().hex,
+            wait_for_index=wait_for_index,
+        )
+        return self.call(self.memory.UpdateMemory, req).memory
+
+    def delete_memory(self, memory_id: str, *, request_id: str | None = None) -> memory_pb2.Memory:
+        req = pb.DeleteMemoryRequest(id=memory_id, request_id=request_id or uuid.uuid4().hex)
+        return self.call(self.memory.DeleteMemory, req).memory
+
+    def purge_memories(
+        self,
+        filter: memory_pb2.MemoryFilter | None = None,
+        *,
+        force: bool = False,
+        all_memories: bool = False,
+    ) -> int:
+        req = pb.PurgeMemoriesRequest(force=force, all_memories=all_memories, request_id=uuid.uuid4().hex)
+        if filter is not None:
+            req.filter.CopyFrom(filter)
+        return self.call(self.memory.PurgeMemories, req).purge_count
+
+    def recall(
+        self,
+        query: str,
+        *,
+        top_k: int = 10,
+        types: Iterable[str] = (),
+        scopes: Iterable[common_pb2.Scope] = (),
+        categories: Iterable[str] = (),
+        explain: bool = False,
+        timeout_s: float | None = None,
+    ) -> list[pb.RecallHit]:
+        req = pb.RecallRequest(query=query, top_k=top_k, options=pb.RecallOptions(explain=explain))
+        req.filter.types.extend(MEMORY_TYPES[t] for t in types)
+        req.filter.scopes.extend(scopes)
+        req.filter.categories.extend(categories)
+        return list(self.call(self.memory.Recall, req, timeout_s=timeout_s).hits)
+
+    def export_memories(
+        self,
+        filter: memory_pb2.MemoryFilter | None = None,
+        *,
+        include_deleted: bool = False,
+        timeout_s: float | None = None,
+    ) -> Iterator[pb.ExportMemoriesResponse]:
+        req = pb.ExportMemoriesRequest(include_deleted=include_deleted)
+        if filter is not None:
+            req.filter.CopyFrom(filter)
+        try:
+            yield from self.memory.ExportMemories(req, metadata=self._metadata, timeout=timeout_s)
+        except grpc.RpcError as err:
+            raise MnemoError.from_rpc(err) from None
+
+    def import_memories(
+        self, batches: Iterable[Sequence[memory_pb2.Memory]], *, timeout_s: float | None = None
+    ) -> Iterator[pb.ImportMemoriesResponse]:
+        requests = (pb.ImportMemoriesRequest(memories=list(b)) for b in batches)
+        try:
+            yield from self.memory.ImportMemories(requests, metadata=self._metadata, timeout=timeout_s)
+        except grpc.RpcError as err:
+            raise MnemoError.from_rpc(err) from None
+
+    def status(self) -> pb.GetStatusResponse:
+        return self.call(self.memory.GetStatus, pb.GetStatusRequest())
+
+    # --- admin -----------------------------------------------------------------------
+
+    def create_tenant(self, tenant_id: str, display_name: str = "") -> admin_pb.Tenant:
+        req = admin_pb.CreateTenantRequest(
+            tenant=admin_pb.Tenant(id=tenant_id, display_name=display_name), request_id=uuid.uuid4().hex
+        )
+        return self.call(self.admin.CreateTenant, req).tenant
+
+    def create_api_key(self, tenant_id: str, description: str = "") -> admin_pb.CreateApiKeyResponse:
+        # Not retried: a replay cannot return the secret again.
+        return self.call(
+            self.admin.CreateApiKey,
+            admin_pb.CreateApiKeyRequest(tenant_id=tenant_id, description=description),
+            retry=False,
+        )
+
+    def list_api_keys(self, tenant_id: str) -> list[admin_pb.ApiKey]:
+        return list(
+            self.call(self.admin.ListApiKeys, admin_pb.ListApiKeysRequest(tenant_id=tenant_id)).api_keys
+        )
+
+    def revoke_api_key(self, key_id: str) -> admin_pb.ApiKey:
+        return self.call(self.admin.RevokeApiKey, admin_pb.RevokeApiKeyRequest(id=key_id)).api_key
+
+
+def metadata_dict(m: memory_pb2.Memory) -> dict[str, Any]:
+    from google.protobuf import json_format
+
+    out: dict[str, Any] = json_format.MessageToDict(m.metadata) if m.HasField("metadata") else {}
+    return out
+
+
+def empty_struct() -> struct_pb2.Struct:
+    return struct_pb2.Struct()

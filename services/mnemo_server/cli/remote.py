@@ -1,0 +1,330 @@
+"""Commands that talk to a running server over gRPC, like any client."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+from google.protobuf import json_format
+from mnemo.v1 import memory_pb2
+from mnemo_client.client import MEMORY_TYPES, TYPE_NAMES, MnemoClient, MnemoError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from mnemo_server.cli.common import F
+
+_console = Console(stderr=True)
+
+
+def _connect(ctx: click.Context) -> MnemoClient:
+    obj: dict[str, Any] = ctx.obj
+    return MnemoClient(obj["server"], obj["key"], timeout_s=obj["timeout"])
+
+
+def server_options(group: F) -> F:
+    group = click.option(
+        "--server",
+        envvar="MNEMO_SERVER",
+        default="127.0.0.1:50051",
+        show_default=True,
+        help="host:port (env: MNEMO_SERVER).",
+    )(group)
+    return click.option(
+        "--timeout", type=float, default=30.0, show_default=True, help="Per-call deadline in seconds."
+    )(group)
+
+
+def _fail(err: MnemoError) -> None:
+    raise click.ClickException(f"{err.code.name}: {err.message}")
+
+
+# --- tenants and keys (admin key) ------------------------------------------------------
+
+
+@click.group()
+@server_options
+@click.option("--admin-key", envvar="MNEMO_ADMIN_KEY", help="The server's admin key (env: MNEMO_ADMIN_KEY).")
+@click.pass_context
+def tenant(ctx: click.Context, server: str, timeout: float, admin_key: str | None) -> None:
+    """Manage tenants (needs the admin key, or a local-mode server)."""
+    ctx.obj = {"server": server, "key": admin_key, "timeout": timeout}
+
+
+@tenant.command("create")
+@click.argument("tenant_id")
+@click.option("--name", default="", help="Display name.")
+@click.pass_context
+def tenant_create(ctx: click.Context, tenant_id: str, name: str) -> None:
+    with _connect(ctx) as client:
+        try:
+            t = client.create_tenant(tenant_id, name)
+        except MnemoError as err:
+            _fail(err)
+    click.echo(f"created tenant {t.id}")
+
+
+@click.group()
+@server_options
+@click.option("--admin-key", envvar="MNEMO_ADMIN_KEY", help="The server's admin key (env: MNEMO_ADMIN_KEY).")
+@click.pass_context
+def key(ctx: click.Context, server: str, timeout: float, admin_key: str | None) -> None:
+    """Manage API keys (needs the admin key, or a local-mode server)."""
+    ctx.obj = {"server": server, "key": admin_key, "timeout": timeout}
+
+
+@key.command("create")
+@click.argument("tenant_id")
+@click.option("--description", default="")
+@click.pass_context
+def key_create(ctx: click.Context, tenant_id: str, description: str) -> None:
+    """Issue a key; the secret is printed once (stdout), the key id on stderr."""
+    with _connect(ctx) as client:
+        try:
+            resp = client.create_api_key(tenant_id, description)
+        except MnemoError as err:
+            _fail(err)
+    click.echo(
+        f"key {resp.api_key.id} for tenant {tenant_id} (store the secret now; it is not shown again)",
+        err=True,
+    )
+    click.echo(resp.secret)
+
+
+@key.command("list")
+@click.argument("tenant_id")
+@click.pass_context
+def key_list(ctx: click.Context, tenant_id: str) -> None:
+    with _connect(ctx) as client:
+        try:
+            keys = client.list_api_keys(tenant_id)
+        except MnemoError as err:
+            _fail(err)
+    for k in keys:
+        state = "revoked" if k.HasField("revoke_time") else "active"
+        click.echo(f"{k.id}\t{state}\t{k.description}")
+
+
+@key.command("revoke")
+@click.argument("key_id")
+@click.pass_context
+def key_revoke(ctx: click.Context, key_id: str) -> None:
+    with _connect(ctx) as client:
+        try:
+            client.revoke_api_key(key_id)
+        except MnemoError as err:
+            _fail(err)
+    click.echo(f"revoked {key_id}")
+
+
+# --- memories (tenant key) ---------------------------------------------------------------
+
+
+@click.group()
+@server_options
+@click.option("--api-key", envvar="MNEMO_API_KEY", help="Tenant API key (env: MNEMO_API_KEY).")
+@click.pass_context
+def memory(ctx: click.Context, server: str, timeout: float, api_key: str | None) -> None:
+    """List, inspect, export, import and clear memories."""
+    ctx.obj = {"server": server, "key": api_key, "timeout": timeout}
+
+
+def _filter(mtype: str | None, category: str | None) -> memory_pb2.MemoryFilter:
+    f = memory_pb2.MemoryFilter()
+    if mtype:
+        f.types.append(MEMORY_TYPES[mtype])
+    if category:
+        f.categories.append(category)
+    return f
+
+
+_TYPE_CHOICE = click.Choice(sorted(MEMORY_TYPES))
+
+
+@memory.command("list")
+@click.option("--type", "mtype", type=_TYPE_CHOICE)
+@click.option("--category")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+def memory_list(
+    ctx: click.Context, mtype: str | None, category: str | None, limit: int, as_json: bool
+) -> None:
+    with _connect(ctx) as client:
+        try:
+            rows = list(
+                client.list_memories(_filter(mtype, category), page_size=min(limit, 1000), limit=limit)
+            )
+        except MnemoError as err:
+            _fail(err)
+    if as_json:
+        for m in rows:
+            click.echo(json_format.MessageToJson(m, preserving_proto_field_name=True, indent=None))
+        return
+    table = Table("id", "type", "category", "created", "content")
+    for m in rows:
+        table.add_row(
+            m.id[:8],
+            TYPE_NAMES[m.type],
+            m.category,
+            m.create_time.ToDatetime().isoformat(" ", "seconds"),
+            m.content if len(m.content) < 80 else m.content[:77] + "...",
+        )
+    Console().print(table)
+
+
+@memory.command("get")
+@click.argument("memory_id")
+@click.pass_context
+def memory_get(ctx: click.Context, memory_id: str) -> None:
+    """Print one memory as JSON (id, or external:<id>)."""
+    with _connect(ctx) as client:
+        try:
+            m = client.get_memory(memory_id)
+        except MnemoError as err:
+            _fail(err)
+    click.echo(json_format.MessageToJson(m, preserving_proto_field_name=True))
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console,
+    )
+
+
+@memory.command("export")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="JSONL file, one memory per line ('-' for stdout).",
+)
+@click.option("--include-deleted", is_flag=True, help="Also export tombstoned memories.")
+@click.pass_context
+def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> None:
+    """Export memories as JSONL (everything needed to restore them with `import`)."""
+    out = sys.stdout if str(output) == "-" else output.open("w", encoding="utf-8")
+    n = 0
+    try:
+        with _connect(ctx) as client, _progress() as bar:
+            task = bar.add_task("exporting", total=None)
+            for batch in client.export_memories(include_deleted=include_deleted):
+                for m in batch.memories:
+                    out.write(
+                        json_format.MessageToJson(m, preserving_proto_field_name=True, indent=None) + "\n"
+                    )
+                n = batch.exported_count
+                bar.update(task, completed=batch.exported_count, total=batch.total_count)
+    except MnemoError as err:
+        _fail(err)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    _console.print(f"exported {n} memories")
+
+
+def _read_batches(path: Path, size: int) -> Iterator[list[memory_pb2.Memory]]:
+    batch: list[memory_pb2.Memory] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                batch.append(json_format.Parse(line, memory_pb2.Memory()))
+            except json_format.ParseError as exc:
+                raise click.ClickException(f"{path}:{lineno}: not an exported memory ({exc})") from None
+            if len(batch) == size:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+@memory.command("import")
+@click.argument("path", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.pass_context
+def memory_import(ctx: click.Context, path: Path) -> None:
+    """Restore memories from an export (already-present ids are skipped, so re-running is safe)."""
+    total = sum(1 for line in path.open(encoding="utf-8") if line.strip())
+    last = None
+    try:
+        with _connect(ctx) as client, _progress() as bar:
+            task = bar.add_task("importing", total=total)
+            for last in client.import_memories(_read_batches(path, 200)):
+                bar.update(task, completed=last.received_count)
+    except MnemoError as err:
+        _fail(err)
+    imported, skipped = (last.imported_count, last.skipped_count) if last else (0, 0)
+    _console.print(f"imported {imported} memories, skipped {skipped}")
+
+
+@memory.command("clear")
+@click.option("--type", "mtype", type=_TYPE_CHOICE, help="Only this type.")
+@click.option("--category", help="Only this category.")
+@click.option("--force", is_flag=True, help="Skip the confirmation prompt.")
+@click.pass_context
+def memory_clear(ctx: click.Context, mtype: str | None, category: str | None, force: bool) -> None:
+    """Delete memories (all, or of one type/category). They are tombstoned, then purged
+    after the retention window."""
+    f = _filter(mtype, category)
+    everything = not (mtype or category)
+    with _connect(ctx) as client:
+        try:
+            n = client.purge_memories(f, all_memories=everything)
+            if n and not force:
+                click.confirm(f"delete {n} memories?", abort=True)
+            n = client.purge_memories(f, force=True, all_memories=everything) if n else 0
+        except MnemoError as err:
+            _fail(err)
+    click.echo(f"deleted {n} memories")
+
+
+@click.command()
+@server_options
+@click.option("--api-key", envvar="MNEMO_API_KEY")
+@click.option("--json", "as_json", is_flag=True)
+def status(server: str, timeout: float, api_key: str | None, as_json: bool) -> None:
+    """Counts, index lag and model identity for your tenant."""
+    with MnemoClient(server, api_key, timeout_s=timeout) as client:
+        try:
+            s = client.status()
+        except MnemoError as err:
+            _fail(err)
+    data = json_format.MessageToDict(
+        s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    for k, v in data.items():
+        click.echo(f"{k}: {v}")
+
+
+@click.command()
+@server_options
+@click.option("--service", default="", help="A service name; empty checks the whole server.")
+def health(server: str, timeout: float, service: str) -> None:
+    """Exit 0 when the server reports SERVING (for container health checks)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(server) as channel:
+        # The typing stubs for grpc_health declare HealthStub without its methods.
+        stub: Any = health_pb2_grpc.HealthStub(channel)
+        try:
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as err:
+            raise click.ClickException(f"{err.code().name}: {err.details()}") from None
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    click.echo(name)
+    if resp.status != health_pb2.HealthCheckResponse.SERVING:
+        raise SystemExit(1)

@@ -1,0 +1,92 @@
+"""`mnemo up` (local, everything in one go) and `mnemo serve` (the server, from config)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from mnemo_server.app import MnemoServer
+from mnemo_server.cli.common import build_config, config_options
+from mnemo_server.config import Config
+
+log = logging.getLogger(__name__)
+
+
+def run_until_signalled(server: MnemoServer, port_file: Path | None = None) -> None:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s; draining", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    port = server.start()
+    if port_file is not None:
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(port_file)
+    click.echo(f"mnemo listening on {server.config.server.host}:{port}", err=True)
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+        click.echo("mnemo stopped", err=True)
+
+
+@click.command()
+@config_options
+@click.option("--host", help="Bind address (overrides server.host).")
+@click.option("--port", type=int, help="Port, 0 for any free one (overrides server.port).")
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the bound port here once serving.",
+)
+def serve(
+    config_file: Path | None,
+    data_dir: Path | None,
+    host: str | None,
+    port: int | None,
+    port_file: Path | None,
+) -> None:
+    """Run the memory server (configured by file and MNEMO_* environment variables)."""
+    server_overrides: dict[str, object] = {}
+    if host:
+        server_overrides["host"] = host
+    if port is not None:
+        server_overrides["port"] = port
+    cfg = build_config(config_file, data_dir, server=server_overrides)
+    run_until_signalled(MnemoServer(cfg), port_file)
+
+
+def local_config(config_file: Path | None, data_dir: Path, port: int) -> Config:
+    """The local-development profile: loopback only, no API keys (one 'default' tenant)."""
+    return build_config(
+        config_file, data_dir, server={"host": "127.0.0.1", "port": port}, auth={"enabled": False}
+    )
+
+
+@click.command()
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("mnemo-data"),
+    show_default=True,
+    help="Where DuckDB, LanceDB and model caches live.",
+)
+@click.option("--port", type=int, default=50051, show_default=True)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path))
+def up(data_dir: Path, port: int, config_file: Path | None, port_file: Path | None) -> None:
+    """Run Mnemo locally: the server on 127.0.0.1 with data in a local directory,
+    unauthenticated (local mode). Ctrl-C stops it cleanly."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cfg = local_config(config_file, data_dir, port)
+    click.echo(f"mnemo up: data in {data_dir.resolve()}, local mode (no API key needed)", err=True)
+    run_until_signalled(MnemoServer(cfg), port_file)

@@ -1,0 +1,76 @@
+"""mnemo_client: the typed client and the InitRunner-shaped agent tools, on a live server."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from mnemo_client import MemoryTools, MnemoClient, MnemoError
+from mnemo_client.client import scope
+
+from tests.conftest import LiveServer, TenantClient
+
+
+@pytest.fixture
+def client(server: LiveServer, tenant_a: TenantClient) -> MnemoClient:
+    c = MnemoClient(server.address, tenant_a.token, timeout_s=30)
+    yield c  # type: ignore[misc]
+    c.close()
+
+
+def test_client_round_trip_and_errors(client: MnemoClient) -> None:
+    r = client.create_memory(
+        client.new_memory("Staging DB is db-7", category="infra", importance=0.8, metadata={"owner": "ops"}),
+        wait_for_index=True,
+        request_id="c-1",
+    )
+    assert not r.deduplicated and r.memory.importance == pytest.approx(0.8)
+    again = client.create_memory(
+        client.new_memory("Staging DB is db-7", category="infra", importance=0.8, metadata={"owner": "ops"}),
+        request_id="c-1",
+    )
+    assert again.memory.id == r.memory.id
+    updated = client.update_memory(r.memory.id, importance=0.3, pinned=True)
+    assert updated.pinned and updated.importance == pytest.approx(0.3)
+    assert [m.id for m in client.list_memories(limit=5)] == [r.memory.id]
+    assert client.recall("which database is staging on", top_k=1)[0].memory.id == r.memory.id
+    with pytest.raises(MnemoError) as err:
+        client.create_memory(client.new_memory("", category="x"))
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.fields == ["memory.content"]
+    with pytest.raises(MnemoError) as err:
+        client.get_memory("00000000-0000-0000-0000-000000000000")
+    assert err.value.reason == "MEMORY_NOT_FOUND"
+    assert client.status().memory_count == 1
+
+
+def test_unreachable_server_is_retried_then_reported() -> None:
+    with MnemoClient("127.0.0.1:1", timeout_s=0.5) as c, pytest.raises(MnemoError) as err:
+        c.status()
+    assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def test_agent_tools_return_prompt_text(client: MnemoClient) -> None:
+    tools = MemoryTools(client, scope=scope("project", "website"))
+    assert tools.remember("The user prefers dark mode.", category="Prefs").startswith("Remembered (semantic")
+    assert tools.remember("the user prefers dark mode").startswith("Already remembered")
+    assert "procedural" in tools.learn_procedure("Always run tests before deploying", category="deploy")
+    assert "episodic" in tools.record_episode("Deployed v2.1; rollback needed", category="deploy")
+    deadline = time.monotonic() + 30
+    while client.status().pending_index_count:  # the tools do not wait for indexing
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    text = tools.recall("what theme does the user want?", top_k=2)
+    first = text.split("\n\n---\n\n")[0]
+    assert first.startswith("[Type: semantic | Category: prefs | Score: ")
+    assert first.endswith("The user prefers dark mode.")
+    listing = tools.list_memories(memory_type="procedural")
+    assert listing.startswith("[procedural:deploy] (") and listing.endswith(
+        "Always run tests before deploying"
+    )
+    assert tools.recall("x", memory_types=["bogus"]).startswith("Error: unknown memory types")
+    assert tools.remember("").startswith("Error: could not store")
+    assert set(tools.tool_functions()) == {s["function"]["name"] for s in MemoryTools.tool_schemas()}
+    # Scoped tools see only their scope.
+    other = MemoryTools(client, scope=scope("project", "elsewhere"))
+    assert other.recall("dark mode") == "No relevant memories found."

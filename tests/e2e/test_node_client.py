@@ -1,0 +1,72 @@
+"""The committed TypeScript example, run with Node (@grpc/grpc-js) against a live server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+from mnemo.v1 import memory_service_pb2 as pb
+
+from tests.conftest import REPO, LiveServer, TenantClient
+
+NODE_DIR = REPO / "clients" / "node"
+TSX = NODE_DIR / "node_modules" / ".bin" / "tsx"
+
+
+@pytest.fixture(scope="module")
+def node_ready() -> None:
+    assert shutil.which("node"), "node is required (the README's set-up installs it)"
+    assert TSX.exists(), "clients/node/node_modules is missing: run `npm ci` in clients/node"
+
+
+def test_typescript_stubs_typecheck(node_ready: None) -> None:
+    out = subprocess.run(
+        [str(NODE_DIR / "node_modules" / ".bin" / "tsc"), "--noEmit", "-p", str(NODE_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_quickstart_example_against_live_server(
+    node_ready: None, server: LiveServer, tenant_a: TenantClient
+) -> None:
+    env = {**os.environ, "MNEMO_ADDR": server.address, "MNEMO_API_KEY": tenant_a.token, "MNEMO_PROJECT": "ts"}
+    out = subprocess.run(
+        [str(TSX), "examples/quickstart.ts"],
+        cwd=NODE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(result["created"]) == 3
+    assert result["topHit"] == "Release 4.2 was rolled back because of a slow migration."
+    assert result["topHitScores"]["vectorRank"] >= 1
+    assert len(result["firstPage"]) == 2 and result["hasNextPage"] is True
+    # The memories are really there, with the metadata Node sent.
+    m = (
+        tenant_a.memory()
+        .GetMemory(pb.GetMemoryRequest(id="external:node-1"), metadata=tenant_a.md, timeout=5)
+        .memory
+    )
+    assert m.id == result["created"][1] and dict(m.metadata) == {"client": "node", "n": 1.0}
+    # Running it again is idempotent (same request ids): no new memories.
+    again = subprocess.run(
+        [str(TSX), "examples/quickstart.ts"],
+        cwd=NODE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert json.loads(again.stdout.strip().splitlines()[-1])["created"] == result["created"]

@@ -1,0 +1,116 @@
+"""Authentication and the admin/tenant split, over real gRPC."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mnemo.v1 import admin_service_pb2 as admin_pb
+from mnemo.v1 import admin_service_pb2_grpc as admin_grpc
+from mnemo.v1 import memory_pb2
+from mnemo.v1 import memory_service_pb2 as pb
+from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
+from mnemo_server.errors import FailedPrecondition
+
+from tests.conftest import ADMIN_KEY, LiveServer, TenantClient, bearer, error_info
+
+
+def _code_and_reason(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code(), error_info(err.value)[0]
+
+
+def test_data_calls_need_a_valid_key(server: LiveServer, tenant_a: TenantClient) -> None:
+    stub = pb_grpc.MemoryServiceStub(server.channel())
+    req = pb.ListMemoriesRequest()
+    assert _code_and_reason(lambda: stub.ListMemories(req, timeout=5)) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "MISSING_CREDENTIALS",
+    )
+    assert _code_and_reason(lambda: stub.ListMemories(req, metadata=bearer("nonsense"), timeout=5)) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "INVALID_API_KEY",
+    )
+    forged = tenant_a.token[:-4] + ("AAAA" if not tenant_a.token.endswith("AAAA") else "BBBB")
+    assert _code_and_reason(lambda: stub.ListMemories(req, metadata=bearer(forged), timeout=5)) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "INVALID_API_KEY",
+    )
+    assert _code_and_reason(
+        lambda: stub.ListMemories(req, metadata=(("authorization", "Basic abc"),), timeout=5)
+    ) == (grpc.StatusCode.UNAUTHENTICATED, "BAD_AUTH_SCHEME")
+    stub.ListMemories(req, metadata=tenant_a.md, timeout=5)  # the real key works
+
+
+def test_revoked_key_stops_working_at_once(server: LiveServer, tenant_a: TenantClient) -> None:
+    mem = pb_grpc.MemoryServiceStub(server.channel())
+    mem.ListMemories(pb.ListMemoriesRequest(), metadata=tenant_a.md, timeout=5)
+    admin = admin_grpc.AdminServiceStub(server.channel())
+    keys = admin.ListApiKeys(
+        admin_pb.ListApiKeysRequest(tenant_id="tenant-a"), metadata=bearer(ADMIN_KEY), timeout=5
+    ).api_keys
+    assert len(keys) == 1 and tenant_a.token.startswith(f"mnemo_{keys[0].id}.")
+    revoked = admin.RevokeApiKey(
+        admin_pb.RevokeApiKeyRequest(id=keys[0].id), metadata=bearer(ADMIN_KEY), timeout=5
+    ).api_key
+    assert revoked.HasField("revoke_time")
+    assert _code_and_reason(
+        lambda: mem.ListMemories(pb.ListMemoriesRequest(), metadata=tenant_a.md, timeout=5)
+    ) == (grpc.StatusCode.UNAUTHENTICATED, "API_KEY_REVOKED")
+
+
+def test_admin_and_tenant_keys_are_not_interchangeable(server: LiveServer, tenant_a: TenantClient) -> None:
+    admin = admin_grpc.AdminServiceStub(server.channel())
+    mem = pb_grpc.MemoryServiceStub(server.channel())
+    assert _code_and_reason(
+        lambda: admin.CreateTenant(
+            admin_pb.CreateTenantRequest(tenant=admin_pb.Tenant(id="evil")), metadata=tenant_a.md, timeout=5
+        )
+    ) == (grpc.StatusCode.PERMISSION_DENIED, "ADMIN_ONLY")
+    assert _code_and_reason(
+        lambda: mem.ListMemories(pb.ListMemoriesRequest(), metadata=bearer(ADMIN_KEY), timeout=5)
+    ) == (grpc.StatusCode.PERMISSION_DENIED, "TENANT_KEY_REQUIRED")
+
+
+def test_tenant_admin_validation(server: LiveServer) -> None:
+    admin = admin_grpc.AdminServiceStub(server.channel())
+    md = bearer(ADMIN_KEY)
+    with pytest.raises(grpc.RpcError) as err:
+        admin.CreateTenant(
+            admin_pb.CreateTenantRequest(tenant=admin_pb.Tenant(id="Bad Name")), metadata=md, timeout=5
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(err.value)[1] == ["tenant.id"]
+    admin.CreateTenant(admin_pb.CreateTenantRequest(tenant=admin_pb.Tenant(id="t1")), metadata=md, timeout=5)
+    assert _code_and_reason(
+        lambda: admin.CreateTenant(
+            admin_pb.CreateTenantRequest(tenant=admin_pb.Tenant(id="t1")), metadata=md, timeout=5
+        )
+    ) == (grpc.StatusCode.ALREADY_EXISTS, "TENANT_EXISTS")
+    assert _code_and_reason(
+        lambda: admin.CreateApiKey(admin_pb.CreateApiKeyRequest(tenant_id="ghost"), metadata=md, timeout=5)
+    ) == (grpc.StatusCode.NOT_FOUND, "TENANT_NOT_FOUND")
+    tenants = admin.ListTenants(admin_pb.ListTenantsRequest(), metadata=md, timeout=5).tenants
+    assert [t.id for t in tenants] == ["t1"]
+
+
+def test_health_and_reflection_need_no_key(server: LiveServer) -> None:
+    health = health_pb2_grpc.HealthStub(server.channel())
+    for service in ("", "mnemo.v1.MemoryService", "mnemo.v1.AdminService"):
+        resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_local_mode_needs_no_key_and_binds_only_loopback(
+    start_server: Callable[..., LiveServer], tmp_path: object
+) -> None:
+    live = start_server(auth={"enabled": False})
+    stub = pb_grpc.MemoryServiceStub(live.channel())
+    created = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="local note")), timeout=10
+    )
+    assert stub.GetMemory(pb.GetMemoryRequest(id=created.memory.id), timeout=5).memory.content == "local note"
+    with pytest.raises(FailedPrecondition, match="loopback"):
+        start_server(auth={"enabled": False}, server={"host": "0.0.0.0"})

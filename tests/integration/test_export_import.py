@@ -1,0 +1,122 @@
+"""Export is everything needed to restore; import of an export round-trips exactly."""
+
+from __future__ import annotations
+
+import time
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from mnemo.v1 import common_pb2, memory_pb2
+from mnemo.v1 import memory_service_pb2 as pb
+
+from tests.conftest import TenantClient
+
+
+def _export(t: TenantClient, include_deleted: bool = True) -> list[memory_pb2.Memory]:
+    responses = list(
+        t.memory().ExportMemories(
+            pb.ExportMemoriesRequest(include_deleted=include_deleted), metadata=t.md, timeout=30
+        )
+    )
+    assert responses[-1].exported_count == responses[-1].total_count
+    return [m for r in responses for m in r.memories]
+
+
+def _wait_indexed(t: TenantClient) -> None:
+    deadline = time.monotonic() + 30
+    while t.memory().GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5).pending_index_count:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _seed(t: TenantClient) -> None:
+    stub = t.memory()
+    meta = struct_pb2.Struct()
+    meta.update({"trigger": "cron", "tags": ["a", "b"], "nested": {"k": 1}})
+    reqs = []
+    for i in range(1203):  # more than two export batches
+        m = memory_pb2.Memory(
+            content=f"memory {i}: the deploy of service {i % 7} {'failed' if i % 3 else 'worked'}",
+            type=(
+                common_pb2.MEMORY_TYPE_EPISODIC,
+                common_pb2.MEMORY_TYPE_SEMANTIC,
+                common_pb2.MEMORY_TYPE_PROCEDURAL,
+            )[i % 3],
+            category=f"cat{i % 4}",
+            importance=(i % 10) / 10,
+            pinned=i % 50 == 0,
+            scope=common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id=f"p{i % 3}"),
+            source=common_pb2.Source(who="agent", why="test", run_id=f"run{i}", session_id=f"s{i % 5}"),
+            event_time=timestamp_pb2.Timestamp(seconds=1_600_000_000 + i, nanos=123_456_789),
+            external_id=f"ext-{i}" if i % 2 else "",
+        )
+        if i % 10 == 0:
+            m.metadata.CopyFrom(meta)
+        reqs.append(pb.CreateMemoryRequest(memory=m))
+    for start in range(0, len(reqs), 500):
+        stub.BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(requests=reqs[start : start + 500]), metadata=t.md, timeout=30
+        )
+    victims = stub.ListMemories(pb.ListMemoriesRequest(page_size=5), metadata=t.md, timeout=5).memories
+    for v in victims:
+        stub.DeleteMemory(pb.DeleteMemoryRequest(id=v.id), metadata=t.md, timeout=5)
+
+
+def test_round_trip_into_another_tenant_is_exact(tenant_a: TenantClient, tenant_b: TenantClient) -> None:
+    _seed(tenant_a)
+    _wait_indexed(tenant_a)
+    original = _export(tenant_a)
+    assert len(original) == 1203 and sum(m.HasField("delete_time") for m in original) == 5
+    # Through JSON, as the CLI writes it.
+    lines = [json_format.MessageToJson(m, preserving_proto_field_name=True, indent=None) for m in original]
+    parsed = [json_format.Parse(line, memory_pb2.Memory()) for line in lines]
+    batches = [parsed[i : i + 300] for i in range(0, len(parsed), 300)]
+    progress = list(
+        tenant_b.memory().ImportMemories(
+            iter(pb.ImportMemoriesRequest(memories=b) for b in batches), metadata=tenant_b.md, timeout=60
+        )
+    )
+    assert [p.received_count for p in progress] == [300, 600, 900, 1200, 1203]
+    assert progress[-1].imported_count == 1203 and progress[-1].skipped_count == 0
+    _wait_indexed(tenant_b)
+    restored = _export(tenant_b)
+    assert restored == original
+    # Restored memories are searchable like the originals.
+    hit = (
+        tenant_b.memory()
+        .Recall(pb.RecallRequest(query="deploy of service 3 worked"), metadata=tenant_b.md, timeout=10)
+        .hits
+    )
+    assert hit and "service 3 worked" in hit[0].memory.content
+
+
+def test_reimport_is_skipped_and_clear_then_import_restores(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    for i in range(3):
+        stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"keep {i}")),
+            metadata=tenant_a.md,
+            timeout=5,
+        )
+    _wait_indexed(tenant_a)
+    before = _export(tenant_a, include_deleted=False)
+    again = list(
+        stub.ImportMemories(
+            iter([pb.ImportMemoriesRequest(memories=before)]), metadata=tenant_a.md, timeout=10
+        )
+    )
+    assert again[-1].imported_count == 0 and again[-1].skipped_count == 3
+    assert (
+        stub.PurgeMemories(
+            pb.PurgeMemoriesRequest(all_memories=True, force=True), metadata=tenant_a.md, timeout=5
+        ).purge_count
+        == 3
+    )
+    assert _export(tenant_a, include_deleted=False) == []
+    back = list(
+        stub.ImportMemories(
+            iter([pb.ImportMemoriesRequest(memories=before)]), metadata=tenant_a.md, timeout=10
+        )
+    )
+    assert back[-1].imported_count == 3
+    _wait_indexed(tenant_a)
+    assert _export(tenant_a, include_deleted=False) == before

@@ -1,0 +1,79 @@
+"""request_id: a retried write takes effect once; a reused id with another request is refused."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf import field_mask_pb2
+from mnemo.v1 import memory_pb2
+from mnemo.v1 import memory_service_pb2 as pb
+
+from tests.conftest import TenantClient, error_info
+
+
+def _count(t: TenantClient, show_deleted: bool = False) -> int:
+    return len(
+        t.memory()
+        .ListMemories(
+            pb.ListMemoriesRequest(page_size=1000, show_deleted=show_deleted), metadata=t.md, timeout=5
+        )
+        .memories
+    )
+
+
+def test_create_retry_returns_the_first_result(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    req = pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="charge the card once"), request_id="r-1")
+    first = stub.CreateMemory(req, metadata=tenant_a.md, timeout=5)
+    second = stub.CreateMemory(req, metadata=tenant_a.md, timeout=5)
+    assert second.memory.id == first.memory.id and second.deduplicated == first.deduplicated is False
+    assert _count(tenant_a) == 1
+    other = pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="something else"), request_id="r-1")
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CreateMemory(other, metadata=tenant_a.md, timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(err.value) == ("REQUEST_ID_REUSED", ["request_id"])
+    assert _count(tenant_a) == 1
+
+
+def test_batch_retry(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    req = pb.BatchCreateMemoriesRequest(
+        requests=[pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"m{i}")) for i in range(5)],
+        request_id="batch-1",
+    )
+    first = [r.memory.id for r in stub.BatchCreateMemories(req, metadata=tenant_a.md, timeout=5).results]
+    again = [r.memory.id for r in stub.BatchCreateMemories(req, metadata=tenant_a.md, timeout=5).results]
+    assert first == again and _count(tenant_a) == 5
+
+
+def test_update_delete_and_purge_retries(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    m = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="v1")), metadata=tenant_a.md, timeout=5
+    ).memory
+    upd = pb.UpdateMemoryRequest(
+        memory=memory_pb2.Memory(id=m.id, importance=0.8),
+        update_mask=field_mask_pb2.FieldMask(paths=["importance"]),
+        request_id="u-1",
+    )
+    u1 = stub.UpdateMemory(upd, metadata=tenant_a.md, timeout=5).memory
+    u2 = stub.UpdateMemory(upd, metadata=tenant_a.md, timeout=5).memory
+    assert u1.update_time == u2.update_time  # applied once
+    dreq = pb.DeleteMemoryRequest(id=m.id, request_id="d-1")
+    d1 = stub.DeleteMemory(dreq, metadata=tenant_a.md, timeout=5).memory
+    d2 = stub.DeleteMemory(dreq, metadata=tenant_a.md, timeout=5).memory  # a retry succeeds, no NOT_FOUND
+    assert d1.delete_time == d2.delete_time
+    for i in range(3):
+        stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"p{i}")), metadata=tenant_a.md, timeout=5
+        )
+    preq = pb.PurgeMemoriesRequest(all_memories=True, force=True, request_id="p-1")
+    assert stub.PurgeMemories(preq, metadata=tenant_a.md, timeout=5).purge_count == 3
+    stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="after purge")),
+        metadata=tenant_a.md,
+        timeout=5,
+    )
+    assert stub.PurgeMemories(preq, metadata=tenant_a.md, timeout=5).purge_count == 3  # replayed, not re-run
+    assert _count(tenant_a) == 1

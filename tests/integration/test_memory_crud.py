@@ -1,0 +1,233 @@
+"""MemoryService over gRPC against a real server: create, dedupe, get, list, update, delete."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf import field_mask_pb2, struct_pb2, timestamp_pb2
+from mnemo.v1 import common_pb2, memory_pb2
+from mnemo.v1 import memory_service_pb2 as pb
+
+from tests.conftest import TenantClient, error_info
+
+
+def _mem(content: str, **kw: object) -> memory_pb2.Memory:
+    return memory_pb2.Memory(content=content, **kw)  # type: ignore[arg-type]
+
+
+def test_create_normalises_and_dedupes(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    first = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("  The user prefers   dark mode.  ", category="UI Prefs!")),
+        metadata=tenant_a.md,
+        timeout=10,
+    )
+    assert not first.deduplicated
+    assert first.memory.content == "The user prefers dark mode."
+    assert first.memory.category == "ui_prefs_"
+    assert first.memory.scope.kind == common_pb2.SCOPE_KIND_WORKSPACE and first.memory.scope.id == "default"
+    assert first.memory.type == common_pb2.MEMORY_TYPE_SEMANTIC
+    assert first.memory.importance == pytest.approx(0.5)
+    assert len(first.memory.content_hash) == 64
+    again = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("the user prefers dark mode")), metadata=tenant_a.md, timeout=10
+    )
+    assert again.deduplicated and again.memory.id == first.memory.id
+    # Same content in another scope is a different memory.
+    other = stub.CreateMemory(
+        pb.CreateMemoryRequest(
+            memory=_mem(
+                "the user prefers dark mode",
+                scope=common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p1"),
+            )
+        ),
+        metadata=tenant_a.md,
+        timeout=10,
+    )
+    assert not other.deduplicated and other.memory.id != first.memory.id
+
+
+def test_get_by_id_and_external_id(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    meta = struct_pb2.Struct()
+    meta.update({"source": "unit", "n": 3})
+    created = stub.CreateMemory(
+        pb.CreateMemoryRequest(
+            memory=_mem(
+                "Deployed v2.1 to staging",
+                external_id="ext-1",
+                type=common_pb2.MEMORY_TYPE_EPISODIC,
+                importance=0.9,
+                metadata=meta,
+                event_time=timestamp_pb2.Timestamp(seconds=1_700_000_000),
+            )
+        ),
+        metadata=tenant_a.md,
+        timeout=10,
+    ).memory
+    got = stub.GetMemory(pb.GetMemoryRequest(id=created.id), metadata=tenant_a.md, timeout=10).memory
+    assert got == created
+    assert got.importance == pytest.approx(0.9)
+    assert dict(got.metadata) == {"source": "unit", "n": 3.0}
+    assert got.event_time.seconds == 1_700_000_000
+    by_ext = stub.GetMemory(pb.GetMemoryRequest(id="external:ext-1"), metadata=tenant_a.md, timeout=10).memory
+    assert by_ext.id == created.id
+    with pytest.raises(grpc.RpcError) as err:
+        stub.GetMemory(
+            pb.GetMemoryRequest(id="00000000-0000-0000-0000-000000000000"), metadata=tenant_a.md, timeout=10
+        )
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info(err.value)[0] == "MEMORY_NOT_FOUND"
+
+
+def test_external_id_must_be_unique(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("one", external_id="x")), metadata=tenant_a.md, timeout=10
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=_mem("two", external_id="x")), metadata=tenant_a.md, timeout=10
+        )
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert error_info(err.value)[0] == "EXTERNAL_ID_TAKEN"
+
+
+def test_list_filters_and_pagination(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    reqs = [
+        pb.CreateMemoryRequest(
+            memory=_mem(
+                f"fact number {i}",
+                category="even" if i % 2 == 0 else "odd",
+                type=common_pb2.MEMORY_TYPE_SEMANTIC if i < 7 else common_pb2.MEMORY_TYPE_PROCEDURAL,
+            )
+        )
+        for i in range(10)
+    ]
+    stub.BatchCreateMemories(pb.BatchCreateMemoriesRequest(requests=reqs), metadata=tenant_a.md, timeout=10)
+    seen: list[str] = []
+    token = ""
+    pages = 0
+    while True:
+        page = stub.ListMemories(
+            pb.ListMemoriesRequest(page_size=3, page_token=token), metadata=tenant_a.md, timeout=10
+        )
+        seen.extend(m.content for m in page.memories)
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert pages == 4
+    assert seen == [f"fact number {i}" for i in reversed(range(10))]  # newest first, no repeats
+    evens = stub.ListMemories(
+        pb.ListMemoriesRequest(filter=memory_pb2.MemoryFilter(categories=["even"])),
+        metadata=tenant_a.md,
+        timeout=10,
+    )
+    assert sorted(m.content for m in evens.memories) == sorted(f"fact number {i}" for i in range(0, 10, 2))
+    procs = stub.ListMemories(
+        pb.ListMemoriesRequest(filter=memory_pb2.MemoryFilter(types=[common_pb2.MEMORY_TYPE_PROCEDURAL])),
+        metadata=tenant_a.md,
+        timeout=10,
+    )
+    assert len(procs.memories) == 3
+    # A token from one filter cannot be used with another.
+    first = stub.ListMemories(pb.ListMemoriesRequest(page_size=2), metadata=tenant_a.md, timeout=10)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ListMemories(
+            pb.ListMemoriesRequest(
+                page_size=2,
+                page_token=first.next_page_token,
+                filter=memory_pb2.MemoryFilter(categories=["odd"]),
+            ),
+            metadata=tenant_a.md,
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(err.value)[1] == ["page_token"]
+
+
+def test_update_with_field_mask(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    m = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("original text"), wait_for_index=True),
+        metadata=tenant_a.md,
+        timeout=30,
+    ).memory
+    updated = stub.UpdateMemory(
+        pb.UpdateMemoryRequest(
+            memory=memory_pb2.Memory(
+                id=m.id, importance=0.95, pinned=True, category="Ops", content="rewritten text"
+            ),
+            update_mask=field_mask_pb2.FieldMask(paths=["importance", "pinned", "category", "content"]),
+            wait_for_index=True,
+        ),
+        metadata=tenant_a.md,
+        timeout=30,
+    ).memory
+    assert updated.importance == pytest.approx(0.95) and updated.pinned and updated.category == "ops"
+    assert updated.content == "rewritten text" and updated.content_hash != m.content_hash
+    assert updated.index_state == memory_pb2.INDEX_STATE_INDEXED
+    # Fields not in the mask are untouched.
+    assert updated.confidence == pytest.approx(m.confidence)
+    hits = stub.Recall(pb.RecallRequest(query="rewritten"), metadata=tenant_a.md, timeout=10).hits
+    assert [h.memory.id for h in hits][:1] == [m.id]
+    with pytest.raises(grpc.RpcError) as err:
+        stub.UpdateMemory(
+            pb.UpdateMemoryRequest(
+                memory=memory_pb2.Memory(id=m.id), update_mask=field_mask_pb2.FieldMask(paths=["tenant_id"])
+            ),
+            metadata=tenant_a.md,
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(err.value)[1] == ["update_mask"]
+
+
+def test_delete_hides_at_once(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    m = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("ephemeral secret plan"), wait_for_index=True),
+        metadata=tenant_a.md,
+        timeout=30,
+    ).memory
+    assert stub.Recall(pb.RecallRequest(query="ephemeral secret plan"), metadata=tenant_a.md, timeout=10).hits
+    deleted = stub.DeleteMemory(pb.DeleteMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=10).memory
+    assert deleted.HasField("delete_time")
+    # Hidden immediately, whatever the index worker has done so far.
+    assert not stub.Recall(
+        pb.RecallRequest(query="ephemeral secret plan"), metadata=tenant_a.md, timeout=10
+    ).hits
+    assert not stub.ListMemories(pb.ListMemoriesRequest(), metadata=tenant_a.md, timeout=10).memories
+    shown = stub.ListMemories(pb.ListMemoriesRequest(show_deleted=True), metadata=tenant_a.md, timeout=10)
+    assert [x.id for x in shown.memories] == [m.id]
+    with pytest.raises(grpc.RpcError) as err:
+        stub.DeleteMemory(pb.DeleteMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=10)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_external_ids_name_distinct_memories_with_equal_content(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    reqs = [
+        pb.CreateMemoryRequest(memory=_mem("Thanks!", external_id="turn-1")),
+        pb.CreateMemoryRequest(memory=_mem("thanks", external_id="turn-2")),
+        pb.CreateMemoryRequest(memory=_mem("thanks!")),  # no name: deduplicated by content
+    ]
+    res = stub.BatchCreateMemories(
+        pb.BatchCreateMemoriesRequest(requests=reqs), metadata=tenant_a.md, timeout=10
+    )
+    ids = [r.memory.id for r in res.results]
+    assert [r.deduplicated for r in res.results] == [False, False, True]
+    assert ids[0] != ids[1] and ids[2] == ids[0]
+    repeat = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("Thanks!", external_id="turn-1")), metadata=tenant_a.md, timeout=10
+    )
+    assert repeat.deduplicated and repeat.memory.id == ids[0]
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=_mem("other text", external_id="turn-2")),
+            metadata=tenant_a.md,
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS

@@ -1,0 +1,144 @@
+"""No MemoryService call made with tenant B's key can read or change tenant A's rows."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf import field_mask_pb2
+from mnemo.v1 import memory_pb2
+from mnemo.v1 import memory_service_pb2 as pb
+
+from tests.conftest import TenantClient
+
+
+@pytest.fixture
+def a_memory(tenant_a: TenantClient) -> memory_pb2.Memory:
+    created: memory_pb2.Memory = (
+        tenant_a.memory()
+        .CreateMemory(
+            pb.CreateMemoryRequest(
+                memory=memory_pb2.Memory(content="Tenant A's launch codename is BLUEBIRD", external_id="a-1"),
+                wait_for_index=True,
+            ),
+            metadata=tenant_a.md,
+            timeout=30,
+        )
+        .memory
+    )
+    return created
+
+
+def _assert_a_untouched(tenant_a: TenantClient, m: memory_pb2.Memory) -> None:
+    again = tenant_a.memory().GetMemory(pb.GetMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=5).memory
+    assert again == m
+
+
+def _not_found(call: object) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        call()  # type: ignore[operator]
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_get_update_delete_by_id(
+    tenant_a: TenantClient, tenant_b: TenantClient, a_memory: memory_pb2.Memory
+) -> None:
+    b = tenant_b.memory()
+    _not_found(lambda: b.GetMemory(pb.GetMemoryRequest(id=a_memory.id), metadata=tenant_b.md, timeout=5))
+    _not_found(lambda: b.GetMemory(pb.GetMemoryRequest(id="external:a-1"), metadata=tenant_b.md, timeout=5))
+    _not_found(
+        lambda: b.UpdateMemory(
+            pb.UpdateMemoryRequest(
+                memory=memory_pb2.Memory(id=a_memory.id, content="hijacked"),
+                update_mask=field_mask_pb2.FieldMask(paths=["content"]),
+            ),
+            metadata=tenant_b.md,
+            timeout=5,
+        )
+    )
+    _not_found(
+        lambda: b.DeleteMemory(pb.DeleteMemoryRequest(id=a_memory.id), metadata=tenant_b.md, timeout=5)
+    )
+    _assert_a_untouched(tenant_a, a_memory)
+
+
+def test_list_recall_export_status(
+    tenant_a: TenantClient, tenant_b: TenantClient, a_memory: memory_pb2.Memory
+) -> None:
+    b = tenant_b.memory()
+    assert not b.ListMemories(
+        pb.ListMemoriesRequest(show_deleted=True), metadata=tenant_b.md, timeout=5
+    ).memories
+    assert not b.Recall(
+        pb.RecallRequest(query="launch codename BLUEBIRD"), metadata=tenant_b.md, timeout=5
+    ).hits
+    exported = [
+        m
+        for r in b.ExportMemories(
+            pb.ExportMemoriesRequest(include_deleted=True), metadata=tenant_b.md, timeout=5
+        )
+        for m in r.memories
+    ]
+    assert exported == []
+    status = b.GetStatus(pb.GetStatusRequest(), metadata=tenant_b.md, timeout=5)
+    assert status.memory_count == 0 and status.deleted_count == 0
+    # ...while A sees its own.
+    assert (
+        tenant_a.memory()
+        .Recall(pb.RecallRequest(query="launch codename BLUEBIRD"), metadata=tenant_a.md, timeout=5)
+        .hits[0]
+        .memory.id
+        == a_memory.id
+    )
+
+
+def test_purge_and_create_stay_in_their_tenant(
+    tenant_a: TenantClient, tenant_b: TenantClient, a_memory: memory_pb2.Memory
+) -> None:
+    b = tenant_b.memory()
+    n = b.PurgeMemories(
+        pb.PurgeMemoriesRequest(all_memories=True, force=True), metadata=tenant_b.md, timeout=5
+    ).purge_count
+    assert n == 0
+    # Identical content and external id in B is B's own memory, not a duplicate of A's.
+    created = b.CreateMemory(
+        pb.CreateMemoryRequest(
+            memory=memory_pb2.Memory(content="Tenant A's launch codename is BLUEBIRD", external_id="a-1")
+        ),
+        metadata=tenant_b.md,
+        timeout=5,
+    )
+    assert not created.deduplicated and created.memory.id != a_memory.id
+    _assert_a_untouched(tenant_a, a_memory)
+
+
+def test_import_of_anothers_ids_lands_in_the_callers_tenant(
+    tenant_a: TenantClient, tenant_b: TenantClient, a_memory: memory_pb2.Memory
+) -> None:
+    b = tenant_b.memory()
+    forged = memory_pb2.Memory()
+    forged.CopyFrom(a_memory)
+    forged.content = "overwritten through import"
+    progress = list(
+        b.ImportMemories(
+            iter([pb.ImportMemoriesRequest(memories=[forged])]), metadata=tenant_b.md, timeout=10
+        )
+    )
+    assert progress[-1].imported_count == 1
+    assert b.GetMemory(
+        pb.GetMemoryRequest(id=a_memory.id), metadata=tenant_b.md, timeout=5
+    ).memory.content == ("overwritten through import")
+    _assert_a_untouched(tenant_a, a_memory)
+
+
+def test_idempotency_keys_are_per_tenant(tenant_a: TenantClient, tenant_b: TenantClient) -> None:
+    a = tenant_a.memory().CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="from a"), request_id="same-id"),
+        metadata=tenant_a.md,
+        timeout=5,
+    )
+    b = tenant_b.memory().CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="from b"), request_id="same-id"),
+        metadata=tenant_b.md,
+        timeout=5,
+    )
+    assert a.memory.id != b.memory.id and b.memory.content == "from b"

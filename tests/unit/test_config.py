@@ -1,0 +1,54 @@
+"""Configuration: defaults < TOML file < MNEMO_<SECTION>__<KEY> environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mnemo_server.config import Config, load_config
+from mnemo_server.errors import FailedPrecondition
+
+
+def test_defaults() -> None:
+    cfg = load_config(env={})
+    assert cfg == Config()
+    assert cfg.server.host == "127.0.0.1" and cfg.auth.enabled
+
+
+def test_file_then_environment(tmp_path: Path) -> None:
+    f = tmp_path / "mnemo.toml"
+    f.write_text('[server]\nport = 6000\nhost = "0.0.0.0"\n[caps]\nsemantic = 5\n')
+    cfg = load_config(f, env={"MNEMO_SERVER__PORT": "7000", "MNEMO_AUTH__ENABLED": "false", "OTHER": "x"})
+    assert cfg.server.port == 7000  # env wins over the file
+    assert cfg.server.host == "0.0.0.0"  # file wins over the default
+    assert cfg.caps.semantic == 5
+    assert cfg.auth.enabled is False
+
+
+def test_config_file_from_env_var(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[recall]\nleg_floor = 7\n")
+    assert load_config(env={"MNEMO_CONFIG": str(f)}).recall.leg_floor == 7
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MNEMO_SERVER__PORT": "abc"}, "server.port"),
+        ({"MNEMO_SERVER__NOPE": "1"}, "unknown key 'nope'"),
+        ({"MNEMO_NOPE__X": "1"}, r"unknown section 'nope'"),
+        ({"MNEMO_AUTH__ENABLED": "maybe"}, "auth.enabled"),
+    ],
+)
+def test_bad_values_are_clear_errors(env: dict[str, str], message: str) -> None:
+    with pytest.raises(FailedPrecondition, match=message):
+        load_config(env=env)
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(FailedPrecondition, match="does not exist"):
+        load_config(tmp_path / "absent.toml", env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server\n")
+    with pytest.raises(FailedPrecondition, match=r"bad\.toml"):
+        load_config(bad, env={})

@@ -45,9 +45,13 @@ def generate_python(out_root: Path) -> None:
         shutil.rmtree(out_root / pkg, ignore_errors=True)
     wkt = Path(grpc_tools.__file__).parent / "_proto"
     cmd = [
-        sys.executable, "-m", "grpc_tools.protoc",
-        f"-I{PROTO_ROOT}", f"-I{wkt}",
-        f"--python_out={out_root}", f"--pyi_out={out_root}",
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{PROTO_ROOT}",
+        f"-I{wkt}",
+        f"--python_out={out_root}",
+        f"--pyi_out={out_root}",
         f"--grpc_python_out={out_root}",
         f"--plugin=protoc-gen-mypy_grpc={_plugin('protoc-gen-mypy_grpc')}",
         f"--mypy_grpc_out={out_root}",

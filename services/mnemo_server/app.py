@@ -23,6 +23,7 @@ from mnemo_server.api.memory_servicer import MemoryServicer
 from mnemo_server.api.server import GrpcServer, is_loopback
 from mnemo_server.api.skill_servicer import SkillServicer
 from mnemo_server.config import Config
+from mnemo_server.diagnostics import DataDirSize
 from mnemo_server.embed.embedder import CachedQueryEmbedder, Embedder
 from mnemo_server.embed.factory import build_embedder
 from mnemo_server.errors import EmbeddingModelMismatch, FailedPrecondition
@@ -85,14 +86,18 @@ class Core:
         self.paths = DataPaths(config.data_dir)
         self.db = Database(self.paths.duckdb)
         try:
-            self.embedder = build_embedder(config.embedding, self.paths.models(config))
+            models = self.paths.models(config)
+            self.embedder = build_embedder(config.embedding, models)
+            index_embedder = build_embedder(
+                config.embedding, models, threads=config.embedding.index_intra_op_threads
+            )
             if accept_model_change:
                 with self.db.transaction() as cur:
                     self.db.set_meta(cur, META_MODEL, self.embedder.model_id)
                     self.db.set_meta(cur, META_DIMENSION, str(self.embedder.dimension))
             check_model_identity(self.db, self.embedder)
             self.index = LanceIndex(self.paths.lance, self.embedder.dimension, config.index)
-            self.indexer = IndexWorker(self.db, self.index, self.embedder, config.index)
+            self.indexer = IndexWorker(self.db, self.index, index_embedder, config.index)
             self.validator = Validator(config.limits)
             self.memories = MemoryService(
                 self.db, self.indexer, self.validator, config.caps, config.index, self.embedder.model_id
@@ -159,7 +164,12 @@ class MnemoServer:
         self.grpc = GrpcServer(config.server, ApiInterceptor(self._authenticate))
         self.grpc.add(
             memory_service_pb2_grpc.add_MemoryServiceServicer_to_server,
-            MemoryServicer(self.core.memories, self.core.recall, self.core.embedder.dimension),
+            MemoryServicer(
+                self.core.memories,
+                self.core.recall,
+                self.core.embedder.dimension,
+                DataDirSize(config.data_dir),
+            ),
             "mnemo.v1.MemoryService",
         )
         self.grpc.add(

@@ -55,9 +55,15 @@ class EmbeddingConfig:
     model_path: str = ""
     # "onnx" (exported once and cached in the data directory) or "torch".
     backend: str = "onnx"
-    batch_size: int = 32
-    # Threads per inference call; concurrency comes from parallel calls.
+    # ONNX only: "int8" quantises the MatMul weights per channel (2.2x the throughput on this
+    # CPU; LoCoMo vector-only NDCG@10 0.3305 vs 0.3290 for fp32, cosine to fp32 0.99). The
+    # precision is part of the model identity recorded in the store.
+    precision: str = "int8"
+    batch_size: int = 16
+    # Threads per query-embedding call; concurrency comes from parallel calls.
     intra_op_threads: int = 1
+    # Threads for the index worker's batches (its own session: bulk loads use both cores).
+    index_intra_op_threads: int = 2
     max_seq_length: int = 256
     query_cache_size: int = 2048
     # Where the one-time ONNX export is cached; empty means <data_dir>/models.
@@ -90,8 +96,12 @@ class CapsConfig:
 
 @dataclass(frozen=True)
 class IndexConfig:
-    # Above this many rows a tenant's vector column gets an ANN index.
+    # Above this many rows a tenant's vector column gets an ANN index (IVF-HNSW-SQ).
     ann_min_rows: int = 20_000
+    # IVF partitions searched per query once the ANN index exists.
+    ann_nprobes: int = 20
+    # Old LanceDB versions are deleted this long after they are superseded.
+    keep_versions_s: float = 60.0
     # Largest micro-batch the index worker embeds at once.
     max_batch: int = 64
     # How long the worker waits to fill a micro-batch.

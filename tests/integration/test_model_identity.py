@@ -36,7 +36,7 @@ def test_changed_model_refuses_to_start_until_reembedded(
     other = {"embedding": {"model": "local/minilm-copy", "model_path": str(other_dir)}}
     with pytest.raises(EmbeddingModelMismatch, match="mnemo reembed") as err:
         start_server(data_dir=data, **other)
-    assert "sentence-transformers/all-MiniLM-L6-v2" in str(err.value) and err.value.reason == (
+    assert "sentence-transformers/all-MiniLM-L6-v2#int8" in str(err.value) and err.value.reason == (
         "EMBEDDING_MODEL_MISMATCH"
     )
 
@@ -49,11 +49,18 @@ def test_changed_model_refuses_to_start_until_reembedded(
     live2 = start_server(data_dir=data, **other)
     stub = t.memory().__class__(live2.channel())
     status = stub.GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5)
-    assert status.embedding_model == "local/minilm-copy" and status.pending_index_count == 0
+    assert status.embedding_model == "local/minilm-copy#int8" and status.pending_index_count == 0
     hit = stub.Recall(
         pb.RecallRequest(query="which database does staging use"), metadata=t.md, timeout=10
     ).hits[0]
-    assert hit.memory.embedding_model == "local/minilm-copy" and "db-7" in hit.memory.content
+    assert hit.memory.embedding_model == "local/minilm-copy#int8" and "db-7" in hit.memory.content
     live2.close()
     with pytest.raises(EmbeddingModelMismatch):
         start_server(data_dir=data)
+
+
+def test_precision_is_part_of_the_identity(start_server: Callable[..., LiveServer], tmp_path: Path) -> None:
+    data = tmp_path / "store"
+    start_server(data_dir=data).close()
+    with pytest.raises(EmbeddingModelMismatch, match="#int8"):
+        start_server(data_dir=data, embedding={"precision": "fp32"})

@@ -11,6 +11,7 @@ from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 from mnemo_server import __version__
 from mnemo_server.api import convert
 from mnemo_server.api.interceptor import current_principal
+from mnemo_server.diagnostics import DataDirSize, rss_bytes
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.service import MemoryPatch, MemoryService
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
@@ -31,10 +32,17 @@ def _wait_budget(context: grpc.ServicerContext) -> float:
 
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
-    def __init__(self, memories: MemoryService, recall: RecallPipeline, embedding_dimension: int):
+    def __init__(
+        self,
+        memories: MemoryService,
+        recall: RecallPipeline,
+        embedding_dimension: int,
+        data_size: DataDirSize,
+    ):
         self.memories = memories
         self.recall_pipeline = recall
         self.embedding_dimension = embedding_dimension
+        self.data_size = data_size
 
     def CreateMemory(
         self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
@@ -219,6 +227,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             deleted_count=s.deleted,
             pending_index_count=s.pending_index,
             memory_count_by_type=s.by_type,
+            process_rss_bytes=rss_bytes(),
+            data_bytes=self.data_size.get(),
         )
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))

@@ -8,6 +8,8 @@ import sys
 import click
 
 from mnemo_server import __version__
+from mnemo_server.cli.bench import bench
+from mnemo_server.cli.evaluate import eval_group
 from mnemo_server.cli.offline import reembed, reindex
 from mnemo_server.cli.remote import health, key, memory, status, tenant
 from mnemo_server.cli.serve import serve, up
@@ -25,7 +27,7 @@ def cli(verbose: bool) -> None:
     )
 
 
-for command in (up, serve, tenant, key, memory, status, health, reembed, reindex):
+for command in (up, serve, tenant, key, memory, status, health, reembed, reindex, eval_group, bench):
     cli.add_command(command)
 
 

@@ -8,32 +8,51 @@ from pathlib import Path
 
 from mnemo_server.config import EmbeddingConfig
 from mnemo_server.embed.embedder import Embedder, OnnxEmbedder, TorchEmbedder, bundled_model_path
-from mnemo_server.embed.onnx_export import export_dir_for, export_to_onnx
+from mnemo_server.embed.onnx_export import export_dir_for, export_to_onnx, quantize_int8
 from mnemo_server.errors import FailedPrecondition
 
 log = logging.getLogger(__name__)
 
 
-def build_embedder(cfg: EmbeddingConfig, cache_root: Path) -> Embedder:
+def model_identity(cfg: EmbeddingConfig) -> str:
+    """What the store records: the model, plus the precision when it changes the vectors."""
+    return cfg.model if cfg.backend == "torch" or cfg.precision == "fp32" else f"{cfg.model}#{cfg.precision}"
+
+
+def build_embedder(cfg: EmbeddingConfig, cache_root: Path, *, threads: int | None = None) -> Embedder:
+    """threads overrides cfg.intra_op_threads (the index worker uses its own count)."""
     model_dir = Path(cfg.model_path) if cfg.model_path else bundled_model_path()
     if not (model_dir / "config.json").exists():
         raise FailedPrecondition(
             f"embedding model directory {model_dir} has no config.json", reason="EMBEDDING_MODEL_MISSING"
+        )
+    if cfg.precision not in ("fp32", "int8"):
+        raise FailedPrecondition(
+            f"embedding.precision must be 'fp32' or 'int8', not {cfg.precision!r}", reason="BAD_CONFIG"
         )
     if cfg.backend == "onnx":
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the exporter's tracer warnings are noise here
                 onnx_file = export_to_onnx(model_dir, export_dir_for(cache_root, cfg.model, model_dir))
+                if cfg.precision == "int8":
+                    onnx_file = quantize_int8(onnx_file)
             return OnnxEmbedder(
-                cfg.model,
+                model_identity(cfg),
                 onnx_file,
                 onnx_file.parent / "tokenizer.json",
                 max_seq_length=cfg.max_seq_length,
-                intra_op_threads=cfg.intra_op_threads,
+                intra_op_threads=threads or cfg.intra_op_threads,
                 batch_size=cfg.batch_size,
             )
         except Exception as exc:  # the fallback is the point: any export/runtime failure
+            if cfg.precision != "fp32":
+                # torch would produce other vectors than the int8 model the store expects.
+                raise FailedPrecondition(
+                    f"ONNX int8 embedding unavailable: {exc}; set embedding.precision "
+                    "= 'fp32' to allow the torch fallback",
+                    reason="EMBEDDER_UNAVAILABLE",
+                ) from exc
             log.warning("ONNX embedding unavailable (%s); falling back to sentence-transformers", exc)
     elif cfg.backend != "torch":
         raise FailedPrecondition(

@@ -16,6 +16,26 @@ def export_dir_for(cache_root: Path, model_id: str, model_dir: Path) -> Path:
     return cache_root / f"onnx-{digest}"
 
 
+def quantize_int8(onnx_file: Path) -> Path:
+    """Dynamic int8 quantisation of the MatMul weights, per output channel (whole-graph or
+    per-tensor quantisation costs retrieval quality; this variant measured none)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    target = onnx_file.with_name("model.int8.onnx")
+    if target.exists():
+        return target
+    tmp = onnx_file.with_name("model.int8.onnx.tmp")
+    quantize_dynamic(
+        str(onnx_file),
+        str(tmp),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        op_types_to_quantize=["MatMul"],
+    )
+    tmp.rename(target)
+    return target
+
+
 def export_to_onnx(model_dir: Path, target: Path) -> Path:
     """Export once into target/ (model.onnx + tokenizer.json); a finished export is reused.
     Written to a temporary directory first so a crash never leaves a half file in place."""

@@ -264,7 +264,13 @@ export interface GetStatusResponse {
   pendingIndexCount: number;
   /** Per type name (semantic, episodic, ...). */
   memoryCountByType: { [key: string]: number };
-  oldestPendingIndexTime?: Date | undefined;
+  oldestPendingIndexTime?:
+    | Date
+    | undefined;
+  /** Server process resident memory (all tenants), for capacity planning. */
+  processRssBytes: number;
+  /** Size of the server's data directory on disk (all tenants). */
+  dataBytes: number;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -2772,6 +2778,8 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     pendingIndexCount: 0,
     memoryCountByType: {},
     oldestPendingIndexTime: undefined,
+    processRssBytes: 0,
+    dataBytes: 0,
   };
 }
 
@@ -2800,6 +2808,12 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     });
     if (message.oldestPendingIndexTime !== undefined) {
       Timestamp.encode(toTimestamp(message.oldestPendingIndexTime), writer.uint32(66).fork()).join();
+    }
+    if (message.processRssBytes !== 0) {
+      writer.uint32(72).int64(message.processRssBytes);
+    }
+    if (message.dataBytes !== 0) {
+      writer.uint32(80).int64(message.dataBytes);
     }
     return writer;
   },
@@ -2884,6 +2898,22 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.oldestPendingIndexTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.processRssBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.dataBytes = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2960,6 +2990,16 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.oldest_pending_index_time)
         ? fromJsonTimestamp(object.oldest_pending_index_time)
         : undefined,
+      processRssBytes: isSet(object.processRssBytes)
+        ? globalThis.Number(object.processRssBytes)
+        : isSet(object.process_rss_bytes)
+        ? globalThis.Number(object.process_rss_bytes)
+        : 0,
+      dataBytes: isSet(object.dataBytes)
+        ? globalThis.Number(object.dataBytes)
+        : isSet(object.data_bytes)
+        ? globalThis.Number(object.data_bytes)
+        : 0,
     };
   },
 
@@ -2995,6 +3035,12 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.oldestPendingIndexTime !== undefined) {
       obj.oldestPendingIndexTime = message.oldestPendingIndexTime.toISOString();
     }
+    if (message.processRssBytes !== 0) {
+      obj.processRssBytes = Math.round(message.processRssBytes);
+    }
+    if (message.dataBytes !== 0) {
+      obj.dataBytes = Math.round(message.dataBytes);
+    }
     return obj;
   },
 
@@ -3017,6 +3063,8 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         return acc;
       }, {});
     message.oldestPendingIndexTime = object.oldestPendingIndexTime ?? undefined;
+    message.processRssBytes = object.processRssBytes ?? 0;
+    message.dataBytes = object.dataBytes ?? 0;
     return message;
   },
 };

@@ -1,0 +1,119 @@
+"""`mnemo eval locomo`: retrieval quality through the public API (see evaluation/locomo.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from mnemo.v1 import memory_service_pb2 as pb
+from mnemo_client.client import MnemoClient
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+# CLI name -> proto enum name (the stubs accept enum names).
+STAGES: dict[str, str] = {
+    name.removeprefix("RECALL_STAGE_").lower(): name
+    for name in pb.RecallStage.keys()  # noqa: SIM118 - an enum wrapper, not a dict
+    if name != "RECALL_STAGE_UNSPECIFIED"
+}
+
+
+@click.group("eval")
+def eval_group() -> None:
+    """Measure retrieval quality."""
+
+
+@eval_group.command("locomo")
+@click.option(
+    "--data",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    required=True,
+    help="Directory with memories.jsonl and queries.jsonl (LoCoMo format).",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="RUN.jsonl to write."
+)
+@click.option(
+    "--json-out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the metrics JSON."
+)
+@click.option("--server", help="host:port of a running server; default: start a fresh one for this run.")
+@click.option("--api-key", envvar="MNEMO_API_KEY", help="Tenant key for --server (env: MNEMO_API_KEY).")
+@click.option(
+    "--disable-stage",
+    "disabled",
+    multiple=True,
+    type=click.Choice(sorted(STAGES)),
+    help="Switch a Recall stage off (repeatable) to measure its contribution.",
+)
+@click.option(
+    "--top-k", type=int, default=50, show_default=True, help="Ids per query in the run file (>= 10)."
+)
+@click.option("--keep-data", is_flag=True, help="Keep the temporary server's data directory.")
+def locomo(
+    data: Path,
+    out: Path,
+    json_out: Path | None,
+    server: str | None,
+    api_key: str | None,
+    disabled: tuple[str, ...],
+    top_k: int,
+    keep_data: bool,
+) -> None:
+    """Load a LoCoMo-format split, Recall every query within its conversation, score the run."""
+    from mnemo_server.evaluation.launcher import Launcher
+    from mnemo_server.evaluation.locomo import evaluate_locomo, read_dataset
+
+    if top_k < 10:
+        raise click.BadParameter("must be at least 10", param_hint="--top-k")
+    console = Console(stderr=True)
+    launcher = None if server else Launcher(keep=keep_data)
+    try:
+        if launcher is not None:
+            console.print("starting a fresh server ...")
+            server = launcher.start_server().address
+        assert server is not None
+        n_mem, n_q = (len(x) for x in read_dataset(data))
+        with (
+            MnemoClient(server, api_key, timeout_s=120) as client,
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            ) as bar,
+        ):
+            load_task = bar.add_task("loading memories", total=n_mem)
+            query_task = bar.add_task("recall per query", total=n_q)
+            result = evaluate_locomo(
+                client,
+                data,
+                out,
+                top_k=top_k,
+                disabled_stages=[STAGES[s] for s in disabled],
+                stage_names=list(disabled),
+                on_load=lambda n: bar.update(load_task, completed=n),
+                on_query=lambda n: bar.update(query_task, completed=n),
+            )
+    finally:
+        if launcher is not None:
+            launcher.stop()
+    table = Table(
+        title=f"LoCoMo retrieval ({result.n_queries} queries, {result.n_memories} memories"
+        + (f"; disabled: {', '.join(disabled)}" if disabled else "")
+        + ")"
+    )
+    names = ["Recall@1", "Recall@5", "Recall@10", "MRR@10", "NDCG@10"]
+    table.add_column("group")
+    table.add_column("n", justify="right")
+    for name in names:
+        table.add_column(name, justify="right")
+    for group, row in result.metrics.items():
+        table.add_row(group, str(int(row["n"])), *(f"{row[n]:.4f}" for n in names))
+    Console().print(table)
+    doc = result.as_json()
+    click.echo(json.dumps(doc, indent=1))
+    if json_out:
+        json_out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -1,0 +1,96 @@
+"""Start Mnemo processes on free ports with a throwaway data directory, for commands that
+measure the system from the outside (eval, bench) exactly as a client would see it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class LaunchedProcess:
+    name: str
+    popen: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+@dataclass
+class Launcher:
+    """Owns a temporary directory and the processes started in it; stop() ends them all."""
+
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="mnemo-run-")))
+    keep: bool = False
+    processes: list[LaunchedProcess] = field(default_factory=list)
+
+    def start(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 180.0
+    ) -> LaunchedProcess:
+        port_file = self.root / f"{name}.port"
+        log = self.root / f"{name}.log"
+        full_env = {**os.environ, **(env or {})}
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", *argv, "--port-file", str(port_file)],
+                env=full_env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout_s
+        while not port_file.exists():
+            if popen.poll() is not None or time.monotonic() > deadline:
+                popen.kill()
+                raise RuntimeError(f"{name} failed to start:\n{log.read_text()[-4000:]}")
+            time.sleep(0.05)
+        proc = LaunchedProcess(name, popen, int(port_file.read_text()), log)
+        self.processes.append(proc)
+        return proc
+
+    def start_server(self, extra_env: dict[str, str] | None = None) -> LaunchedProcess:
+        """A local-mode server (loopback, no keys) with its data under this launcher's root."""
+        env = {"MNEMO_AUTH__ENABLED": "false", **(extra_env or {})}
+        return self.start(
+            "server",
+            ["mnemo_server.cli.main", "serve", "--data-dir", str(self.root / "server"), "--port", "0"],
+            env,
+        )
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+                try:
+                    proc.popen.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.popen.kill()
+                    proc.popen.wait(10)
+        self.processes.clear()
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

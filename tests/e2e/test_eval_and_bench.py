@@ -1,0 +1,104 @@
+"""`mnemo eval locomo` and `mnemo bench --quick` run end to end, and the eval's metrics agree
+with the reference scorer on the same run file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.conftest import SHARED
+from tests.e2e.conftest import MNEMO, base_env
+
+LOCOMO = SHARED / "eval" / "locomo"
+
+
+def _subset(tmp: Path, conv: str = "conv-26", n_queries: int = 40) -> Path:
+    """A small LoCoMo-format directory: one conversation, some of its queries."""
+    out = tmp / "locomo-subset"
+    out.mkdir()
+    mems = [line for line in (LOCOMO / "memories.jsonl").read_text().splitlines() if f'"{conv}"' in line]
+    qs = [line for line in (LOCOMO / "queries.jsonl").read_text().splitlines() if f'"{conv}"' in line]
+    (out / "memories.jsonl").write_text("\n".join(mems) + "\n")
+    (out / "queries.jsonl").write_text("\n".join(qs[:n_queries]) + "\n")
+    return out
+
+
+def test_eval_locomo_agrees_with_reference_scorer(tmp_path: Path, model_cache: Path) -> None:
+    data = _subset(tmp_path)
+    run, metrics = tmp_path / "run.jsonl", tmp_path / "metrics.json"
+    out = subprocess.run(
+        [*MNEMO, "eval", "locomo", "--data", str(data), "--out", str(run), "--json-out", str(metrics)],
+        env=base_env(model_cache),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(x) for x in run.read_text().splitlines()]
+    assert len(lines) == 40 and all(len(x["ranked_memory_ids"]) >= 10 for x in lines)
+    assert all(i.startswith("conv-26:") for x in lines for i in x["ranked_memory_ids"])
+    ours = json.loads(metrics.read_text())
+    ref = subprocess.run(
+        ["python3", str(LOCOMO / "score.py"), str(data / "queries.jsonl"), str(run), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    reference = json.loads(ref.stdout)["metrics"]
+    assert ours["metrics"] == reference
+    assert reference["overall"]["NDCG@10"] > 0.3  # far above random (0.01): the pipeline really ran
+    assert ours["timings"]["query_p50_ms"] > 0
+
+
+def test_eval_stage_switches_change_the_result(tmp_path: Path, model_cache: Path) -> None:
+    data = _subset(tmp_path, n_queries=20)
+    results = {}
+    for stage in ("vector", "full_text"):
+        out = subprocess.run(
+            [
+                *MNEMO,
+                "eval",
+                "locomo",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / f"{stage}.jsonl"),
+                "--disable-stage",
+                stage,
+            ],
+            env=base_env(model_cache),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        results[stage] = (tmp_path / f"{stage}.jsonl").read_text()
+    assert results["vector"] != results["full_text"]
+
+
+def test_bench_quick(tmp_path: Path, model_cache: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run(
+        [*MNEMO, "bench", "--quick", "--memories", "600", "--json-out", str(out_json)],
+        env=base_env(model_cache),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out_json.read_text())
+    assert result["memories"] == 600 and result["concurrency"] == 4
+    assert result["load"]["memories_per_s"] > 0 and result["load"]["searchable_after_s"] > 0
+    for op in ("Recall", "CreateMemory", "ListMemories"):
+        stats = result["ops"][op]
+        assert set(stats) == {"count", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "errors"}
+        assert stats["count"] > 0 and stats["errors"] == {}
+        assert 0 < stats["p50_ms"] <= stats["p95_ms"] <= stats["p99_ms"] <= stats["max_ms"]
+    assert result["server_rss_mb"] > 50 and result["disk_mb_per_100k"] > 0
+    assert result["memories_after"] >= 600
+    assert "mixed workload" in out.stdout  # the table

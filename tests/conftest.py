@@ -106,21 +106,10 @@ def provision(live: LiveServer, tenant_id: str) -> str:
 
 def error_info(err: grpc.RpcError) -> tuple[str, list[str]]:
     """(ErrorInfo.reason, BadRequest field names) from a failed call's status details."""
-    from google.rpc import error_details_pb2
-    from grpc_status import rpc_status
+    from mnemo_client.client import MnemoError
 
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    reason, fields = "", []
-    for detail in status.details if status else []:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            reason = info.reason
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            fields = [v.field for v in bad.field_violations]
-    return reason, fields
+    parsed = MnemoError.from_rpc(err)
+    return parsed.reason, parsed.fields
 
 
 @pytest.fixture

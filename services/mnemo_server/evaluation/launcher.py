@@ -29,6 +29,16 @@ class LaunchedProcess:
     def pid(self) -> int:
         return self.popen.pid
 
+    def kill9(self) -> None:
+        """SIGKILL: no cleanup at all (crash tests)."""
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait for the exit code (graceful shutdown)."""
+        self.popen.send_signal(signal.SIGTERM)
+        return self.popen.wait(timeout_s)
+
 
 @dataclass
 class Launcher:
@@ -39,11 +49,19 @@ class Launcher:
     processes: list[LaunchedProcess] = field(default_factory=list)
 
     def start(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 180.0
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        timeout_s: float = 180.0,
+        *,
+        replace_env: bool = False,
     ) -> LaunchedProcess:
+        """Run `python -m <argv> --port-file F` and wait for F. env adds to this process's
+        environment, or replaces it entirely with replace_env."""
         port_file = self.root / f"{name}.port"
         log = self.root / f"{name}.log"
-        full_env = {**os.environ, **(env or {})}
+        full_env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", *argv, "--port-file", str(port_file)],
@@ -82,15 +100,3 @@ class Launcher:
         self.processes.clear()
         if not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -142,3 +142,31 @@ def tenant_a(server: LiveServer) -> TenantClient:
 @pytest.fixture
 def tenant_b(server: LiveServer) -> TenantClient:
     return TenantClient(provision(server, "tenant-b"), server.channel())
+
+
+@pytest.fixture
+def start_sidecar(tmp_path: Path, model_cache: Path) -> Iterator[Callable[..., Any]]:
+    """start_sidecar(data_dir=None, **config_sections) -> a running SidecarServer on port 0."""
+    from mnemo_sidecar.app import SidecarServer
+    from mnemo_sidecar.config import SidecarConfig
+
+    started: list[SidecarServer] = []
+
+    def start(data_dir: Path | None = None, **sections: dict[str, Any]) -> SidecarServer:
+        base: dict[str, dict[str, Any]] = {
+            "server": {"port": 0, "shutdown_grace_s": 0.5},
+            "storage": {"data_dir": str(data_dir or tmp_path / f"sidecar{len(started)}")},
+            "training": {"auto": False},
+        }
+        for name, values in sections.items():
+            base.setdefault(name, {}).update(values)
+        side = SidecarServer(SidecarConfig().replace(**base))
+        # The sidecar's embedding blend shares the session's ONNX export too.
+        side.engine.blend._cache_dir = model_cache
+        side.start()
+        started.append(side)
+        return side
+
+    yield start
+    for side in started:
+        side.stop(0.2)

@@ -32,7 +32,10 @@ from mnemo_server.index.lance_index import LanceIndex
 from mnemo_server.learning.service import LearningService
 from mnemo_server.memory.service import MemoryService
 from mnemo_server.memory.validation import Validator
+from mnemo_server.ranking.client import RankingClient
+from mnemo_server.ranking.outbox import FeedbackDelivery
 from mnemo_server.retrieval.recall import RecallPipeline
+from mnemo_server.sessions.service import SessionService
 from mnemo_server.skills.service import SkillService
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
@@ -111,12 +114,31 @@ class Core:
                 config.recall,
             )
             self.tenants = TenantService(self.db)
+            self.ranking = RankingClient(config.ranking)
+            self.delivery = FeedbackDelivery(self.db, self.ranking, config.ranking)
+            self.sessions = SessionService(
+                self.db,
+                self.recall,
+                self.ranking,
+                self.validator,
+                config.limits,
+                config.ranking,
+                on_feedback=self.delivery.notify,
+            )
             self.learnings = LearningService(self.db, self.validator)
             self.skills = SkillService(self.db, self.validator)
             self.retention = RetentionWorker(self.db, config.retention)
         except BaseException:
             self.db.close()
             raise
+
+    def warm_up(self) -> None:
+        """Pay one-time costs (onnxruntime's first run, opening each tenant's LanceDB table)
+        before SERVING, so the first real call is as fast as the rest."""
+        vector = self.recall.embedder.embed_one("warm-up query")
+        for tenant_id in self.index.tenants():
+            self.index.vector_search(tenant_id, vector, 1, None)
+            self.index.text_search(tenant_id, "warm", 1, None)
 
     def optimize_dirty(self) -> None:
         dirty = set(self.indexer.stats.dirty_tenants)
@@ -144,7 +166,9 @@ class Core:
         return total
 
     def close(self) -> None:
+        self.delivery.stop()
         self.indexer.stop()
+        self.ranking.close()
         self.db.close()
 
 
@@ -169,6 +193,7 @@ class MnemoServer:
                 self.core.recall,
                 self.core.embedder.dimension,
                 DataDirSize(config.data_dir),
+                self.core.sessions,
             ),
             "mnemo.v1.MemoryService",
         )
@@ -206,7 +231,9 @@ class MnemoServer:
         queued = core.indexer.reconcile(full=True)
         if queued:
             log.info("reconciler: %d memories to (re)index or remove", queued)
+        core.warm_up()
         core.indexer.start()
+        core.delivery.start()
         cfg = self.config
         self.scheduler.add("reconcile", cfg.index.reconcile_interval_s, core.indexer.reconcile)
         self.scheduler.add("optimize", cfg.index.optimize_interval_s, core.optimize_dirty)

@@ -132,6 +132,35 @@ class RecallConfig:
 
 
 @dataclass(frozen=True)
+class RankingConfig:
+    """The server's side of the ranking sidecar."""
+
+    # host:port of the sidecar; empty means no sidecar (baseline ordering everywhere).
+    sidecar_address: str = ""
+    auth_token: str = ""
+    # Budget for the sidecar inside StartSession; also capped by the caller's own deadline.
+    start_session_deadline_ms: float = 120.0
+    # Default budget for Recall's optional rerank of the head.
+    rerank_deadline_ms: float = 250.0
+    rerank_head: int = 30
+    # Time kept for the server's own work after the sidecar call.
+    deadline_margin_ms: float = 10.0
+    # Circuit breaker: open after this many consecutive failures, probe again after cooldown.
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 5.0
+    # Candidate pool for StartSession.
+    pool_recall: int = 50
+    pool_pinned: int = 10
+    pool_recent: int = 10
+    default_token_budget: int = 1_000
+    default_max_memories: int = 20
+    # Delivery of training pairs (outbox) to the sidecar.
+    delivery_interval_s: float = 0.5
+    delivery_timeout_s: float = 10.0
+    delivery_max_backoff_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -142,6 +171,7 @@ class Config:
     index: IndexConfig = field(default_factory=IndexConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     recall: RecallConfig = field(default_factory=RecallConfig)
+    ranking: RankingConfig = field(default_factory=RankingConfig)
 
     @property
     def data_dir(self) -> Path:
@@ -149,10 +179,13 @@ class Config:
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
         """A copy with some keys of some sections changed: ``cfg.replace(server={"port": 0})``."""
-        return _apply(self, {name: dict(values) for name, values in sections.items()}, origin="override")
+        return apply_sections(
+            self, {name: dict(values) for name, values in sections.items()}, origin="override"
+        )
 
 
 _T = TypeVar("_T")
+_C = TypeVar("_C")
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
@@ -187,7 +220,8 @@ def _apply_section(section: _T, values: Mapping[str, Any], where: str) -> _T:
     return dataclasses.replace(section, **changes)  # type: ignore[type-var]
 
 
-def _apply(cfg: Config, sections: Mapping[str, Mapping[str, Any]], origin: str) -> Config:
+def apply_sections(cfg: _C, sections: Mapping[str, Mapping[str, Any]], origin: str) -> _C:
+    """A copy of a config dataclass with some keys of some (dataclass) sections changed."""
     changes: dict[str, Any] = {}
     for name, values in sections.items():
         if not hasattr(cfg, name) or not dataclasses.is_dataclass(getattr(cfg, name)):
@@ -197,17 +231,28 @@ def _apply(cfg: Config, sections: Mapping[str, Mapping[str, Any]], origin: str) 
                 f"config ({origin}): section {name!r} must be a table", reason="BAD_CONFIG"
             )
         changes[name] = _apply_section(getattr(cfg, name), values, f"{name}")
-    return dataclasses.replace(cfg, **changes)
+    return dataclasses.replace(cfg, **changes)  # type: ignore[type-var]
 
 
-def _env_sections(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+def sections_from_env(env: Mapping[str, str], prefix: str) -> dict[str, dict[str, str]]:
+    """PREFIX<SECTION>__<KEY>=value, lower-cased, grouped by section."""
     sections: dict[str, dict[str, str]] = {}
     for key, value in env.items():
-        if not key.startswith(ENV_PREFIX) or "__" not in key:
+        if not key.startswith(prefix) or "__" not in key:
             continue
-        section, _, name = key[len(ENV_PREFIX) :].lower().partition("__")
+        section, _, name = key[len(prefix) :].lower().partition("__")
         sections.setdefault(section, {})[name] = value
     return sections
+
+
+def read_toml(file: Path) -> dict[str, Any]:
+    try:
+        with file.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise FailedPrecondition(f"config file {file} does not exist", reason="BAD_CONFIG") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FailedPrecondition(f"config file {file}: {exc}", reason="BAD_CONFIG") from None
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
@@ -216,12 +261,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     cfg = Config()
     file = path or env.get("MNEMO_CONFIG")
     if file:
-        try:
-            with Path(file).open("rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise FailedPrecondition(f"config file {file} does not exist", reason="BAD_CONFIG") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise FailedPrecondition(f"config file {file}: {exc}", reason="BAD_CONFIG") from None
-        cfg = _apply(cfg, data, origin=str(file))
-    return _apply(cfg, _env_sections(env), origin="environment")
+        cfg = apply_sections(cfg, read_toml(Path(file)), origin=str(file))
+    # MNEMO_SIDECAR_* belongs to the sidecar's own configuration.
+    own = {k: v for k, v in env.items() if not k.startswith("MNEMO_SIDECAR_")}
+    return apply_sections(cfg, sections_from_env(own, ENV_PREFIX), origin="environment")

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -58,6 +61,31 @@ def _fail(context: grpc.ServicerContext, exc: BaseException, method: str) -> Non
 class ApiInterceptor(grpc.ServerInterceptor):
     def __init__(self, authenticate: Callable[[str], Principal]):
         self._authenticate = authenticate
+        # Handlers still running (a call cancelled by its client keeps its thread until it
+        # returns): shutdown waits for them before closing the stores under their feet.
+        self._active = 0
+        self._idle = threading.Condition()
+
+    @contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        with self._idle:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._active:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
@@ -73,6 +101,10 @@ class ApiInterceptor(grpc.ServerInterceptor):
             behavior = handler.unary_stream or handler.stream_stream
 
             def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                with self._in_flight():
+                    yield from guarded(request, context)
+
+            def guarded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 try:
                     token = _PRINCIPAL.set(principal())
                     try:
@@ -96,6 +128,10 @@ class ApiInterceptor(grpc.ServerInterceptor):
         behavior = handler.unary_unary or handler.stream_unary
 
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            with self._in_flight():
+                return guarded_unary(request, context)
+
+        def guarded_unary(request: Any, context: grpc.ServicerContext) -> Any:
             try:
                 token = _PRINCIPAL.set(principal())
                 try:

@@ -9,12 +9,13 @@ from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 
 from mnemo_server import __version__
-from mnemo_server.api import convert
+from mnemo_server.api import convert, session_convert
 from mnemo_server.api.interceptor import current_principal
 from mnemo_server.diagnostics import DataDirSize, rss_bytes
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.service import MemoryPatch, MemoryService
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
+from mnemo_server.sessions.service import Feedback, SessionService, StartSessionInput
 from mnemo_server.tenancy.tenants import require_tenant
 
 _STAGES = {pb.RECALL_STAGE_VECTOR: Stage.VECTOR, pb.RECALL_STAGE_FULL_TEXT: Stage.FULL_TEXT}
@@ -38,11 +39,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         recall: RecallPipeline,
         embedding_dimension: int,
         data_size: DataDirSize,
+        sessions: SessionService,
     ):
         self.memories = memories
         self.recall_pipeline = recall
         self.embedding_dimension = embedding_dimension
         self.data_size = data_size
+        self.sessions = sessions
 
     def CreateMemory(
         self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
@@ -233,3 +236,52 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))
         return resp
+
+    # --- sessions ------------------------------------------------------------------------
+
+    def StartSession(
+        self, request: pb.StartSessionRequest, context: grpc.ServicerContext
+    ) -> pb.StartSessionResponse:
+        tenant = _tenant()
+        self.memories.validator.request_id(request.request_id)
+        key = convert.idempotency_key("StartSession", request, request.request_id)
+        bundle = self.sessions.start(
+            tenant,
+            StartSessionInput(
+                session_id=request.session_id,
+                context=request.context,
+                agent_id=request.agent_id,
+                persona_id=request.persona_id,
+                project_id=request.project_id,
+                token_budget=request.token_budget,
+                max_memories=request.max_memories,
+                request_fingerprint=f"{key.request_id}:{key.fingerprint}" if key else "",
+            ),
+            context.time_remaining(),
+        )
+        return session_convert.start_response(bundle)
+
+    def EndSession(
+        self, request: pb.EndSessionRequest, context: grpc.ServicerContext
+    ) -> pb.EndSessionResponse:
+        tenant = _tenant()
+        self.memories.validator.request_id(request.request_id)
+        continuity, pairs = self.sessions.end(
+            tenant,
+            request.session_id,
+            [Feedback(f.memory_id, f.relevance, f.used) for f in request.feedback],
+            request.transcript,
+            key=convert.idempotency_key("EndSession", request, request.request_id),
+        )
+        return pb.EndSessionResponse(
+            session_id=request.session_id,
+            continuity=session_convert.continuity_pb(continuity),
+            training_pairs=pairs,
+        )
+
+    def GetSession(
+        self, request: pb.GetSessionRequest, context: grpc.ServicerContext
+    ) -> pb.GetSessionResponse:
+        return pb.GetSessionResponse(
+            session=session_convert.session_pb(self.sessions.get(_tenant(), request.session_id))
+        )

@@ -37,6 +37,7 @@ def is_loopback(host: str) -> bool:
 class GrpcServer:
     def __init__(self, cfg: ServerConfig, interceptor: ApiInterceptor):
         self.cfg = cfg
+        self.interceptor = interceptor
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="mnemo-rpc"),
             interceptors=[interceptor],
@@ -81,8 +82,11 @@ class GrpcServer:
             self.health.set(name, status)
 
     def stop(self, grace_s: float) -> None:
+        """NOT_SERVING, refuse new calls, let in-flight ones finish within the grace period,
+        then wait (a little longer) for handlers of cancelled calls to return."""
         self.set_serving(False)
         self.server.stop(grace_s).wait(grace_s + 1.0)
+        self.interceptor.wait_idle(grace_s + 5.0)
 
     def wait(self) -> None:
         self.server.wait_for_termination()

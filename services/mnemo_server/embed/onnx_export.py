@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -25,13 +26,20 @@ def quantize_int8(onnx_file: Path) -> Path:
     if target.exists():
         return target
     tmp = onnx_file.with_name("model.int8.onnx.tmp")
-    quantize_dynamic(
-        str(onnx_file),
-        str(tmp),
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        op_types_to_quantize=["MatMul"],
-    )
+    # The quantiser logs a generic pre-processing hint on the root logger; it does not apply here.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(
+            str(onnx_file),
+            str(tmp),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul"],
+        )
+    finally:
+        root.setLevel(level)
     tmp.rename(target)
     return target
 

@@ -277,7 +277,7 @@ class LanceIndex:
             "metric": "cosine",
             "nprobes": self.cfg.ann_nprobes,
         }
-        result = h.reader.to_table(columns=["id"], nearest=nearest, filter=where, prefilter=True)
+        result = h.reader.to_table(columns=["id", "_distance"], nearest=nearest, filter=where, prefilter=True)
         ids = result.column("id").to_pylist()
         dists = result.column("_distance").to_pylist()
         return [LegHit(i, 1.0 - float(d)) for i, d in zip(ids, dists, strict=True)]
@@ -287,7 +287,7 @@ class LanceIndex:
         if h is None or not h.has_text_index or not query.strip():
             return []
         result = h.reader.to_table(
-            columns=["id"], full_text_query=query, filter=where, prefilter=True, limit=k
+            columns=["id", "_score"], full_text_query=query, filter=where, prefilter=True, limit=k
         )
         ids = result.column("id").to_pylist()
         scores = result.column("_score").to_pylist()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,4 +114,11 @@ class Database:
                     with contextlib.suppress(duckdb.Error):
                         cur.close()
                 self._cursors.clear()
+            # A reader on another thread may still be finishing a query: retry briefly.
+            for _ in range(100):
+                try:
+                    self._conn.close()
+                    return
+                except duckdb.Error:
+                    time.sleep(0.05)
             self._conn.close()

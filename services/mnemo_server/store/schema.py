@@ -139,4 +139,68 @@ MIGRATIONS: list[str] = [
         time_ns BIGINT NOT NULL
     );
     """,
+    # 3: sessions, what they injected, transcripts, and the outbox of training pairs
+    """
+    CREATE TABLE sessions (
+        tenant_id VARCHAR NOT NULL,
+        id VARCHAR NOT NULL,
+        agent_id VARCHAR NOT NULL,
+        persona_id VARCHAR NOT NULL,
+        project_id VARCHAR NOT NULL,
+        context VARCHAR NOT NULL,
+        state VARCHAR NOT NULL,
+        request_fingerprint VARCHAR NOT NULL,
+        ranking_path VARCHAR NOT NULL,
+        fallback_reason VARCHAR NOT NULL,
+        model_version VARCHAR NOT NULL,
+        predictor_weight FLOAT NOT NULL,
+        sidecar_ms FLOAT NOT NULL,
+        sidecar_deadline_ms INTEGER NOT NULL,
+        took_ms FLOAT NOT NULL,
+        token_budget INTEGER NOT NULL,
+        tokens_used INTEGER NOT NULL,
+        dropped_count INTEGER NOT NULL,
+        feature_names VARCHAR NOT NULL,
+        start_time_ns BIGINT NOT NULL,
+        end_time_ns BIGINT,
+        feedback_delivered BOOLEAN NOT NULL DEFAULT FALSE,
+        PRIMARY KEY (tenant_id, id)
+    );
+    CREATE TABLE session_memories (
+        tenant_id VARCHAR NOT NULL,
+        session_id VARCHAR NOT NULL,
+        memory_id VARCHAR NOT NULL,
+        candidate_ord INTEGER NOT NULL,
+        injected_rank INTEGER NOT NULL,
+        origin VARCHAR NOT NULL,
+        baseline_score FLOAT NOT NULL,
+        baseline_rank INTEGER NOT NULL,
+        predictor_score FLOAT NOT NULL,
+        predictor_rank INTEGER NOT NULL,
+        final_score FLOAT NOT NULL,
+        tokens INTEGER NOT NULL,
+        features VARCHAR NOT NULL,
+        relevance FLOAT,
+        relevance_source VARCHAR NOT NULL DEFAULT '',
+        PRIMARY KEY (tenant_id, session_id, memory_id)
+    );
+    CREATE TABLE session_transcripts (
+        tenant_id VARCHAR NOT NULL,
+        session_id VARCHAR NOT NULL,
+        content VARCHAR NOT NULL,
+        create_time_ns BIGINT NOT NULL,
+        PRIMARY KEY (tenant_id, session_id)
+    );
+    CREATE TABLE sidecar_outbox (
+        tenant_id VARCHAR NOT NULL,
+        session_id VARCHAR NOT NULL,
+        payload BLOB NOT NULL,
+        create_time_ns BIGINT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_ns BIGINT NOT NULL,
+        delivered_ns BIGINT,
+        last_error VARCHAR NOT NULL DEFAULT '',
+        PRIMARY KEY (tenant_id, session_id)
+    );
+    """,
 ]

@@ -12,11 +12,31 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RankingPath(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RANKING_PATH_UNSPECIFIED: _ClassVar[RankingPath]
+    RANKING_PATH_MODEL: _ClassVar[RankingPath]
+    RANKING_PATH_BASELINE: _ClassVar[RankingPath]
+    RANKING_PATH_FALLBACK: _ClassVar[RankingPath]
+
+class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_STATE_UNSPECIFIED: _ClassVar[SessionState]
+    SESSION_STATE_ACTIVE: _ClassVar[SessionState]
+    SESSION_STATE_ENDED: _ClassVar[SessionState]
+
 class RecallStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RECALL_STAGE_UNSPECIFIED: _ClassVar[RecallStage]
     RECALL_STAGE_VECTOR: _ClassVar[RecallStage]
     RECALL_STAGE_FULL_TEXT: _ClassVar[RecallStage]
+RANKING_PATH_UNSPECIFIED: RankingPath
+RANKING_PATH_MODEL: RankingPath
+RANKING_PATH_BASELINE: RankingPath
+RANKING_PATH_FALLBACK: RankingPath
+SESSION_STATE_UNSPECIFIED: SessionState
+SESSION_STATE_ACTIVE: SessionState
+SESSION_STATE_ENDED: SessionState
 RECALL_STAGE_UNSPECIFIED: RecallStage
 RECALL_STAGE_VECTOR: RecallStage
 RECALL_STAGE_FULL_TEXT: RecallStage
@@ -138,12 +158,16 @@ class PurgeMemoriesResponse(_message.Message):
     def __init__(self, purge_count: _Optional[int] = ...) -> None: ...
 
 class RecallOptions(_message.Message):
-    __slots__ = ("disabled_stages", "explain")
+    __slots__ = ("disabled_stages", "explain", "rerank", "rerank_deadline_ms")
     DISABLED_STAGES_FIELD_NUMBER: _ClassVar[int]
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    RERANK_FIELD_NUMBER: _ClassVar[int]
+    RERANK_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     disabled_stages: _containers.RepeatedScalarFieldContainer[RecallStage]
     explain: bool
-    def __init__(self, disabled_stages: _Optional[_Iterable[_Union[RecallStage, str]]] = ..., explain: _Optional[bool] = ...) -> None: ...
+    rerank: bool
+    rerank_deadline_ms: int
+    def __init__(self, disabled_stages: _Optional[_Iterable[_Union[RecallStage, str]]] = ..., explain: _Optional[bool] = ..., rerank: _Optional[bool] = ..., rerank_deadline_ms: _Optional[int] = ...) -> None: ...
 
 class RecallRequest(_message.Message):
     __slots__ = ("query", "top_k", "filter", "options")
@@ -193,16 +217,20 @@ class RecallHit(_message.Message):
     def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ..., score: _Optional[float] = ..., scores: _Optional[_Union[RecallScores, _Mapping]] = ..., explanation: _Optional[str] = ...) -> None: ...
 
 class RecallResponse(_message.Message):
-    __slots__ = ("hits", "vector_candidates", "text_candidates", "took_ms")
+    __slots__ = ("hits", "vector_candidates", "text_candidates", "took_ms", "reranked", "rerank_fallback_reason")
     HITS_FIELD_NUMBER: _ClassVar[int]
     VECTOR_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     TEXT_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     TOOK_MS_FIELD_NUMBER: _ClassVar[int]
+    RERANKED_FIELD_NUMBER: _ClassVar[int]
+    RERANK_FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[RecallHit]
     vector_candidates: int
     text_candidates: int
     took_ms: float
-    def __init__(self, hits: _Optional[_Iterable[_Union[RecallHit, _Mapping]]] = ..., vector_candidates: _Optional[int] = ..., text_candidates: _Optional[int] = ..., took_ms: _Optional[float] = ...) -> None: ...
+    reranked: bool
+    rerank_fallback_reason: str
+    def __init__(self, hits: _Optional[_Iterable[_Union[RecallHit, _Mapping]]] = ..., vector_candidates: _Optional[int] = ..., text_candidates: _Optional[int] = ..., took_ms: _Optional[float] = ..., reranked: _Optional[bool] = ..., rerank_fallback_reason: _Optional[str] = ...) -> None: ...
 
 class ExportMemoriesRequest(_message.Message):
     __slots__ = ("filter", "include_deleted")
@@ -272,3 +300,159 @@ class GetStatusResponse(_message.Message):
     process_rss_bytes: int
     data_bytes: int
     def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., process_rss_bytes: _Optional[int] = ..., data_bytes: _Optional[int] = ...) -> None: ...
+
+class StartSessionRequest(_message.Message):
+    __slots__ = ("session_id", "agent_id", "persona_id", "project_id", "context", "token_budget", "max_memories", "request_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    agent_id: str
+    persona_id: str
+    project_id: str
+    context: str
+    token_budget: int
+    max_memories: int
+    request_id: str
+    def __init__(self, session_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., persona_id: _Optional[str] = ..., project_id: _Optional[str] = ..., context: _Optional[str] = ..., token_budget: _Optional[int] = ..., max_memories: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class InjectedMemory(_message.Message):
+    __slots__ = ("memory", "rank", "score", "baseline_score", "predictor_score", "origin", "tokens")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTOR_SCORE_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    memory: _memory_pb2.Memory
+    rank: int
+    score: float
+    baseline_score: float
+    predictor_score: float
+    origin: str
+    tokens: int
+    def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ..., baseline_score: _Optional[float] = ..., predictor_score: _Optional[float] = ..., origin: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class RankingDecision(_message.Message):
+    __slots__ = ("path", "fallback_reason", "model_version", "predictor_weight", "sidecar_ms", "sidecar_deadline_ms", "took_ms")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREDICTOR_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SIDECAR_MS_FIELD_NUMBER: _ClassVar[int]
+    SIDECAR_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    TOOK_MS_FIELD_NUMBER: _ClassVar[int]
+    path: RankingPath
+    fallback_reason: str
+    model_version: str
+    predictor_weight: float
+    sidecar_ms: float
+    sidecar_deadline_ms: int
+    took_ms: float
+    def __init__(self, path: _Optional[_Union[RankingPath, str]] = ..., fallback_reason: _Optional[str] = ..., model_version: _Optional[str] = ..., predictor_weight: _Optional[float] = ..., sidecar_ms: _Optional[float] = ..., sidecar_deadline_ms: _Optional[int] = ..., took_ms: _Optional[float] = ...) -> None: ...
+
+class StartSessionResponse(_message.Message):
+    __slots__ = ("session_id", "memories", "ranking", "token_budget", "tokens_used", "dropped_count", "context_text")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    RANKING_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    memories: _containers.RepeatedCompositeFieldContainer[InjectedMemory]
+    ranking: RankingDecision
+    token_budget: int
+    tokens_used: int
+    dropped_count: int
+    context_text: str
+    def __init__(self, session_id: _Optional[str] = ..., memories: _Optional[_Iterable[_Union[InjectedMemory, _Mapping]]] = ..., ranking: _Optional[_Union[RankingDecision, _Mapping]] = ..., token_budget: _Optional[int] = ..., tokens_used: _Optional[int] = ..., dropped_count: _Optional[int] = ..., context_text: _Optional[str] = ...) -> None: ...
+
+class MemoryFeedback(_message.Message):
+    __slots__ = ("memory_id", "relevance", "used")
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEVANCE_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    memory_id: str
+    relevance: float
+    used: bool
+    def __init__(self, memory_id: _Optional[str] = ..., relevance: _Optional[float] = ..., used: _Optional[bool] = ...) -> None: ...
+
+class EndSessionRequest(_message.Message):
+    __slots__ = ("session_id", "feedback", "transcript", "request_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    feedback: _containers.RepeatedCompositeFieldContainer[MemoryFeedback]
+    transcript: str
+    request_id: str
+    def __init__(self, session_id: _Optional[str] = ..., feedback: _Optional[_Iterable[_Union[MemoryFeedback, _Mapping]]] = ..., transcript: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class MemoryContinuity(_message.Message):
+    __slots__ = ("memory_id", "relevance", "source")
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEVANCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    memory_id: str
+    relevance: float
+    source: str
+    def __init__(self, memory_id: _Optional[str] = ..., relevance: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
+
+class EndSessionResponse(_message.Message):
+    __slots__ = ("session_id", "continuity", "training_pairs")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTINUITY_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    continuity: _containers.RepeatedCompositeFieldContainer[MemoryContinuity]
+    training_pairs: int
+    def __init__(self, session_id: _Optional[str] = ..., continuity: _Optional[_Iterable[_Union[MemoryContinuity, _Mapping]]] = ..., training_pairs: _Optional[int] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class Session(_message.Message):
+    __slots__ = ("session_id", "agent_id", "persona_id", "project_id", "context", "state", "ranking", "injected", "continuity", "start_time", "end_time", "feedback_delivered")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RANKING_FIELD_NUMBER: _ClassVar[int]
+    INJECTED_FIELD_NUMBER: _ClassVar[int]
+    CONTINUITY_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    agent_id: str
+    persona_id: str
+    project_id: str
+    context: str
+    state: SessionState
+    ranking: RankingDecision
+    injected: _containers.RepeatedCompositeFieldContainer[InjectedMemory]
+    continuity: _containers.RepeatedCompositeFieldContainer[MemoryContinuity]
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    feedback_delivered: bool
+    def __init__(self, session_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., persona_id: _Optional[str] = ..., project_id: _Optional[str] = ..., context: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., ranking: _Optional[_Union[RankingDecision, _Mapping]] = ..., injected: _Optional[_Iterable[_Union[InjectedMemory, _Mapping]]] = ..., continuity: _Optional[_Iterable[_Union[MemoryContinuity, _Mapping]]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., feedback_delivered: _Optional[bool] = ...) -> None: ...
+
+class GetSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...

@@ -91,6 +91,21 @@ class MemoryServiceStub:
                 request_serializer=mnemo_dot_v1_dot_memory__service__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=mnemo_dot_v1_dot_memory__service__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.StartSession = channel.unary_unary(
+                '/mnemo.v1.MemoryService/StartSession',
+                request_serializer=mnemo_dot_v1_dot_memory__service__pb2.StartSessionRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_memory__service__pb2.StartSessionResponse.FromString,
+                _registered_method=True)
+        self.EndSession = channel.unary_unary(
+                '/mnemo.v1.MemoryService/EndSession',
+                request_serializer=mnemo_dot_v1_dot_memory__service__pb2.EndSessionRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_memory__service__pb2.EndSessionResponse.FromString,
+                _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/mnemo.v1.MemoryService/GetSession',
+                request_serializer=mnemo_dot_v1_dot_memory__service__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_memory__service__pb2.GetSessionResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -178,6 +193,30 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartSession(self, request, context):
+        """The session-start injection bundle: candidates from hybrid recall on the opening
+        context plus pinned and recent memories, ordered by the learned ranker fused with the
+        baseline (or the baseline alone when the ranker is cold, slow or down), packed into
+        the token budget. What was injected, and at which rank, is recorded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndSession(self, request, context):
+        """Usage feedback for a started session. Turned into training pairs for the ranker and
+        delivered to the sidecar in the background (never lost, never blocking).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +274,21 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=mnemo_dot_v1_dot_memory__service__pb2.GetStatusRequest.FromString,
                     response_serializer=mnemo_dot_v1_dot_memory__service__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'StartSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartSession,
+                    request_deserializer=mnemo_dot_v1_dot_memory__service__pb2.StartSessionRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_memory__service__pb2.StartSessionResponse.SerializeToString,
+            ),
+            'EndSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndSession,
+                    request_deserializer=mnemo_dot_v1_dot_memory__service__pb2.EndSessionRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_memory__service__pb2.EndSessionResponse.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=mnemo_dot_v1_dot_memory__service__pb2.GetSessionRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_memory__service__pb2.GetSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -536,6 +590,87 @@ class MemoryService:
             '/mnemo.v1.MemoryService/GetStatus',
             mnemo_dot_v1_dot_memory__service__pb2.GetStatusRequest.SerializeToString,
             mnemo_dot_v1_dot_memory__service__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.MemoryService/StartSession',
+            mnemo_dot_v1_dot_memory__service__pb2.StartSessionRequest.SerializeToString,
+            mnemo_dot_v1_dot_memory__service__pb2.StartSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.MemoryService/EndSession',
+            mnemo_dot_v1_dot_memory__service__pb2.EndSessionRequest.SerializeToString,
+            mnemo_dot_v1_dot_memory__service__pb2.EndSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.MemoryService/GetSession',
+            mnemo_dot_v1_dot_memory__service__pb2.GetSessionRequest.SerializeToString,
+            mnemo_dot_v1_dot_memory__service__pb2.GetSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

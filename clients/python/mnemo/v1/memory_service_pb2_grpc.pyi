@@ -63,6 +63,17 @@ class MemoryServiceStub:
     """
     GetStatus: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetStatusRequest, _memory_service_pb2.GetStatusResponse]
     """Counts, index lag and model identity for the caller's tenant."""
+    StartSession: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.StartSessionRequest, _memory_service_pb2.StartSessionResponse]
+    """The session-start injection bundle: candidates from hybrid recall on the opening
+    context plus pinned and recent memories, ordered by the learned ranker fused with the
+    baseline (or the baseline alone when the ranker is cold, slow or down), packed into
+    the token budget. What was injected, and at which rank, is recorded.
+    """
+    EndSession: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.EndSessionRequest, _memory_service_pb2.EndSessionResponse]
+    """Usage feedback for a started session. Turned into training pairs for the ranker and
+    delivered to the sidecar in the background (never lost, never blocking).
+    """
+    GetSession: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetSessionRequest, _memory_service_pb2.GetSessionResponse]
 
 @_typing.type_check_only
 class MemoryServiceAsyncStub(MemoryServiceStub):
@@ -99,6 +110,17 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """
     GetStatus: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetStatusRequest, _memory_service_pb2.GetStatusResponse]  # type: ignore[assignment]
     """Counts, index lag and model identity for the caller's tenant."""
+    StartSession: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.StartSessionRequest, _memory_service_pb2.StartSessionResponse]  # type: ignore[assignment]
+    """The session-start injection bundle: candidates from hybrid recall on the opening
+    context plus pinned and recent memories, ordered by the learned ranker fused with the
+    baseline (or the baseline alone when the ranker is cold, slow or down), packed into
+    the token budget. What was injected, and at which rank, is recorded.
+    """
+    EndSession: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.EndSessionRequest, _memory_service_pb2.EndSessionResponse]  # type: ignore[assignment]
+    """Usage feedback for a started session. Turned into training pairs for the ranker and
+    delivered to the sidecar in the background (never lost, never blocking).
+    """
+    GetSession: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetSessionRequest, _memory_service_pb2.GetSessionResponse]  # type: ignore[assignment]
 
 class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     """Stores, searches and manages a tenant's memories. Every call acts on the tenant of the
@@ -198,5 +220,34 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.GetStatusResponse, _abc.Awaitable[_memory_service_pb2.GetStatusResponse]]:
         """Counts, index lag and model identity for the caller's tenant."""
+
+    @_abc_1.abstractmethod
+    def StartSession(
+        self,
+        request: _memory_service_pb2.StartSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.StartSessionResponse, _abc.Awaitable[_memory_service_pb2.StartSessionResponse]]:
+        """The session-start injection bundle: candidates from hybrid recall on the opening
+        context plus pinned and recent memories, ordered by the learned ranker fused with the
+        baseline (or the baseline alone when the ranker is cold, slow or down), packed into
+        the token budget. What was injected, and at which rank, is recorded.
+        """
+
+    @_abc_1.abstractmethod
+    def EndSession(
+        self,
+        request: _memory_service_pb2.EndSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.EndSessionResponse, _abc.Awaitable[_memory_service_pb2.EndSessionResponse]]:
+        """Usage feedback for a started session. Turned into training pairs for the ranker and
+        delivered to the sidecar in the background (never lost, never blocking).
+        """
+
+    @_abc_1.abstractmethod
+    def GetSession(
+        self,
+        request: _memory_service_pb2.GetSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.GetSessionResponse, _abc.Awaitable[_memory_service_pb2.GetSessionResponse]]: ...
 
 def add_MemoryServiceServicer_to_server(servicer: MemoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

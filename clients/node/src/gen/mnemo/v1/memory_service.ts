@@ -33,7 +33,95 @@ export const protobufFileName = "mnemo/v1/memory_service.proto";
 /**
  * Stages of the Recall pipeline that a caller may switch off (for diagnostics and
  * evaluation); the default pipeline runs all of them.
+ * Which ordering decided a session's injected memories.
  */
+export enum RankingPath {
+  RANKING_PATH_UNSPECIFIED = 0,
+  /** RANKING_PATH_MODEL - The learned ranker, fused with the baseline by its health weight. */
+  RANKING_PATH_MODEL = 1,
+  /** RANKING_PATH_BASELINE - The baseline: no trained ranker yet (cold start). */
+  RANKING_PATH_BASELINE = 2,
+  /** RANKING_PATH_FALLBACK - The baseline because the sidecar failed, timed out or its circuit is open. */
+  RANKING_PATH_FALLBACK = 3,
+  UNRECOGNIZED = -1,
+}
+
+export function rankingPathFromJSON(object: any): RankingPath {
+  switch (object) {
+    case 0:
+    case "RANKING_PATH_UNSPECIFIED":
+      return RankingPath.RANKING_PATH_UNSPECIFIED;
+    case 1:
+    case "RANKING_PATH_MODEL":
+      return RankingPath.RANKING_PATH_MODEL;
+    case 2:
+    case "RANKING_PATH_BASELINE":
+      return RankingPath.RANKING_PATH_BASELINE;
+    case 3:
+    case "RANKING_PATH_FALLBACK":
+      return RankingPath.RANKING_PATH_FALLBACK;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return RankingPath.UNRECOGNIZED;
+  }
+}
+
+export function rankingPathToJSON(object: RankingPath): string {
+  switch (object) {
+    case RankingPath.RANKING_PATH_UNSPECIFIED:
+      return "RANKING_PATH_UNSPECIFIED";
+    case RankingPath.RANKING_PATH_MODEL:
+      return "RANKING_PATH_MODEL";
+    case RankingPath.RANKING_PATH_BASELINE:
+      return "RANKING_PATH_BASELINE";
+    case RankingPath.RANKING_PATH_FALLBACK:
+      return "RANKING_PATH_FALLBACK";
+    case RankingPath.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
+export enum SessionState {
+  SESSION_STATE_UNSPECIFIED = 0,
+  SESSION_STATE_ACTIVE = 1,
+  SESSION_STATE_ENDED = 2,
+  UNRECOGNIZED = -1,
+}
+
+export function sessionStateFromJSON(object: any): SessionState {
+  switch (object) {
+    case 0:
+    case "SESSION_STATE_UNSPECIFIED":
+      return SessionState.SESSION_STATE_UNSPECIFIED;
+    case 1:
+    case "SESSION_STATE_ACTIVE":
+      return SessionState.SESSION_STATE_ACTIVE;
+    case 2:
+    case "SESSION_STATE_ENDED":
+      return SessionState.SESSION_STATE_ENDED;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return SessionState.UNRECOGNIZED;
+  }
+}
+
+export function sessionStateToJSON(object: SessionState): string {
+  switch (object) {
+    case SessionState.SESSION_STATE_UNSPECIFIED:
+      return "SESSION_STATE_UNSPECIFIED";
+    case SessionState.SESSION_STATE_ACTIVE:
+      return "SESSION_STATE_ACTIVE";
+    case SessionState.SESSION_STATE_ENDED:
+      return "SESSION_STATE_ENDED";
+    case SessionState.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 export enum RecallStage {
   RECALL_STAGE_UNSPECIFIED = 0,
   RECALL_STAGE_VECTOR = 1,
@@ -177,6 +265,12 @@ export interface RecallOptions {
   disabledStages: RecallStage[];
   /** Attach a human-readable explanation to each hit. */
   explain: boolean;
+  /**
+   * Rerank the head through the sidecar's cross-encoder, within rerank_deadline_ms
+   * (default from the server config); on timeout or failure the fused order stands.
+   */
+  rerank: boolean;
+  rerankDeadlineMs: number;
 }
 
 export interface RecallRequest {
@@ -227,6 +321,9 @@ export interface RecallResponse {
   vectorCandidates: number;
   textCandidates: number;
   tookMs: number;
+  /** Whether a requested rerank was applied, and if not, why (e.g. "deadline", "circuit_open"). */
+  reranked: boolean;
+  rerankFallbackReason: string;
 }
 
 export interface ExportMemoriesRequest {
@@ -276,6 +373,123 @@ export interface GetStatusResponse {
 export interface GetStatusResponse_MemoryCountByTypeEntry {
   key: string;
   value: number;
+}
+
+export interface StartSessionRequest {
+  /** Caller-chosen id, unique within the tenant; 1..128 visible ASCII characters. */
+  sessionId: string;
+  agentId: string;
+  /** Scopes this session can see besides its own and the workspace. */
+  personaId: string;
+  projectId: string;
+  /** The session's opening context (task, first user message): what candidates are recalled for. */
+  context: string;
+  /** Tokens the bundle may take (approximate, 4 characters a token); default 1,000. */
+  tokenBudget: number;
+  /** At most this many memories are injected; default 20, at most 100. */
+  maxMemories: number;
+  requestId: string;
+}
+
+export interface InjectedMemory {
+  memory?:
+    | Memory
+    | undefined;
+  /** 1-based position in the bundle. */
+  rank: number;
+  /** The final score the order was decided by. */
+  score: number;
+  baselineScore: number;
+  /** The learned ranker's score (0 when it did not take part). */
+  predictorScore: number;
+  /** Why it is a candidate: "recall", "pinned", "recent" (several joined by "+"). */
+  origin: string;
+  tokens: number;
+}
+
+export interface RankingDecision {
+  path: RankingPath;
+  /** For FALLBACK: "deadline", "unavailable", "circuit_open", "error: ...". */
+  fallbackReason: string;
+  modelVersion: string;
+  predictorWeight: number;
+  /** Time spent waiting on the sidecar, and the deadline it was given. */
+  sidecarMs: number;
+  sidecarDeadlineMs: number;
+  tookMs: number;
+}
+
+export interface StartSessionResponse {
+  sessionId: string;
+  /** Best first, within the budget. */
+  memories: InjectedMemory[];
+  ranking?: RankingDecision | undefined;
+  tokenBudget: number;
+  tokensUsed: number;
+  /** Candidates left out because the budget or max_memories was reached. */
+  droppedCount: number;
+  /** The bundle as text, ready to put in a prompt. */
+  contextText: string;
+}
+
+export interface MemoryFeedback {
+  memoryId: string;
+  /** -1 (harmful) .. 1 (essential); 0 means unused. */
+  relevance: number;
+  /** Shorthand: used = true with relevance 0 counts as relevance 1. */
+  used: boolean;
+}
+
+export interface EndSessionRequest {
+  sessionId: string;
+  /**
+   * For injected memories; those without feedback are scored from the transcript when
+   * one is given, else counted as unused.
+   */
+  feedback: MemoryFeedback[];
+  /** The session's transcript (optional), kept and used for continuity scoring. */
+  transcript: string;
+  requestId: string;
+}
+
+export interface MemoryContinuity {
+  memoryId: string;
+  relevance: number;
+  /** "feedback", "transcript" or "default". */
+  source: string;
+}
+
+export interface EndSessionResponse {
+  sessionId: string;
+  continuity: MemoryContinuity[];
+  /** Training pairs queued for the sidecar. */
+  trainingPairs: number;
+}
+
+export interface GetSessionRequest {
+  sessionId: string;
+}
+
+export interface Session {
+  sessionId: string;
+  agentId: string;
+  personaId: string;
+  projectId: string;
+  context: string;
+  state: SessionState;
+  ranking?: RankingDecision | undefined;
+  injected: InjectedMemory[];
+  continuity: MemoryContinuity[];
+  startTime?: Date | undefined;
+  endTime?:
+    | Date
+    | undefined;
+  /** Whether the training pairs reached the sidecar yet. */
+  feedbackDelivered: boolean;
+}
+
+export interface GetSessionResponse {
+  session?: Session | undefined;
 }
 
 function createBaseCreateMemoryRequest(): CreateMemoryRequest {
@@ -1573,7 +1787,7 @@ export const PurgeMemoriesResponse: MessageFns<PurgeMemoriesResponse> = {
 };
 
 function createBaseRecallOptions(): RecallOptions {
-  return { disabledStages: [], explain: false };
+  return { disabledStages: [], explain: false, rerank: false, rerankDeadlineMs: 0 };
 }
 
 export const RecallOptions: MessageFns<RecallOptions> = {
@@ -1587,6 +1801,12 @@ export const RecallOptions: MessageFns<RecallOptions> = {
     }
     if (message.explain !== false) {
       writer.uint32(16).bool(message.explain);
+    }
+    if (message.rerank !== false) {
+      writer.uint32(24).bool(message.rerank);
+    }
+    if (message.rerankDeadlineMs !== 0) {
+      writer.uint32(32).int32(message.rerankDeadlineMs);
     }
     return writer;
   },
@@ -1630,6 +1850,22 @@ export const RecallOptions: MessageFns<RecallOptions> = {
             message.explain = reader.bool();
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.rerank = reader.bool();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.rerankDeadlineMs = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1650,6 +1886,12 @@ export const RecallOptions: MessageFns<RecallOptions> = {
         ? object.disabled_stages.map((e: any) => recallStageFromJSON(e))
         : [],
       explain: isSet(object.explain) ? globalThis.Boolean(object.explain) : false,
+      rerank: isSet(object.rerank) ? globalThis.Boolean(object.rerank) : false,
+      rerankDeadlineMs: isSet(object.rerankDeadlineMs)
+        ? globalThis.Number(object.rerankDeadlineMs)
+        : isSet(object.rerank_deadline_ms)
+        ? globalThis.Number(object.rerank_deadline_ms)
+        : 0,
     };
   },
 
@@ -1661,6 +1903,12 @@ export const RecallOptions: MessageFns<RecallOptions> = {
     if (message.explain !== false) {
       obj.explain = message.explain;
     }
+    if (message.rerank !== false) {
+      obj.rerank = message.rerank;
+    }
+    if (message.rerankDeadlineMs !== 0) {
+      obj.rerankDeadlineMs = Math.round(message.rerankDeadlineMs);
+    }
     return obj;
   },
 
@@ -1671,6 +1919,8 @@ export const RecallOptions: MessageFns<RecallOptions> = {
     const message = createBaseRecallOptions();
     message.disabledStages = object.disabledStages?.map((e) => e) || [];
     message.explain = object.explain ?? false;
+    message.rerank = object.rerank ?? false;
+    message.rerankDeadlineMs = object.rerankDeadlineMs ?? 0;
     return message;
   },
 };
@@ -2206,7 +2456,7 @@ export const RecallHit: MessageFns<RecallHit> = {
 };
 
 function createBaseRecallResponse(): RecallResponse {
-  return { hits: [], vectorCandidates: 0, textCandidates: 0, tookMs: 0 };
+  return { hits: [], vectorCandidates: 0, textCandidates: 0, tookMs: 0, reranked: false, rerankFallbackReason: "" };
 }
 
 export const RecallResponse: MessageFns<RecallResponse> = {
@@ -2222,6 +2472,12 @@ export const RecallResponse: MessageFns<RecallResponse> = {
     }
     if (message.tookMs !== 0) {
       writer.uint32(37).float(message.tookMs);
+    }
+    if (message.reranked !== false) {
+      writer.uint32(40).bool(message.reranked);
+    }
+    if (message.rerankFallbackReason !== "") {
+      writer.uint32(50).string(message.rerankFallbackReason);
     }
     return writer;
   },
@@ -2271,6 +2527,22 @@ export const RecallResponse: MessageFns<RecallResponse> = {
             message.tookMs = reader.float();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.reranked = reader.bool();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.rerankFallbackReason = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2301,6 +2573,12 @@ export const RecallResponse: MessageFns<RecallResponse> = {
         : isSet(object.took_ms)
         ? globalThis.Number(object.took_ms)
         : 0,
+      reranked: isSet(object.reranked) ? globalThis.Boolean(object.reranked) : false,
+      rerankFallbackReason: isSet(object.rerankFallbackReason)
+        ? globalThis.String(object.rerankFallbackReason)
+        : isSet(object.rerank_fallback_reason)
+        ? globalThis.String(object.rerank_fallback_reason)
+        : "",
     };
   },
 
@@ -2318,6 +2596,12 @@ export const RecallResponse: MessageFns<RecallResponse> = {
     if (message.tookMs !== 0) {
       obj.tookMs = floatToJson(message.tookMs);
     }
+    if (message.reranked !== false) {
+      obj.reranked = message.reranked;
+    }
+    if (message.rerankFallbackReason !== "") {
+      obj.rerankFallbackReason = message.rerankFallbackReason;
+    }
     return obj;
   },
 
@@ -2330,6 +2614,8 @@ export const RecallResponse: MessageFns<RecallResponse> = {
     message.vectorCandidates = object.vectorCandidates ?? 0;
     message.textCandidates = object.textCandidates ?? 0;
     message.tookMs = object.tookMs ?? 0;
+    message.reranked = object.reranked ?? false;
+    message.rerankFallbackReason = object.rerankFallbackReason ?? "";
     return message;
   },
 };
@@ -3158,6 +3444,1675 @@ export const GetStatusResponse_MemoryCountByTypeEntry: MessageFns<GetStatusRespo
   },
 };
 
+function createBaseStartSessionRequest(): StartSessionRequest {
+  return {
+    sessionId: "",
+    agentId: "",
+    personaId: "",
+    projectId: "",
+    context: "",
+    tokenBudget: 0,
+    maxMemories: 0,
+    requestId: "",
+  };
+}
+
+export const StartSessionRequest: MessageFns<StartSessionRequest> = {
+  encode(message: StartSessionRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sessionId !== "") {
+      writer.uint32(10).string(message.sessionId);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(18).string(message.agentId);
+    }
+    if (message.personaId !== "") {
+      writer.uint32(26).string(message.personaId);
+    }
+    if (message.projectId !== "") {
+      writer.uint32(34).string(message.projectId);
+    }
+    if (message.context !== "") {
+      writer.uint32(42).string(message.context);
+    }
+    if (message.tokenBudget !== 0) {
+      writer.uint32(48).int32(message.tokenBudget);
+    }
+    if (message.maxMemories !== 0) {
+      writer.uint32(56).int32(message.maxMemories);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(66).string(message.requestId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): StartSessionRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseStartSessionRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.personaId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.context = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.tokenBudget = reader.int32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.maxMemories = reader.int32();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): StartSessionRequest {
+    return {
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+      agentId: isSet(object.agentId)
+        ? globalThis.String(object.agentId)
+        : isSet(object.agent_id)
+        ? globalThis.String(object.agent_id)
+        : "",
+      personaId: isSet(object.personaId)
+        ? globalThis.String(object.personaId)
+        : isSet(object.persona_id)
+        ? globalThis.String(object.persona_id)
+        : "",
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      context: isSet(object.context) ? globalThis.String(object.context) : "",
+      tokenBudget: isSet(object.tokenBudget)
+        ? globalThis.Number(object.tokenBudget)
+        : isSet(object.token_budget)
+        ? globalThis.Number(object.token_budget)
+        : 0,
+      maxMemories: isSet(object.maxMemories)
+        ? globalThis.Number(object.maxMemories)
+        : isSet(object.max_memories)
+        ? globalThis.Number(object.max_memories)
+        : 0,
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
+    };
+  },
+
+  toJSON(message: StartSessionRequest): unknown {
+    const obj: any = {};
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    if (message.agentId !== "") {
+      obj.agentId = message.agentId;
+    }
+    if (message.personaId !== "") {
+      obj.personaId = message.personaId;
+    }
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.context !== "") {
+      obj.context = message.context;
+    }
+    if (message.tokenBudget !== 0) {
+      obj.tokenBudget = Math.round(message.tokenBudget);
+    }
+    if (message.maxMemories !== 0) {
+      obj.maxMemories = Math.round(message.maxMemories);
+    }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<StartSessionRequest>, I>>(base?: I): StartSessionRequest {
+    return StartSessionRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<StartSessionRequest>, I>>(object: I): StartSessionRequest {
+    const message = createBaseStartSessionRequest();
+    message.sessionId = object.sessionId ?? "";
+    message.agentId = object.agentId ?? "";
+    message.personaId = object.personaId ?? "";
+    message.projectId = object.projectId ?? "";
+    message.context = object.context ?? "";
+    message.tokenBudget = object.tokenBudget ?? 0;
+    message.maxMemories = object.maxMemories ?? 0;
+    message.requestId = object.requestId ?? "";
+    return message;
+  },
+};
+
+function createBaseInjectedMemory(): InjectedMemory {
+  return { memory: undefined, rank: 0, score: 0, baselineScore: 0, predictorScore: 0, origin: "", tokens: 0 };
+}
+
+export const InjectedMemory: MessageFns<InjectedMemory> = {
+  encode(message: InjectedMemory, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.memory !== undefined) {
+      Memory.encode(message.memory, writer.uint32(10).fork()).join();
+    }
+    if (message.rank !== 0) {
+      writer.uint32(16).int32(message.rank);
+    }
+    if (message.score !== 0) {
+      writer.uint32(29).float(message.score);
+    }
+    if (message.baselineScore !== 0) {
+      writer.uint32(37).float(message.baselineScore);
+    }
+    if (message.predictorScore !== 0) {
+      writer.uint32(45).float(message.predictorScore);
+    }
+    if (message.origin !== "") {
+      writer.uint32(50).string(message.origin);
+    }
+    if (message.tokens !== 0) {
+      writer.uint32(56).int32(message.tokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): InjectedMemory {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseInjectedMemory();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.memory = Memory.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.rank = reader.int32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 29) {
+              break;
+            }
+
+            message.score = reader.float();
+            continue;
+          }
+          case 4: {
+            if (tag !== 37) {
+              break;
+            }
+
+            message.baselineScore = reader.float();
+            continue;
+          }
+          case 5: {
+            if (tag !== 45) {
+              break;
+            }
+
+            message.predictorScore = reader.float();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.origin = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.tokens = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): InjectedMemory {
+    return {
+      memory: isSet(object.memory) ? Memory.fromJSON(object.memory) : undefined,
+      rank: isSet(object.rank) ? globalThis.Number(object.rank) : 0,
+      score: isSet(object.score) ? globalThis.Number(object.score) : 0,
+      baselineScore: isSet(object.baselineScore)
+        ? globalThis.Number(object.baselineScore)
+        : isSet(object.baseline_score)
+        ? globalThis.Number(object.baseline_score)
+        : 0,
+      predictorScore: isSet(object.predictorScore)
+        ? globalThis.Number(object.predictorScore)
+        : isSet(object.predictor_score)
+        ? globalThis.Number(object.predictor_score)
+        : 0,
+      origin: isSet(object.origin) ? globalThis.String(object.origin) : "",
+      tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : 0,
+    };
+  },
+
+  toJSON(message: InjectedMemory): unknown {
+    const obj: any = {};
+    if (message.memory !== undefined) {
+      obj.memory = Memory.toJSON(message.memory);
+    }
+    if (message.rank !== 0) {
+      obj.rank = Math.round(message.rank);
+    }
+    if (message.score !== 0) {
+      obj.score = floatToJson(message.score);
+    }
+    if (message.baselineScore !== 0) {
+      obj.baselineScore = floatToJson(message.baselineScore);
+    }
+    if (message.predictorScore !== 0) {
+      obj.predictorScore = floatToJson(message.predictorScore);
+    }
+    if (message.origin !== "") {
+      obj.origin = message.origin;
+    }
+    if (message.tokens !== 0) {
+      obj.tokens = Math.round(message.tokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<InjectedMemory>, I>>(base?: I): InjectedMemory {
+    return InjectedMemory.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<InjectedMemory>, I>>(object: I): InjectedMemory {
+    const message = createBaseInjectedMemory();
+    message.memory = (object.memory !== undefined && object.memory !== null)
+      ? Memory.fromPartial(object.memory)
+      : undefined;
+    message.rank = object.rank ?? 0;
+    message.score = object.score ?? 0;
+    message.baselineScore = object.baselineScore ?? 0;
+    message.predictorScore = object.predictorScore ?? 0;
+    message.origin = object.origin ?? "";
+    message.tokens = object.tokens ?? 0;
+    return message;
+  },
+};
+
+function createBaseRankingDecision(): RankingDecision {
+  return {
+    path: 0,
+    fallbackReason: "",
+    modelVersion: "",
+    predictorWeight: 0,
+    sidecarMs: 0,
+    sidecarDeadlineMs: 0,
+    tookMs: 0,
+  };
+}
+
+export const RankingDecision: MessageFns<RankingDecision> = {
+  encode(message: RankingDecision, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.path !== 0) {
+      writer.uint32(8).int32(message.path);
+    }
+    if (message.fallbackReason !== "") {
+      writer.uint32(18).string(message.fallbackReason);
+    }
+    if (message.modelVersion !== "") {
+      writer.uint32(26).string(message.modelVersion);
+    }
+    if (message.predictorWeight !== 0) {
+      writer.uint32(37).float(message.predictorWeight);
+    }
+    if (message.sidecarMs !== 0) {
+      writer.uint32(45).float(message.sidecarMs);
+    }
+    if (message.sidecarDeadlineMs !== 0) {
+      writer.uint32(48).int32(message.sidecarDeadlineMs);
+    }
+    if (message.tookMs !== 0) {
+      writer.uint32(61).float(message.tookMs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RankingDecision {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRankingDecision();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.path = reader.int32() as any;
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.fallbackReason = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.modelVersion = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 37) {
+              break;
+            }
+
+            message.predictorWeight = reader.float();
+            continue;
+          }
+          case 5: {
+            if (tag !== 45) {
+              break;
+            }
+
+            message.sidecarMs = reader.float();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.sidecarDeadlineMs = reader.int32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 61) {
+              break;
+            }
+
+            message.tookMs = reader.float();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RankingDecision {
+    return {
+      path: isSet(object.path) ? rankingPathFromJSON(object.path) : 0,
+      fallbackReason: isSet(object.fallbackReason)
+        ? globalThis.String(object.fallbackReason)
+        : isSet(object.fallback_reason)
+        ? globalThis.String(object.fallback_reason)
+        : "",
+      modelVersion: isSet(object.modelVersion)
+        ? globalThis.String(object.modelVersion)
+        : isSet(object.model_version)
+        ? globalThis.String(object.model_version)
+        : "",
+      predictorWeight: isSet(object.predictorWeight)
+        ? globalThis.Number(object.predictorWeight)
+        : isSet(object.predictor_weight)
+        ? globalThis.Number(object.predictor_weight)
+        : 0,
+      sidecarMs: isSet(object.sidecarMs)
+        ? globalThis.Number(object.sidecarMs)
+        : isSet(object.sidecar_ms)
+        ? globalThis.Number(object.sidecar_ms)
+        : 0,
+      sidecarDeadlineMs: isSet(object.sidecarDeadlineMs)
+        ? globalThis.Number(object.sidecarDeadlineMs)
+        : isSet(object.sidecar_deadline_ms)
+        ? globalThis.Number(object.sidecar_deadline_ms)
+        : 0,
+      tookMs: isSet(object.tookMs)
+        ? globalThis.Number(object.tookMs)
+        : isSet(object.took_ms)
+        ? globalThis.Number(object.took_ms)
+        : 0,
+    };
+  },
+
+  toJSON(message: RankingDecision): unknown {
+    const obj: any = {};
+    if (message.path !== 0) {
+      obj.path = rankingPathToJSON(message.path);
+    }
+    if (message.fallbackReason !== "") {
+      obj.fallbackReason = message.fallbackReason;
+    }
+    if (message.modelVersion !== "") {
+      obj.modelVersion = message.modelVersion;
+    }
+    if (message.predictorWeight !== 0) {
+      obj.predictorWeight = floatToJson(message.predictorWeight);
+    }
+    if (message.sidecarMs !== 0) {
+      obj.sidecarMs = floatToJson(message.sidecarMs);
+    }
+    if (message.sidecarDeadlineMs !== 0) {
+      obj.sidecarDeadlineMs = Math.round(message.sidecarDeadlineMs);
+    }
+    if (message.tookMs !== 0) {
+      obj.tookMs = floatToJson(message.tookMs);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RankingDecision>, I>>(base?: I): RankingDecision {
+    return RankingDecision.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RankingDecision>, I>>(object: I): RankingDecision {
+    const message = createBaseRankingDecision();
+    message.path = object.path ?? 0;
+    message.fallbackReason = object.fallbackReason ?? "";
+    message.modelVersion = object.modelVersion ?? "";
+    message.predictorWeight = object.predictorWeight ?? 0;
+    message.sidecarMs = object.sidecarMs ?? 0;
+    message.sidecarDeadlineMs = object.sidecarDeadlineMs ?? 0;
+    message.tookMs = object.tookMs ?? 0;
+    return message;
+  },
+};
+
+function createBaseStartSessionResponse(): StartSessionResponse {
+  return {
+    sessionId: "",
+    memories: [],
+    ranking: undefined,
+    tokenBudget: 0,
+    tokensUsed: 0,
+    droppedCount: 0,
+    contextText: "",
+  };
+}
+
+export const StartSessionResponse: MessageFns<StartSessionResponse> = {
+  encode(message: StartSessionResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sessionId !== "") {
+      writer.uint32(10).string(message.sessionId);
+    }
+    for (const v of message.memories) {
+      InjectedMemory.encode(v!, writer.uint32(18).fork()).join();
+    }
+    if (message.ranking !== undefined) {
+      RankingDecision.encode(message.ranking, writer.uint32(26).fork()).join();
+    }
+    if (message.tokenBudget !== 0) {
+      writer.uint32(32).int32(message.tokenBudget);
+    }
+    if (message.tokensUsed !== 0) {
+      writer.uint32(40).int32(message.tokensUsed);
+    }
+    if (message.droppedCount !== 0) {
+      writer.uint32(48).int32(message.droppedCount);
+    }
+    if (message.contextText !== "") {
+      writer.uint32(58).string(message.contextText);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): StartSessionResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseStartSessionResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.memories.push(InjectedMemory.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.ranking = RankingDecision.decode(reader, reader.uint32());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.tokenBudget = reader.int32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.tokensUsed = reader.int32();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.droppedCount = reader.int32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.contextText = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): StartSessionResponse {
+    return {
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+      memories: globalThis.Array.isArray(object?.memories)
+        ? object.memories.map((e: any) => InjectedMemory.fromJSON(e))
+        : [],
+      ranking: isSet(object.ranking) ? RankingDecision.fromJSON(object.ranking) : undefined,
+      tokenBudget: isSet(object.tokenBudget)
+        ? globalThis.Number(object.tokenBudget)
+        : isSet(object.token_budget)
+        ? globalThis.Number(object.token_budget)
+        : 0,
+      tokensUsed: isSet(object.tokensUsed)
+        ? globalThis.Number(object.tokensUsed)
+        : isSet(object.tokens_used)
+        ? globalThis.Number(object.tokens_used)
+        : 0,
+      droppedCount: isSet(object.droppedCount)
+        ? globalThis.Number(object.droppedCount)
+        : isSet(object.dropped_count)
+        ? globalThis.Number(object.dropped_count)
+        : 0,
+      contextText: isSet(object.contextText)
+        ? globalThis.String(object.contextText)
+        : isSet(object.context_text)
+        ? globalThis.String(object.context_text)
+        : "",
+    };
+  },
+
+  toJSON(message: StartSessionResponse): unknown {
+    const obj: any = {};
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    if (message.memories?.length) {
+      obj.memories = message.memories.map((e) => InjectedMemory.toJSON(e));
+    }
+    if (message.ranking !== undefined) {
+      obj.ranking = RankingDecision.toJSON(message.ranking);
+    }
+    if (message.tokenBudget !== 0) {
+      obj.tokenBudget = Math.round(message.tokenBudget);
+    }
+    if (message.tokensUsed !== 0) {
+      obj.tokensUsed = Math.round(message.tokensUsed);
+    }
+    if (message.droppedCount !== 0) {
+      obj.droppedCount = Math.round(message.droppedCount);
+    }
+    if (message.contextText !== "") {
+      obj.contextText = message.contextText;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<StartSessionResponse>, I>>(base?: I): StartSessionResponse {
+    return StartSessionResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<StartSessionResponse>, I>>(object: I): StartSessionResponse {
+    const message = createBaseStartSessionResponse();
+    message.sessionId = object.sessionId ?? "";
+    message.memories = object.memories?.map((e) => InjectedMemory.fromPartial(e)) || [];
+    message.ranking = (object.ranking !== undefined && object.ranking !== null)
+      ? RankingDecision.fromPartial(object.ranking)
+      : undefined;
+    message.tokenBudget = object.tokenBudget ?? 0;
+    message.tokensUsed = object.tokensUsed ?? 0;
+    message.droppedCount = object.droppedCount ?? 0;
+    message.contextText = object.contextText ?? "";
+    return message;
+  },
+};
+
+function createBaseMemoryFeedback(): MemoryFeedback {
+  return { memoryId: "", relevance: 0, used: false };
+}
+
+export const MemoryFeedback: MessageFns<MemoryFeedback> = {
+  encode(message: MemoryFeedback, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.memoryId !== "") {
+      writer.uint32(10).string(message.memoryId);
+    }
+    if (message.relevance !== 0) {
+      writer.uint32(21).float(message.relevance);
+    }
+    if (message.used !== false) {
+      writer.uint32(24).bool(message.used);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): MemoryFeedback {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMemoryFeedback();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.memoryId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 21) {
+              break;
+            }
+
+            message.relevance = reader.float();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.used = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): MemoryFeedback {
+    return {
+      memoryId: isSet(object.memoryId)
+        ? globalThis.String(object.memoryId)
+        : isSet(object.memory_id)
+        ? globalThis.String(object.memory_id)
+        : "",
+      relevance: isSet(object.relevance) ? globalThis.Number(object.relevance) : 0,
+      used: isSet(object.used) ? globalThis.Boolean(object.used) : false,
+    };
+  },
+
+  toJSON(message: MemoryFeedback): unknown {
+    const obj: any = {};
+    if (message.memoryId !== "") {
+      obj.memoryId = message.memoryId;
+    }
+    if (message.relevance !== 0) {
+      obj.relevance = floatToJson(message.relevance);
+    }
+    if (message.used !== false) {
+      obj.used = message.used;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<MemoryFeedback>, I>>(base?: I): MemoryFeedback {
+    return MemoryFeedback.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<MemoryFeedback>, I>>(object: I): MemoryFeedback {
+    const message = createBaseMemoryFeedback();
+    message.memoryId = object.memoryId ?? "";
+    message.relevance = object.relevance ?? 0;
+    message.used = object.used ?? false;
+    return message;
+  },
+};
+
+function createBaseEndSessionRequest(): EndSessionRequest {
+  return { sessionId: "", feedback: [], transcript: "", requestId: "" };
+}
+
+export const EndSessionRequest: MessageFns<EndSessionRequest> = {
+  encode(message: EndSessionRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sessionId !== "") {
+      writer.uint32(10).string(message.sessionId);
+    }
+    for (const v of message.feedback) {
+      MemoryFeedback.encode(v!, writer.uint32(18).fork()).join();
+    }
+    if (message.transcript !== "") {
+      writer.uint32(26).string(message.transcript);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(34).string(message.requestId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): EndSessionRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseEndSessionRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.feedback.push(MemoryFeedback.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.transcript = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): EndSessionRequest {
+    return {
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+      feedback: globalThis.Array.isArray(object?.feedback)
+        ? object.feedback.map((e: any) => MemoryFeedback.fromJSON(e))
+        : [],
+      transcript: isSet(object.transcript) ? globalThis.String(object.transcript) : "",
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
+    };
+  },
+
+  toJSON(message: EndSessionRequest): unknown {
+    const obj: any = {};
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    if (message.feedback?.length) {
+      obj.feedback = message.feedback.map((e) => MemoryFeedback.toJSON(e));
+    }
+    if (message.transcript !== "") {
+      obj.transcript = message.transcript;
+    }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<EndSessionRequest>, I>>(base?: I): EndSessionRequest {
+    return EndSessionRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<EndSessionRequest>, I>>(object: I): EndSessionRequest {
+    const message = createBaseEndSessionRequest();
+    message.sessionId = object.sessionId ?? "";
+    message.feedback = object.feedback?.map((e) => MemoryFeedback.fromPartial(e)) || [];
+    message.transcript = object.transcript ?? "";
+    message.requestId = object.requestId ?? "";
+    return message;
+  },
+};
+
+function createBaseMemoryContinuity(): MemoryContinuity {
+  return { memoryId: "", relevance: 0, source: "" };
+}
+
+export const MemoryContinuity: MessageFns<MemoryContinuity> = {
+  encode(message: MemoryContinuity, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.memoryId !== "") {
+      writer.uint32(10).string(message.memoryId);
+    }
+    if (message.relevance !== 0) {
+      writer.uint32(21).float(message.relevance);
+    }
+    if (message.source !== "") {
+      writer.uint32(26).string(message.source);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): MemoryContinuity {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMemoryContinuity();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.memoryId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 21) {
+              break;
+            }
+
+            message.relevance = reader.float();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.source = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): MemoryContinuity {
+    return {
+      memoryId: isSet(object.memoryId)
+        ? globalThis.String(object.memoryId)
+        : isSet(object.memory_id)
+        ? globalThis.String(object.memory_id)
+        : "",
+      relevance: isSet(object.relevance) ? globalThis.Number(object.relevance) : 0,
+      source: isSet(object.source) ? globalThis.String(object.source) : "",
+    };
+  },
+
+  toJSON(message: MemoryContinuity): unknown {
+    const obj: any = {};
+    if (message.memoryId !== "") {
+      obj.memoryId = message.memoryId;
+    }
+    if (message.relevance !== 0) {
+      obj.relevance = floatToJson(message.relevance);
+    }
+    if (message.source !== "") {
+      obj.source = message.source;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<MemoryContinuity>, I>>(base?: I): MemoryContinuity {
+    return MemoryContinuity.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<MemoryContinuity>, I>>(object: I): MemoryContinuity {
+    const message = createBaseMemoryContinuity();
+    message.memoryId = object.memoryId ?? "";
+    message.relevance = object.relevance ?? 0;
+    message.source = object.source ?? "";
+    return message;
+  },
+};
+
+function createBaseEndSessionResponse(): EndSessionResponse {
+  return { sessionId: "", continuity: [], trainingPairs: 0 };
+}
+
+export const EndSessionResponse: MessageFns<EndSessionResponse> = {
+  encode(message: EndSessionResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sessionId !== "") {
+      writer.uint32(10).string(message.sessionId);
+    }
+    for (const v of message.continuity) {
+      MemoryContinuity.encode(v!, writer.uint32(18).fork()).join();
+    }
+    if (message.trainingPairs !== 0) {
+      writer.uint32(24).int32(message.trainingPairs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): EndSessionResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseEndSessionResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.continuity.push(MemoryContinuity.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.trainingPairs = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): EndSessionResponse {
+    return {
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+      continuity: globalThis.Array.isArray(object?.continuity)
+        ? object.continuity.map((e: any) => MemoryContinuity.fromJSON(e))
+        : [],
+      trainingPairs: isSet(object.trainingPairs)
+        ? globalThis.Number(object.trainingPairs)
+        : isSet(object.training_pairs)
+        ? globalThis.Number(object.training_pairs)
+        : 0,
+    };
+  },
+
+  toJSON(message: EndSessionResponse): unknown {
+    const obj: any = {};
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    if (message.continuity?.length) {
+      obj.continuity = message.continuity.map((e) => MemoryContinuity.toJSON(e));
+    }
+    if (message.trainingPairs !== 0) {
+      obj.trainingPairs = Math.round(message.trainingPairs);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<EndSessionResponse>, I>>(base?: I): EndSessionResponse {
+    return EndSessionResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<EndSessionResponse>, I>>(object: I): EndSessionResponse {
+    const message = createBaseEndSessionResponse();
+    message.sessionId = object.sessionId ?? "";
+    message.continuity = object.continuity?.map((e) => MemoryContinuity.fromPartial(e)) || [];
+    message.trainingPairs = object.trainingPairs ?? 0;
+    return message;
+  },
+};
+
+function createBaseGetSessionRequest(): GetSessionRequest {
+  return { sessionId: "" };
+}
+
+export const GetSessionRequest: MessageFns<GetSessionRequest> = {
+  encode(message: GetSessionRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sessionId !== "") {
+      writer.uint32(10).string(message.sessionId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetSessionRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetSessionRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetSessionRequest {
+    return {
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+    };
+  },
+
+  toJSON(message: GetSessionRequest): unknown {
+    const obj: any = {};
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetSessionRequest>, I>>(base?: I): GetSessionRequest {
+    return GetSessionRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetSessionRequest>, I>>(object: I): GetSessionRequest {
+    const message = createBaseGetSessionRequest();
+    message.sessionId = object.sessionId ?? "";
+    return message;
+  },
+};
+
+function createBaseSession(): Session {
+  return {
+    sessionId: "",
+    agentId: "",
+    personaId: "",
+    projectId: "",
+    context: "",
+    state: 0,
+    ranking: undefined,
+    injected: [],
+    continuity: [],
+    startTime: undefined,
+    endTime: undefined,
+    feedbackDelivered: false,
+  };
+}
+
+export const Session: MessageFns<Session> = {
+  encode(message: Session, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sessionId !== "") {
+      writer.uint32(10).string(message.sessionId);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(18).string(message.agentId);
+    }
+    if (message.personaId !== "") {
+      writer.uint32(26).string(message.personaId);
+    }
+    if (message.projectId !== "") {
+      writer.uint32(34).string(message.projectId);
+    }
+    if (message.context !== "") {
+      writer.uint32(42).string(message.context);
+    }
+    if (message.state !== 0) {
+      writer.uint32(48).int32(message.state);
+    }
+    if (message.ranking !== undefined) {
+      RankingDecision.encode(message.ranking, writer.uint32(58).fork()).join();
+    }
+    for (const v of message.injected) {
+      InjectedMemory.encode(v!, writer.uint32(66).fork()).join();
+    }
+    for (const v of message.continuity) {
+      MemoryContinuity.encode(v!, writer.uint32(74).fork()).join();
+    }
+    if (message.startTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.startTime), writer.uint32(82).fork()).join();
+    }
+    if (message.endTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.endTime), writer.uint32(90).fork()).join();
+    }
+    if (message.feedbackDelivered !== false) {
+      writer.uint32(96).bool(message.feedbackDelivered);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Session {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSession();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.personaId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.context = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.state = reader.int32() as any;
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.ranking = RankingDecision.decode(reader, reader.uint32());
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.injected.push(InjectedMemory.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.continuity.push(MemoryContinuity.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.startTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.endTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.feedbackDelivered = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Session {
+    return {
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+      agentId: isSet(object.agentId)
+        ? globalThis.String(object.agentId)
+        : isSet(object.agent_id)
+        ? globalThis.String(object.agent_id)
+        : "",
+      personaId: isSet(object.personaId)
+        ? globalThis.String(object.personaId)
+        : isSet(object.persona_id)
+        ? globalThis.String(object.persona_id)
+        : "",
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      context: isSet(object.context) ? globalThis.String(object.context) : "",
+      state: isSet(object.state) ? sessionStateFromJSON(object.state) : 0,
+      ranking: isSet(object.ranking) ? RankingDecision.fromJSON(object.ranking) : undefined,
+      injected: globalThis.Array.isArray(object?.injected)
+        ? object.injected.map((e: any) => InjectedMemory.fromJSON(e))
+        : [],
+      continuity: globalThis.Array.isArray(object?.continuity)
+        ? object.continuity.map((e: any) => MemoryContinuity.fromJSON(e))
+        : [],
+      startTime: isSet(object.startTime)
+        ? fromJsonTimestamp(object.startTime)
+        : isSet(object.start_time)
+        ? fromJsonTimestamp(object.start_time)
+        : undefined,
+      endTime: isSet(object.endTime)
+        ? fromJsonTimestamp(object.endTime)
+        : isSet(object.end_time)
+        ? fromJsonTimestamp(object.end_time)
+        : undefined,
+      feedbackDelivered: isSet(object.feedbackDelivered)
+        ? globalThis.Boolean(object.feedbackDelivered)
+        : isSet(object.feedback_delivered)
+        ? globalThis.Boolean(object.feedback_delivered)
+        : false,
+    };
+  },
+
+  toJSON(message: Session): unknown {
+    const obj: any = {};
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    if (message.agentId !== "") {
+      obj.agentId = message.agentId;
+    }
+    if (message.personaId !== "") {
+      obj.personaId = message.personaId;
+    }
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.context !== "") {
+      obj.context = message.context;
+    }
+    if (message.state !== 0) {
+      obj.state = sessionStateToJSON(message.state);
+    }
+    if (message.ranking !== undefined) {
+      obj.ranking = RankingDecision.toJSON(message.ranking);
+    }
+    if (message.injected?.length) {
+      obj.injected = message.injected.map((e) => InjectedMemory.toJSON(e));
+    }
+    if (message.continuity?.length) {
+      obj.continuity = message.continuity.map((e) => MemoryContinuity.toJSON(e));
+    }
+    if (message.startTime !== undefined) {
+      obj.startTime = message.startTime.toISOString();
+    }
+    if (message.endTime !== undefined) {
+      obj.endTime = message.endTime.toISOString();
+    }
+    if (message.feedbackDelivered !== false) {
+      obj.feedbackDelivered = message.feedbackDelivered;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Session>, I>>(base?: I): Session {
+    return Session.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Session>, I>>(object: I): Session {
+    const message = createBaseSession();
+    message.sessionId = object.sessionId ?? "";
+    message.agentId = object.agentId ?? "";
+    message.personaId = object.personaId ?? "";
+    message.projectId = object.projectId ?? "";
+    message.context = object.context ?? "";
+    message.state = object.state ?? 0;
+    message.ranking = (object.ranking !== undefined && object.ranking !== null)
+      ? RankingDecision.fromPartial(object.ranking)
+      : undefined;
+    message.injected = object.injected?.map((e) => InjectedMemory.fromPartial(e)) || [];
+    message.continuity = object.continuity?.map((e) => MemoryContinuity.fromPartial(e)) || [];
+    message.startTime = object.startTime ?? undefined;
+    message.endTime = object.endTime ?? undefined;
+    message.feedbackDelivered = object.feedbackDelivered ?? false;
+    return message;
+  },
+};
+
+function createBaseGetSessionResponse(): GetSessionResponse {
+  return { session: undefined };
+}
+
+export const GetSessionResponse: MessageFns<GetSessionResponse> = {
+  encode(message: GetSessionResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.session !== undefined) {
+      Session.encode(message.session, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetSessionResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetSessionResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.session = Session.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetSessionResponse {
+    return { session: isSet(object.session) ? Session.fromJSON(object.session) : undefined };
+  },
+
+  toJSON(message: GetSessionResponse): unknown {
+    const obj: any = {};
+    if (message.session !== undefined) {
+      obj.session = Session.toJSON(message.session);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetSessionResponse>, I>>(base?: I): GetSessionResponse {
+    return GetSessionResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetSessionResponse>, I>>(object: I): GetSessionResponse {
+    const message = createBaseGetSessionResponse();
+    message.session = (object.session !== undefined && object.session !== null)
+      ? Session.fromPartial(object.session)
+      : undefined;
+    return message;
+  },
+};
+
 /**
  * Stores, searches and manages a tenant's memories. Every call acts on the tenant of the
  * caller's API key and never sees another tenant's data.
@@ -3294,6 +5249,44 @@ export const MemoryServiceService = {
     responseSerialize: (value: GetStatusResponse): Buffer => Buffer.from(GetStatusResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetStatusResponse => GetStatusResponse.decode(value),
   },
+  /**
+   * The session-start injection bundle: candidates from hybrid recall on the opening
+   * context plus pinned and recent memories, ordered by the learned ranker fused with the
+   * baseline (or the baseline alone when the ranker is cold, slow or down), packed into
+   * the token budget. What was injected, and at which rank, is recorded.
+   */
+  startSession: {
+    path: "/mnemo.v1.MemoryService/StartSession" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: StartSessionRequest): Buffer => Buffer.from(StartSessionRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): StartSessionRequest => StartSessionRequest.decode(value),
+    responseSerialize: (value: StartSessionResponse): Buffer =>
+      Buffer.from(StartSessionResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): StartSessionResponse => StartSessionResponse.decode(value),
+  },
+  /**
+   * Usage feedback for a started session. Turned into training pairs for the ranker and
+   * delivered to the sidecar in the background (never lost, never blocking).
+   */
+  endSession: {
+    path: "/mnemo.v1.MemoryService/EndSession" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: EndSessionRequest): Buffer => Buffer.from(EndSessionRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): EndSessionRequest => EndSessionRequest.decode(value),
+    responseSerialize: (value: EndSessionResponse): Buffer => Buffer.from(EndSessionResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): EndSessionResponse => EndSessionResponse.decode(value),
+  },
+  getSession: {
+    path: "/mnemo.v1.MemoryService/GetSession" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: GetSessionRequest): Buffer => Buffer.from(GetSessionRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): GetSessionRequest => GetSessionRequest.decode(value),
+    responseSerialize: (value: GetSessionResponse): Buffer => Buffer.from(GetSessionResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): GetSessionResponse => GetSessionResponse.decode(value),
+  },
 } as const;
 
 export interface MemoryServiceServer extends UntypedServiceImplementation {
@@ -3328,6 +5321,19 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   importMemories: handleBidiStreamingCall<ImportMemoriesRequest, ImportMemoriesResponse>;
   /** Counts, index lag and model identity for the caller's tenant. */
   getStatus: handleUnaryCall<GetStatusRequest, GetStatusResponse>;
+  /**
+   * The session-start injection bundle: candidates from hybrid recall on the opening
+   * context plus pinned and recent memories, ordered by the learned ranker fused with the
+   * baseline (or the baseline alone when the ranker is cold, slow or down), packed into
+   * the token budget. What was injected, and at which rank, is recorded.
+   */
+  startSession: handleUnaryCall<StartSessionRequest, StartSessionResponse>;
+  /**
+   * Usage feedback for a started session. Turned into training pairs for the ranker and
+   * delivered to the sidecar in the background (never lost, never blocking).
+   */
+  endSession: handleUnaryCall<EndSessionRequest, EndSessionResponse>;
+  getSession: handleUnaryCall<GetSessionRequest, GetSessionResponse>;
 }
 
 export interface MemoryServiceClient extends Client {
@@ -3500,6 +5506,61 @@ export interface MemoryServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetStatusResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The session-start injection bundle: candidates from hybrid recall on the opening
+   * context plus pinned and recent memories, ordered by the learned ranker fused with the
+   * baseline (or the baseline alone when the ranker is cold, slow or down), packed into
+   * the token budget. What was injected, and at which rank, is recorded.
+   */
+  startSession(
+    request: StartSessionRequest,
+    callback: (error: ServiceError | null, response: StartSessionResponse) => void,
+  ): ClientUnaryCall;
+  startSession(
+    request: StartSessionRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: StartSessionResponse) => void,
+  ): ClientUnaryCall;
+  startSession(
+    request: StartSessionRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: StartSessionResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Usage feedback for a started session. Turned into training pairs for the ranker and
+   * delivered to the sidecar in the background (never lost, never blocking).
+   */
+  endSession(
+    request: EndSessionRequest,
+    callback: (error: ServiceError | null, response: EndSessionResponse) => void,
+  ): ClientUnaryCall;
+  endSession(
+    request: EndSessionRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: EndSessionResponse) => void,
+  ): ClientUnaryCall;
+  endSession(
+    request: EndSessionRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: EndSessionResponse) => void,
+  ): ClientUnaryCall;
+  getSession(
+    request: GetSessionRequest,
+    callback: (error: ServiceError | null, response: GetSessionResponse) => void,
+  ): ClientUnaryCall;
+  getSession(
+    request: GetSessionRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: GetSessionResponse) => void,
+  ): ClientUnaryCall;
+  getSession(
+    request: GetSessionRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: GetSessionResponse) => void,
   ): ClientUnaryCall;
 }
 

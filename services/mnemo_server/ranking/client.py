@@ -1,0 +1,108 @@
+"""The server's client for the ranking sidecar. Every call carries a deadline no longer
+than the budget it is given; failures open a circuit breaker; the caller always gets either
+the sidecar's answer or a fallback reason (and counts of each reason) — never an error."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import grpc
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+
+from mnemo_server.config import RankingConfig
+from mnemo_server.ranking.breaker import CircuitBreaker
+
+T = TypeVar("T")
+# Below this there is no point sending a call at all.
+MIN_BUDGET_S = 0.002
+
+_REASONS = {
+    grpc.StatusCode.DEADLINE_EXCEEDED: "deadline",
+    grpc.StatusCode.UNAVAILABLE: "unavailable",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "overloaded",
+    grpc.StatusCode.CANCELLED: "cancelled",
+}
+
+
+@dataclass(frozen=True)
+class SidecarAnswer(Generic[T]):
+    value: T | None
+    fallback_reason: str
+    elapsed_ms: float
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+
+class RankingClient:
+    def __init__(self, cfg: RankingConfig, clock: Callable[[], float] = time.perf_counter):
+        self.cfg = cfg
+        self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s)
+        self.fallbacks: Counter[str] = Counter()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._stub: rpb_grpc.RankingServiceStub | None = None
+        self._metadata = (("authorization", f"Bearer {cfg.auth_token}"),) if cfg.auth_token else ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cfg.sidecar_address)
+
+    def _get_stub(self) -> rpb_grpc.RankingServiceStub:
+        with self._lock:
+            if self._stub is None:
+                self._channel = grpc.insecure_channel(self.cfg.sidecar_address)
+                self._stub = rpb_grpc.RankingServiceStub(self._channel)
+            return self._stub
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = self._stub = None
+
+    def _fallback(self, reason: str, started: float) -> SidecarAnswer[T]:
+        self.fallbacks[reason] += 1
+        return SidecarAnswer(None, reason, (self._clock() - started) * 1000.0)
+
+    def _call(self, name: str, request: object, budget_s: float) -> SidecarAnswer[T]:
+        started = self._clock()
+        if not self.enabled:
+            return self._fallback("no_sidecar", started)
+        if budget_s < MIN_BUDGET_S:
+            return self._fallback("no_time", started)
+        if not self.breaker.allow():
+            return self._fallback("circuit_open", started)
+        try:
+            method = getattr(self._get_stub(), name)
+            value: T = method(request, timeout=budget_s, metadata=self._metadata)
+        except grpc.RpcError as err:
+            code = err.code()
+            self.breaker.record_failure()
+            return self._fallback(_REASONS.get(code, f"error:{code.name}"), started)
+        self.breaker.record_success()
+        return SidecarAnswer(value, "", (self._clock() - started) * 1000.0)
+
+    def score(self, request: rpb.ScoreRequest, budget_s: float) -> SidecarAnswer[rpb.ScoreResponse]:
+        return self._call("Score", request, budget_s)
+
+    def rerank(self, request: rpb.RerankRequest, budget_s: float) -> SidecarAnswer[rpb.RerankResponse]:
+        return self._call("Rerank", request, budget_s)
+
+    def submit(
+        self, request: rpb.SubmitTrainingPairsRequest, timeout_s: float
+    ) -> SidecarAnswer[rpb.SubmitTrainingPairsResponse]:
+        return self._call("SubmitTrainingPairs", request, timeout_s)
+
+    def model_status(
+        self, tenant_id: str, timeout_s: float = 2.0
+    ) -> SidecarAnswer[rpb.GetModelStatusResponse]:
+        return self._call("GetModelStatus", rpb.GetModelStatusRequest(tenant_id=tenant_id), timeout_s)

@@ -1,0 +1,112 @@
+"""Delivers session feedback from the DuckDB outbox to the sidecar, in the background.
+
+EndSession commits the training session into the outbox in its own transaction, so the
+caller never waits for the sidecar and a crash of either process loses nothing: rows stay
+until the sidecar acknowledges them (the sidecar's store is idempotent by session id, so a
+redelivery after a lost acknowledgement is harmless). Failures back off exponentially."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+
+from mnemo_server.config import RankingConfig
+from mnemo_server.ranking.client import RankingClient
+from mnemo_server.store import session_repo
+from mnemo_server.store.database import Database
+
+log = logging.getLogger(__name__)
+
+
+def to_request(tenant_id: str, payload: dict[str, Any]) -> rpb.SubmitTrainingPairsRequest:
+    end = timestamp_pb2.Timestamp()
+    end.FromNanoseconds(int(payload["end_time_ns"]))
+    return rpb.SubmitTrainingPairsRequest(
+        tenant_id=tenant_id,
+        session=rpb.TrainingSession(
+            session_id=payload["session_id"],
+            query=payload["query"],
+            feature_names=payload["feature_names"],
+            end_time=end,
+            candidates=[
+                rpb.TrainingCandidate(
+                    candidate=rpb.Candidate(
+                        id=c["id"], text=c["text"], baseline_score=c["baseline_score"], features=c["features"]
+                    ),
+                    relevance=c["relevance"],
+                    baseline_rank=c["baseline_rank"],
+                    predictor_rank=c["predictor_rank"],
+                )
+                for c in payload["candidates"]
+            ],
+        ),
+    )
+
+
+class FeedbackDelivery:
+    def __init__(self, db: Database, client: RankingClient, cfg: RankingConfig):
+        self.db = db
+        self.client = client
+        self.cfg = cfg
+        self.delivered = 0
+        self.failed = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._thread is None and self.client.enabled:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="mnemo-feedback-delivery", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._wake.set()
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def pending(self) -> int:
+        return session_repo.pending_count(self.db.reader())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.cfg.delivery_interval_s)
+            self._wake.clear()
+            try:
+                self.deliver_due()
+            except Exception:  # never let the loop die; rows stay in the outbox
+                log.exception("feedback delivery pass failed")
+
+    def deliver_due(self) -> int:
+        """One pass: send what is due; returns how many were delivered."""
+        sent = 0
+        for item in session_repo.due(self.db.reader(), time.time_ns(), 50):
+            if self._stop.is_set():
+                break
+            answer = self.client.submit(to_request(item.tenant_id, item.payload), self.cfg.delivery_timeout_s)
+            now = time.time_ns()
+            with self.db.transaction() as cur:
+                if answer.ok:
+                    session_repo.mark_delivered(cur, item.tenant_id, item.session_id, now)
+                else:
+                    backoff = min(self.cfg.delivery_max_backoff_s, 0.5 * 2 ** min(item.attempts, 10))
+                    session_repo.mark_failed(
+                        cur, item.tenant_id, item.session_id, now + int(backoff * 1e9), answer.fallback_reason
+                    )
+            if answer.ok:
+                sent += 1
+                self.delivered += 1
+            else:
+                self.failed += 1
+                break  # the sidecar is unhappy: wait for the next pass instead of hammering it
+        return sent

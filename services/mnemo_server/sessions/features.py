@@ -1,0 +1,97 @@
+"""Per-candidate feature vectors for the learned ranker. Names travel with the values, so
+the sidecar matches them by name and the set can grow without breaking trained models."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from mnemo_server.memory.model import Memory, MemoryType, ScopeKind
+from mnemo_server.retrieval.recall import HitScores
+
+NS_PER_DAY = 86_400 * 1_000_000_000
+# Signet's decision battery, in short: content that records a choice is worth surfacing.
+_DECISION = re.compile(
+    r"\b(decided|decision|chose|chosen|switched (?:from|to)|migrated|went with|sticking with|settled on|"
+    r"committed to|will use|prefers? .+ over|adopted)\b",
+    re.IGNORECASE,
+)
+
+BASE_FEATURES: tuple[str, ...] = (
+    "baseline_score",
+    "baseline_rrank",
+    "recall_score",
+    "fused_score",
+    "vector_score",
+    "vector_rrank",
+    "text_score_rel",
+    "text_rrank",
+    "importance",
+    "confidence",
+    "pinned",
+    "age_log_days",
+    "event_age_log_days",
+    "chars_log",
+    "access_log",
+    "decision",
+    *(f"type_{t.value}" for t in MemoryType),
+    *(f"scope_{k.value}" for k in ScopeKind),
+    "origin_recall",
+    "origin_pinned",
+    "origin_recent",
+)
+
+
+@dataclass
+class Candidate:
+    memory: Memory
+    origins: set[str]
+    scores: HitScores | None = None  # None when not returned by recall
+    recall_score: float = 0.0
+    baseline_score: float = 0.0
+    baseline_rank: int = 0
+    access_count: int = 0
+    features: list[float] = field(default_factory=list)
+
+
+def signal_names(candidates: list[Candidate]) -> list[str]:
+    names: set[str] = set()
+    for c in candidates:
+        if c.scores is not None:
+            names.update(c.scores.signals)
+    return [f"sig_{n}" for n in sorted(names)]
+
+
+def compute_features(candidates: list[Candidate], now_ns: int) -> list[str]:
+    """Fill each candidate's features; returns the feature names (same order)."""
+    sig_names = signal_names(candidates)
+    best_text = max((c.scores.text_score for c in candidates if c.scores), default=0.0) or 1.0
+    for c in candidates:
+        m, s = c.memory, c.scores
+        row = [
+            c.baseline_score,
+            1.0 / c.baseline_rank if c.baseline_rank else 0.0,
+            c.recall_score,
+            s.fused_score if s else 0.0,
+            s.vector_score if s else 0.0,
+            1.0 / s.vector_rank if s and s.vector_rank else 0.0,
+            s.text_score / best_text if s else 0.0,
+            1.0 / s.text_rank if s and s.text_rank else 0.0,
+            m.importance,
+            m.confidence,
+            float(m.pinned),
+            math.log1p(max(0, now_ns - m.create_time_ns) / NS_PER_DAY),
+            math.log1p(max(0, now_ns - m.event_time_ns) / NS_PER_DAY),
+            math.log1p(len(m.content)),
+            math.log1p(c.access_count),
+            1.0 if _DECISION.search(m.content) else 0.0,
+            *(float(m.type is t) for t in MemoryType),
+            *(float(m.scope.kind is k) for k in ScopeKind),
+            float("recall" in c.origins),
+            float("pinned" in c.origins),
+            float("recent" in c.origins),
+            *((s.signals.get(n[4:], 0.0) if s else 0.0) for n in sig_names),
+        ]
+        c.features = row
+    return [*BASE_FEATURES, *sig_names]

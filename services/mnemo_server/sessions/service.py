@@ -1,0 +1,448 @@
+"""Sessions: the session-start injection bundle and the session-end feedback loop.
+
+StartSession: candidate pool (hybrid recall on the opening context + pinned + recent, in
+the session's visible scopes) → feature vectors → the sidecar's learned ranker under a
+deadline → fused with the baseline by the predictor's health weight → packed into the
+token budget → recorded (what was injected, at which rank). Any sidecar trouble means the
+baseline order, never an error and never a missed deadline.
+
+EndSession: continuity per injected memory (feedback, else transcript overlap, else 0) →
+a training session queued in the outbox in the same transaction → delivered to the
+sidecar in the background."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+
+from mnemo_server.config import LimitsConfig, RankingConfig
+from mnemo_server.errors import AlreadyExists, FailedPrecondition, FieldViolation, InvalidArgument, NotFound
+from mnemo_server.memory.model import IdempotencyKey, Memory, MemoryFilter, Scope, ScopeKind, now_ns
+from mnemo_server.memory.validation import Validator, raise_if
+from mnemo_server.ranking.client import RankingClient
+from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery
+from mnemo_server.sessions.continuity import content_tokens, overlap_relevance
+from mnemo_server.sessions.features import Candidate, compute_features
+from mnemo_server.sessions.packing import pack, render
+from mnemo_server.store import idempotency_repo, memory_repo, session_repo
+from mnemo_server.store.database import Database
+from mnemo_server.store.session_repo import SessionMemoryRow, SessionRow
+
+MODEL, BASELINE, FALLBACK = "model", "baseline", "fallback"
+
+
+@dataclass(frozen=True)
+class StartSessionInput:
+    session_id: str
+    context: str = ""
+    agent_id: str = ""
+    persona_id: str = ""
+    project_id: str = ""
+    token_budget: int = 0
+    max_memories: int = 0
+    request_fingerprint: str = ""
+
+
+@dataclass
+class Injected:
+    memory: Memory
+    rank: int
+    score: float
+    baseline_score: float
+    predictor_score: float
+    origin: str
+    tokens: int
+
+
+@dataclass
+class SessionBundle:
+    session: SessionRow
+    injected: list[Injected]
+    context_text: str
+    continuity: list[tuple[str, float, str]] = field(default_factory=list)
+
+
+@dataclass
+class RankDecision:
+    path: str
+    reason: str
+    version: str = ""
+    weight: float = 0.0
+    predictor: list[float] = field(default_factory=list)
+    sidecar_ms: float = 0.0
+    deadline_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Feedback:
+    memory_id: str
+    relevance: float
+    used: bool
+
+
+def _minmax(values: Sequence[float]) -> list[float]:
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    return [0.5] * len(values) if hi - lo < 1e-12 else [(v - lo) / (hi - lo) for v in values]
+
+
+class SessionService:
+    def __init__(
+        self,
+        db: Database,
+        recall: RecallPipeline,
+        ranking: RankingClient,
+        validator: Validator,
+        limits: LimitsConfig,
+        cfg: RankingConfig,
+        on_feedback: Callable[[], None] = lambda: None,
+        clock: Callable[[], int] = now_ns,
+    ):
+        self.db = db
+        self.recall = recall
+        self.ranking = ranking
+        self.validator = validator
+        self.limits = limits
+        self.cfg = cfg
+        self.on_feedback = on_feedback
+        self.clock = clock
+
+    # --- start -------------------------------------------------------------------------
+
+    def _validate(self, req: StartSessionInput) -> tuple[int, int]:
+        out: list[FieldViolation] = []
+        if not req.session_id:
+            out.append(FieldViolation("session_id", "is required"))
+        else:
+            self.validator.identifier(req.session_id, "session_id", self.limits.max_request_id_chars, out)
+        for name in ("agent_id", "persona_id", "project_id"):
+            value = getattr(req, name)
+            if value:
+                self.validator.identifier(value, name, self.limits.max_scope_id_chars, out)
+        if len(req.context) > self.limits.max_query_chars:
+            out.append(FieldViolation("context", f"longer than {self.limits.max_query_chars} characters"))
+        if not 0 <= req.token_budget <= 100_000:
+            out.append(FieldViolation("token_budget", "must be between 0 and 100000"))
+        if not 0 <= req.max_memories <= self.limits.max_top_k:
+            out.append(FieldViolation("max_memories", f"must be between 0 and {self.limits.max_top_k}"))
+        raise_if(out)
+        return (
+            req.token_budget or self.cfg.default_token_budget,
+            req.max_memories or self.cfg.default_max_memories,
+        )
+
+    @staticmethod
+    def visible_scopes(req: StartSessionInput) -> tuple[Scope, ...]:
+        scopes = [Scope.workspace(), Scope(ScopeKind.SESSION, req.session_id)]
+        if req.persona_id:
+            scopes.append(Scope(ScopeKind.PERSONA, req.persona_id))
+        if req.project_id:
+            scopes.append(Scope(ScopeKind.PROJECT, req.project_id))
+        return tuple(scopes)
+
+    def _pool(self, tenant_id: str, req: StartSessionInput, scopes: tuple[Scope, ...]) -> list[Candidate]:
+        by_id: dict[str, Candidate] = {}
+        f = MemoryFilter(scopes=scopes)
+        if req.context.strip():
+            result = self.recall.recall(
+                tenant_id, RecallQuery(req.context, min(self.cfg.pool_recall, self.limits.max_top_k), f)
+            )
+            for h in result.hits:
+                by_id[h.memory.id] = Candidate(h.memory, {"recall"}, h.scores, h.score)
+        cur = self.db.reader()
+        pinned = memory_repo.list_page(
+            cur,
+            tenant_id,
+            MemoryFilter(scopes=scopes, pinned_only=True),
+            include_deleted=False,
+            before_seq=None,
+            limit=self.cfg.pool_pinned,
+        )
+        recent = memory_repo.list_page(
+            cur, tenant_id, f, include_deleted=False, before_seq=None, limit=self.cfg.pool_recent
+        )
+        for origin, rows in (("pinned", pinned), ("recent", recent)):
+            for m in rows:
+                by_id.setdefault(m.id, Candidate(m, set())).origins.add(origin)
+        return list(by_id.values())
+
+    def start(
+        self, tenant_id: str, req: StartSessionInput, caller_remaining_s: float | None
+    ) -> SessionBundle:
+        started = time.perf_counter()
+        budget, max_items = self._validate(req)
+        existing = session_repo.get_session(self.db.reader(), tenant_id, req.session_id)
+        if existing is not None:
+            if req.request_fingerprint and existing.request_fingerprint == req.request_fingerprint:
+                return self._replay(tenant_id, existing)
+            raise AlreadyExists(f"session {req.session_id!r} already exists", reason="SESSION_EXISTS")
+        scopes = self.visible_scopes(req)
+        pool = self._pool(tenant_id, req, scopes)
+        now = self.clock()
+        counts = session_repo.access_counts(self.db.reader(), tenant_id, [c.memory.id for c in pool])
+        # Baseline: recall's own order; pinned/recent-only candidates after it, by importance.
+        for c in pool:
+            c.access_count = counts.get(c.memory.id, 0)
+            c.baseline_score = c.recall_score if "recall" in c.origins else 0.01 * c.memory.importance
+        pool.sort(key=lambda c: -c.baseline_score)
+        for rank, c in enumerate(pool, start=1):
+            c.baseline_rank = rank
+        names = compute_features(pool, now)
+
+        decision = self._rank(tenant_id, req, pool, names, started, caller_remaining_s)
+        path, reason, version, weight = decision.path, decision.reason, decision.version, decision.weight
+        sidecar_ms, deadline_ms, predictor = decision.sidecar_ms, decision.deadline_ms, decision.predictor
+
+        base_norm = _minmax([c.baseline_score for c in pool])
+        if path == MODEL:
+            pred_norm = _minmax(predictor)
+            final = [weight * p + (1 - weight) * b for p, b in zip(pred_norm, base_norm, strict=True)]
+        else:
+            final = [c.baseline_score for c in pool]
+        order = sorted(range(len(pool)), key=lambda i: (-final[i], pool[i].baseline_rank))
+        pred_rank = {i: r for r, i in enumerate(sorted(range(len(pool)), key=lambda i: -predictor[i]), 1)}
+        packed = pack([pool[i].memory for i in order], budget, max_items)
+        injected_rank = {order[p]: r for r, p in enumerate(packed.chosen, start=1)}
+        tokens_of = {order[p]: t for p, t in zip(packed.chosen, packed.tokens, strict=True)}
+
+        session = SessionRow(
+            tenant_id,
+            req.session_id,
+            req.agent_id,
+            req.persona_id,
+            req.project_id,
+            req.context,
+            "active",
+            req.request_fingerprint,
+            path,
+            reason,
+            version,
+            weight,
+            sidecar_ms,
+            deadline_ms,
+            0.0,
+            budget,
+            packed.tokens_used,
+            packed.dropped,
+            names,
+            now,
+        )
+        members = [
+            SessionMemoryRow(
+                c.memory.id,
+                i,
+                injected_rank.get(i, 0),
+                "+".join(sorted(c.origins)),
+                c.baseline_score,
+                c.baseline_rank,
+                predictor[i],
+                pred_rank[i] if path == MODEL else 0,
+                final[i],
+                tokens_of.get(i, 0),
+                c.features,
+            )
+            for i, c in enumerate(pool)
+        ]
+        injected = [
+            Injected(
+                pool[i].memory,
+                r,
+                final[i],
+                pool[i].baseline_score,
+                predictor[i],
+                "+".join(sorted(pool[i].origins)),
+                tokens_of[i],
+            )
+            for i, r in sorted(injected_rank.items(), key=lambda kv: kv[1])
+        ]
+        session.took_ms = (time.perf_counter() - started) * 1000.0
+        with self.db.transaction() as cur:
+            session_repo.insert_session(cur, session, members)
+            session_repo.touch_memories(cur, tenant_id, [x.memory.id for x in injected], now)
+        return SessionBundle(session, injected, render([x.memory for x in injected]))
+
+    def _rank(
+        self,
+        tenant_id: str,
+        req: StartSessionInput,
+        pool: list[Candidate],
+        names: list[str],
+        started: float,
+        caller_remaining_s: float | None,
+    ) -> RankDecision:
+        """Ask the sidecar's ranker within what is left of the deadline; baseline otherwise."""
+        if not pool:
+            return RankDecision(BASELINE, "", predictor=[])
+        if not self.ranking.enabled:
+            return RankDecision(BASELINE, "no_sidecar", predictor=[0.0] * len(pool))
+        margin_s = self.cfg.deadline_margin_ms / 1000.0
+        budget_s = self.cfg.start_session_deadline_ms / 1000.0 - (time.perf_counter() - started) - margin_s
+        if caller_remaining_s is not None:
+            budget_s = min(budget_s, caller_remaining_s - margin_s)
+        request = rpb.ScoreRequest(
+            tenant_id=tenant_id,
+            session_id=req.session_id,
+            query=req.context,
+            feature_names=names,
+            candidates=[
+                rpb.Candidate(
+                    id=c.memory.id,
+                    text=c.memory.content,
+                    baseline_score=c.baseline_score,
+                    features=c.features,
+                )
+                for c in pool
+            ],
+        )
+        answer = self.ranking.score(request, budget_s)
+        zeros = [0.0] * len(pool)
+        ms, deadline_ms = answer.elapsed_ms, max(0, int(budget_s * 1000))
+        if answer.value is None:
+            return RankDecision(
+                FALLBACK, answer.fallback_reason, predictor=zeros, sidecar_ms=ms, deadline_ms=deadline_ms
+            )
+        if answer.value.cold_start or len(answer.value.scores) != len(pool):
+            reason = "cold_start" if answer.value.cold_start else "partial_scores"
+            return RankDecision(BASELINE, reason, predictor=zeros, sidecar_ms=ms, deadline_ms=deadline_ms)
+        return RankDecision(
+            MODEL,
+            "",
+            answer.value.model_version,
+            answer.value.predictor_weight,
+            predictor=[s.score for s in answer.value.scores],
+            sidecar_ms=ms,
+            deadline_ms=deadline_ms,
+        )
+
+    def _replay(self, tenant_id: str, s: SessionRow) -> SessionBundle:
+        members = [
+            m for m in session_repo.session_memories(self.db.reader(), tenant_id, s.id) if m.injected_rank
+        ]
+        mems = memory_repo.get_many(self.db.reader(), tenant_id, [m.memory_id for m in members])
+        injected = sorted(
+            (
+                Injected(
+                    mems[m.memory_id],
+                    m.injected_rank,
+                    m.final_score,
+                    m.baseline_score,
+                    m.predictor_score,
+                    m.origin,
+                    m.tokens,
+                )
+                for m in members
+                if m.memory_id in mems
+            ),
+            key=lambda x: x.rank,
+        )
+        return SessionBundle(s, injected, render([x.memory for x in injected]))
+
+    def get(self, tenant_id: str, session_id: str) -> SessionBundle:
+        if not session_id:
+            raise InvalidArgument("session_id", "is required")
+        s = session_repo.get_session(self.db.reader(), tenant_id, session_id)
+        if s is None:
+            raise NotFound("session", session_id)
+        bundle = self._replay(tenant_id, s)
+        members = session_repo.session_memories(self.db.reader(), tenant_id, session_id)
+        bundle.continuity = [
+            (m.memory_id, m.relevance, m.relevance_source) for m in members if m.relevance is not None
+        ]
+        return bundle
+
+    # --- end ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _continuity(
+        members: Sequence[SessionMemoryRow],
+        feedback: Sequence[Feedback],
+        transcript: str,
+        texts: dict[str, Memory],
+    ) -> dict[str, tuple[float, str]]:
+        """memory id -> (relevance, source): explicit feedback (for any candidate), else the
+        transcript overlap or 0 for each injected memory."""
+        known = {m.memory_id for m in members}
+        given: dict[str, float] = {}
+        for i, fb in enumerate(feedback):
+            if fb.memory_id not in known:
+                raise InvalidArgument(f"feedback[{i}].memory_id", "was not a candidate of this session")
+            given[fb.memory_id] = 1.0 if fb.used and fb.relevance == 0 else fb.relevance
+        words = content_tokens(transcript) if transcript else set()
+        continuity: dict[str, tuple[float, str]] = {}
+        for m in members:
+            mem = texts.get(m.memory_id)
+            if m.memory_id in given:
+                continuity[m.memory_id] = (given[m.memory_id], "feedback")
+            elif m.injected_rank and words and mem is not None:
+                continuity[m.memory_id] = (overlap_relevance(mem.content, words), "transcript")
+            elif m.injected_rank:
+                continuity[m.memory_id] = (0.0, "default")
+        return continuity
+
+    def end(
+        self,
+        tenant_id: str,
+        session_id: str,
+        feedback: Sequence[Feedback],
+        transcript: str,
+        key: IdempotencyKey | None = None,
+    ) -> tuple[list[tuple[str, float, str]], int]:
+        """Returns (continuity per injected memory, training pairs queued)."""
+        out: list[FieldViolation] = []
+        if not session_id:
+            out.append(FieldViolation("session_id", "is required"))
+        for i, fb in enumerate(feedback):
+            if not -1.0 <= fb.relevance <= 1.0:
+                out.append(FieldViolation(f"feedback[{i}].relevance", "must be between -1 and 1"))
+        if len(transcript) > 1_000_000:
+            out.append(FieldViolation("transcript", "longer than 1,000,000 characters"))
+        raise_if(out)
+        now = self.clock()
+        with self.db.transaction() as cur:
+            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            if replay is not None:
+                return [(str(m), float(r), str(src)) for m, r, src in replay["continuity"]], int(
+                    replay["pairs"]
+                )
+            s = session_repo.get_session(cur, tenant_id, session_id)
+            if s is None:
+                raise NotFound("session", session_id)
+            if s.state != "active":
+                raise FailedPrecondition(f"session {session_id!r} has already ended", reason="SESSION_ENDED")
+            members = session_repo.session_memories(cur, tenant_id, session_id)
+            texts = memory_repo.get_many(cur, tenant_id, [m.memory_id for m in members])
+            continuity = self._continuity(members, feedback, transcript, texts)
+            session_repo.end_session(cur, tenant_id, session_id, continuity, transcript, now)
+            training = [m for m in members if m.memory_id in continuity]
+            payload = {
+                "session_id": session_id,
+                "query": s.context,
+                "feature_names": s.feature_names,
+                "end_time_ns": now,
+                "candidates": [
+                    {
+                        "id": m.memory_id,
+                        "text": texts[m.memory_id].content if m.memory_id in texts else "",
+                        "baseline_score": m.baseline_score,
+                        "features": m.features,
+                        "relevance": continuity[m.memory_id][0],
+                        "baseline_rank": m.baseline_rank,
+                        "predictor_rank": m.predictor_rank,
+                    }
+                    for m in training
+                ],
+            }
+            session_repo.enqueue(cur, tenant_id, session_id, payload, now)
+            result = [(mid, rel, src) for mid, (rel, src) in continuity.items()]
+            idempotency_repo.record(cur, tenant_id, key, {"continuity": result, "pairs": len(training)}, now)
+        self.on_feedback()
+        return result, len(training)
+
+
+def fingerprint(*parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]

@@ -1,0 +1,154 @@
+"""mnemo.ranking.v1.RankingService: thin; every inference call is bounded by the caller's
+deadline and admitted through the gate (or shed)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+from google.protobuf import timestamp_pb2
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+from mnemo_server.errors import Unavailable
+
+from mnemo_sidecar.api import convert
+from mnemo_sidecar.api.stats import LatencyStats
+from mnemo_sidecar.deadlines import AdmissionGate, Deadline
+from mnemo_sidecar.engine import RankingEngine
+from mnemo_sidecar.learning.model import ModelKind
+from mnemo_sidecar.learning.runner import TrainingRunner
+
+
+class RankingServicer(rpb_grpc.RankingServiceServicer):
+    def __init__(
+        self, engine: RankingEngine, runner: TrainingRunner, gate: AdmissionGate, stats: LatencyStats
+    ):
+        self.engine = engine
+        self.runner = runner
+        self.gate = gate
+        self.stats = stats
+        self.cfg = engine.cfg
+
+    def _deadline(self, context: grpc.ServicerContext) -> Deadline:
+        remaining = context.time_remaining()
+        margin = self.cfg.inference.deadline_margin_ms / 1000.0
+        return Deadline(None if remaining is None else remaining - margin)
+
+    def Rerank(self, request: rpb.RerankRequest, context: grpc.ServicerContext) -> rpb.RerankResponse:
+        tenant = convert.tenant_of(request.tenant_id)
+        items = convert.candidates(
+            list(request.candidates), "candidates", None, self.cfg.inference.max_candidates
+        )
+        deadline = self._deadline(context)
+        with self.stats.track("Rerank"), self.gate.admit(deadline):
+            result = self.engine.rerank(tenant, request.query, items, deadline)
+        method = (
+            rpb.RERANK_METHOD_CROSS_ENCODER if result.cross_encoder else rpb.RERANK_METHOD_EMBEDDING_BLEND
+        )
+        return rpb.RerankResponse(
+            scores=[
+                rpb.CandidateScore(id=c.id, score=float(s)) for c, s in zip(items, result.scores, strict=True)
+            ],
+            method=method,
+            model_version=result.version,
+        )
+
+    def Score(self, request: rpb.ScoreRequest, context: grpc.ServicerContext) -> rpb.ScoreResponse:
+        tenant = convert.tenant_of(request.tenant_id)
+        items = convert.candidates(
+            list(request.candidates),
+            "candidates",
+            len(request.feature_names),
+            self.cfg.inference.max_candidates,
+        )
+        deadline = self._deadline(context)
+        with self.stats.track("Score"), self.gate.admit(deadline):
+            result = self.engine.score(tenant, request.query, list(request.feature_names), items, deadline)
+        if result.scores is None:
+            return rpb.ScoreResponse(cold_start=True)
+        return rpb.ScoreResponse(
+            scores=[
+                rpb.CandidateScore(id=c.id, score=float(s)) for c, s in zip(items, result.scores, strict=True)
+            ],
+            model_version=result.version,
+            predictor_weight=result.predictor_weight,
+        )
+
+    def SubmitTrainingPairs(
+        self, request: rpb.SubmitTrainingPairsRequest, context: grpc.ServicerContext
+    ) -> rpb.SubmitTrainingPairsResponse:
+        tenant = convert.tenant_of(request.tenant_id)
+        session = convert.feedback_session(request.session, self.cfg.inference.max_candidates * 4)
+        with self.stats.track("SubmitTrainingPairs"):
+            result = self.engine.submit(tenant, session)
+        return rpb.SubmitTrainingPairsResponse(
+            duplicate=result.duplicate,
+            stored_pairs=result.stored_pairs,
+            health=convert.health_pb(result.health),
+            training_started=result.training_started,
+        )
+
+    def Train(self, request: rpb.TrainRequest, context: grpc.ServicerContext) -> Iterator[rpb.TrainResponse]:
+        tenant = convert.tenant_of(request.tenant_id)
+        kinds = {convert.KINDS[k] for k in request.models if k in convert.KINDS} or set(ModelKind)
+        run, _ = self.runner.start(tenant, kinds, request.force)
+        for e in run.follow():
+            if not context.is_active():
+                return  # the caller left; the run goes on in the background
+            msg = rpb.TrainResponse(
+                model=convert.KINDS_PB[e.model], stage=e.stage, progress=e.progress, message=e.message
+            )
+            if e.outcome is not None:
+                msg.outcome.CopyFrom(convert.outcome_pb(e.outcome))
+            yield msg
+        if run.error is not None:
+            raise run.error
+        if run.failure:
+            raise Unavailable(f"training failed: {run.failure}", reason="TRAINING_FAILED")
+
+    def GetModelStatus(
+        self, request: rpb.GetModelStatusRequest, context: grpc.ServicerContext
+    ) -> rpb.GetModelStatusResponse:
+        tenant = convert.tenant_of(request.tenant_id)
+        ce, ce_source = self.engine.cross_encoder(tenant)
+        ranker = self.engine.ranker(tenant)
+        sessions, pairs = self.engine.store.counts(tenant)
+        resp = rpb.GetModelStatusResponse(
+            cross_encoder=rpb.ModelInfo(
+                kind=rpb.MODEL_KIND_CROSS_ENCODER,
+                version=ce.version if ce else "",
+                ready=ce is not None,
+                source=ce_source,
+            ),
+            ranker=rpb.ModelInfo(
+                kind=rpb.MODEL_KIND_RANKER,
+                version=ranker.version if ranker else "",
+                ready=ranker is not None,
+                source=ranker.source if ranker else "",
+            ),
+            health=convert.health_pb(self.engine.health.snapshot(tenant, ranker is not None)),
+            stored_sessions=sessions,
+            stored_pairs=pairs,
+            training=self.runner.running(tenant),
+            recent_outcomes=[convert.outcome_pb(o) for o in self.engine.store.outcomes(tenant)],
+            cold_start=ranker is None,
+            note=""
+            if ce
+            else "no cross-encoder configured or trained yet: Rerank uses the embedding blend "
+            "(0.7 x first-stage + 0.3 x cosine)",
+        )
+        if ranker is not None:
+            ts = timestamp_pb2.Timestamp()
+            ts.FromNanoseconds(ranker.promote_time_ns)
+            resp.ranker.promote_time.CopyFrom(ts)
+        for name, s in self.stats.snapshot().items():
+            resp.latency[name].CopyFrom(
+                rpb.LatencyStats(
+                    calls=s.calls,
+                    p50_ms=s.percentile(0.5),
+                    p99_ms=s.percentile(0.99),
+                    deadline_exceeded=s.deadline_exceeded,
+                    shed=s.shed,
+                )
+            )
+        return resp

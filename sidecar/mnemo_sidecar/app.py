@@ -1,0 +1,87 @@
+"""The sidecar's composition root: stores, models, trainer and the gRPC server, from one
+SidecarConfig. Nothing is shared with the server process but the wire contract."""
+
+from __future__ import annotations
+
+import logging
+
+from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+from mnemo_server.api.interceptor import ApiInterceptor
+from mnemo_server.api.server import GrpcServer
+from mnemo_server.config import ServerConfig
+from mnemo_server.errors import Unauthenticated
+from mnemo_server.tenancy.tenants import Principal
+
+from mnemo_sidecar.api.ranking_servicer import RankingServicer
+from mnemo_sidecar.api.stats import LatencyStats
+from mnemo_sidecar.config import SidecarConfig
+from mnemo_sidecar.deadlines import AdmissionGate
+from mnemo_sidecar.engine import RankingEngine
+from mnemo_sidecar.learning.health import HealthTracker
+from mnemo_sidecar.learning.pair_store import PairStore
+from mnemo_sidecar.learning.registry import ModelRegistry
+from mnemo_sidecar.learning.runner import TrainingRunner
+from mnemo_sidecar.learning.trainer import Trainer
+
+log = logging.getLogger(__name__)
+SERVICE = "mnemo.ranking.v1.RankingService"
+
+
+class SidecarServer:
+    def __init__(self, cfg: SidecarConfig):
+        self.cfg = cfg
+        data = cfg.data_path
+        data.mkdir(parents=True, exist_ok=True)
+        self.store = PairStore(data / "pairs.sqlite")
+        self.registry = ModelRegistry(data / "models")
+        self.health = HealthTracker(self.store, cfg.health)
+        self.engine = RankingEngine(cfg, self.store, self.registry, self.health)
+        self.runner = TrainingRunner(Trainer(self.engine))
+        self.engine.start_background_training = self.runner.start_background
+        self.stats = LatencyStats()
+        inf = cfg.inference
+        self.gate = AdmissionGate(inf.max_running, inf.max_queued)
+        s = cfg.server
+        self.grpc = GrpcServer(
+            ServerConfig(
+                host=s.host,
+                port=s.port,
+                max_workers=s.max_workers,
+                shutdown_grace_s=s.shutdown_grace_s,
+                tls_cert_file=s.tls_cert_file,
+                tls_key_file=s.tls_key_file,
+            ),
+            ApiInterceptor(self._authenticate),
+        )
+        self.grpc.add(
+            rpb_grpc.add_RankingServiceServicer_to_server,
+            RankingServicer(self.engine, self.runner, self.gate, self.stats),
+            SERVICE,
+        )
+
+    def _authenticate(self, token: str) -> Principal:
+        expected = self.cfg.server.auth_token
+        if expected and token != expected:
+            raise Unauthenticated("the sidecar needs its auth token", reason="INVALID_SIDECAR_TOKEN")
+        return Principal(tenant_id="sidecar-caller")
+
+    @property
+    def port(self) -> int:
+        return self.grpc.port
+
+    def start(self) -> int:
+        # Load the configured cross-encoder before SERVING (an export may take a while once).
+        self.engine.base_cross_encoder()
+        port = self.grpc.start()
+        log.info(
+            "mnemo-sidecar serving on %s:%d (data in %s)", self.cfg.server.host, port, self.cfg.data_path
+        )
+        return port
+
+    def stop(self, grace_s: float | None = None) -> None:
+        self.runner.stop()
+        self.grpc.stop(self.cfg.server.shutdown_grace_s if grace_s is None else grace_s)
+        self.store.close()
+
+    def wait(self) -> None:
+        self.grpc.wait()

@@ -1,0 +1,145 @@
+"""`mnemo-sidecar`: serve the ranking sidecar, fine-tune a cross-encoder, inspect or train."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+from mnemo_server.errors import MnemoError
+
+from mnemo_sidecar import __version__
+from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mnemo-sidecar")
+@click.option("-v", "--verbose", is_flag=True)
+def cli(verbose: bool) -> None:
+    """The Mnemo ranking sidecar."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@cli.command()
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    envvar="MNEMO_SIDECAR_CONFIG",
+)
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--host")
+@click.option("--port", type=int)
+@click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--cross-encoder",
+    "cross_encoder",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="A Hugging Face-format cross-encoder directory to serve.",
+)
+def serve(
+    config_file: Path | None,
+    data_dir: Path | None,
+    host: str | None,
+    port: int | None,
+    port_file: Path | None,
+    cross_encoder: Path | None,
+) -> None:
+    """Run the sidecar until SIGTERM/SIGINT."""
+    from mnemo_sidecar.app import SidecarServer
+    from mnemo_sidecar.config import load_sidecar_config
+
+    cfg = load_sidecar_config(config_file)
+    server: dict[str, Any] = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    overrides: dict[str, dict[str, Any]] = {"server": server} if server else {}
+    if data_dir is not None:
+        overrides["storage"] = {"data_dir": str(data_dir)}
+    if cross_encoder is not None:
+        overrides["cross_encoder"] = {"path": str(cross_encoder)}
+    if overrides:
+        cfg = cfg.replace(**overrides)
+    app = SidecarServer(cfg)
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    bound = app.start()
+    if port_file is not None:
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(bound))
+        tmp.replace(port_file)
+    click.echo(f"mnemo-sidecar listening on {cfg.server.host}:{bound}", err=True)
+    try:
+        stop.wait()
+    finally:
+        app.stop()
+
+
+def _stub(address: str) -> Any:
+    import grpc
+    from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+
+    return rpb_grpc.RankingServiceStub(grpc.insecure_channel(address))
+
+
+@cli.command()
+@click.option("--sidecar", default="127.0.0.1:50052", show_default=True, envvar="MNEMO_SIDECAR_ADDRESS")
+@click.option("--tenant", default="default", show_default=True)
+def status(sidecar: str, tenant: str) -> None:
+    """Model versions, cold start, health, pair counts and latency for a tenant."""
+    from google.protobuf import json_format
+    from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+
+    resp = _stub(sidecar).GetModelStatus(rpb.GetModelStatusRequest(tenant_id=tenant), timeout=10)
+    click.echo(json.dumps(json_format.MessageToDict(resp, preserving_proto_field_name=True), indent=1))
+
+
+@cli.command()
+@click.option("--sidecar", default="127.0.0.1:50052", show_default=True, envvar="MNEMO_SIDECAR_ADDRESS")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--force", is_flag=True, help="Train even below the minimum number of sessions.")
+def train(sidecar: str, tenant: str, force: bool) -> None:
+    """Train both models now and stream the progress."""
+    from google.protobuf import json_format
+    from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+
+    for event in _stub(sidecar).Train(rpb.TrainRequest(tenant_id=tenant, force=force)):
+        if event.HasField("outcome"):
+            click.echo(json.dumps(json_format.MessageToDict(event.outcome, preserving_proto_field_name=True)))
+        else:
+            click.echo(
+                f"[{rpb.ModelKind.Name(event.model)}] {event.stage} {event.progress:.0%} {event.message}",
+                err=True,
+            )
+
+
+cli.add_command(finetune_cross_encoder, "finetune-cross-encoder")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except MnemoError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

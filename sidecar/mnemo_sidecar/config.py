@@ -1,0 +1,132 @@
+"""Sidecar configuration: defaults < TOML file (`--config` / MNEMO_SIDECAR_CONFIG) <
+MNEMO_SIDECAR_<SECTION>__<KEY> environment variables. Same loader rules as the server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mnemo_server.config import apply_sections, read_toml, sections_from_env
+
+ENV_PREFIX = "MNEMO_SIDECAR_"
+
+
+@dataclass(frozen=True)
+class SidecarServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50052
+    max_workers: int = 16
+    shutdown_grace_s: float = 3.0
+    # When set, callers must send `authorization: Bearer <auth_token>`.
+    auth_token: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    # Requests running inference at once, and waiting beyond those; the rest are shed.
+    max_running: int = 2
+    max_queued: int = 8
+    # Threads per onnxruntime call.
+    intra_op_threads: int = 1
+    # Candidates scored per request at most.
+    max_candidates: int = 64
+    # Margin kept from the caller's deadline for the reply to travel back.
+    deadline_margin_ms: float = 3.0
+
+
+@dataclass(frozen=True)
+class CrossEncoderConfig:
+    # A Hugging Face-format cross-encoder to serve (and to fine-tune from). Empty: the
+    # sidecar serves no cross-encoder until one is trained from session feedback, and
+    # fine-tunes from the bundled all-MiniLM-L6-v2.
+    path: str = ""
+    precision: str = "fp32"
+    # Candidates (best baseline first) the cross-encoder scores inside Score; the rest get
+    # no cross-encoder feature (the ranker handles missing values).
+    score_head: int = 24
+    # In-domain fine-tuning on session feedback.
+    epochs: int = 1
+    learning_rate: float = 3e-5
+    batch_size: int = 16
+    max_length: int = 128
+    negatives_per_positive: int = 6
+    max_pairs: int = 6_000
+
+
+@dataclass(frozen=True)
+class RankerConfig:
+    num_leaves: int = 15
+    n_estimators: int = 300
+    learning_rate: float = 0.05
+    min_child_samples: int = 20
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    # Sessions with feedback before the first model is trained (cold start before that).
+    min_sessions: int = 30
+    # Retrain in the background every this many new sessions.
+    retrain_every: int = 50
+    auto: bool = True
+    # Share of sessions held back (the newest) to decide promotion.
+    heldout_fraction: float = 0.2
+    min_heldout: int = 8
+    # A new version must beat the current one (or the baseline) by at least this NDCG@10.
+    promote_margin: float = 0.0
+    cross_encoder: bool = True
+    ranker: bool = True
+    torch_threads: int = 2
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    alpha: float = 0.1
+    # For the first sessions after a model is promoted the baseline keeps at least this weight.
+    early_sessions: int = 20
+    early_min_baseline_weight: float = 0.5
+    # Drift: the predictor's win rate over the window falls below the threshold.
+    drift_window: int = 20
+    drift_threshold: float = 0.3
+    # Weight the predictor keeps while drifting (a retrain is scheduled).
+    drift_predictor_weight: float = 0.1
+
+
+@dataclass(frozen=True)
+class SidecarStorageConfig:
+    # The sidecar's own directory (pair store, model versions, ONNX caches); it shares no
+    # files with the server.
+    data_dir: str = "./mnemo-sidecar-data"
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    server: SidecarServerConfig = field(default_factory=SidecarServerConfig)
+    storage: SidecarStorageConfig = field(default_factory=SidecarStorageConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    cross_encoder: CrossEncoderConfig = field(default_factory=CrossEncoderConfig)
+    ranker: RankerConfig = field(default_factory=RankerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.storage.data_dir)
+
+    def replace(self, **sections: Any) -> SidecarConfig:
+        return apply_sections(self, sections, origin="override")
+
+
+def load_sidecar_config(
+    path: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> SidecarConfig:
+    env = os.environ if env is None else env
+    cfg = SidecarConfig()
+    file = path or env.get("MNEMO_SIDECAR_CONFIG")
+    if file:
+        cfg = apply_sections(cfg, read_toml(Path(file)), origin=str(file))
+    return apply_sections(cfg, sections_from_env(env, ENV_PREFIX), origin="environment")

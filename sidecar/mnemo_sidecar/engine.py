@@ -1,0 +1,209 @@
+"""The sidecar's core, without gRPC: which models serve a tenant, Rerank and Score under a
+deadline, storing feedback and keeping the predictor's health."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from mnemo_sidecar.config import SidecarConfig
+from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
+from mnemo_sidecar.deadlines import Deadline
+from mnemo_sidecar.embedding_blend import EmbeddingBlend
+from mnemo_sidecar.learning.health import Health, HealthTracker, win_of
+from mnemo_sidecar.learning.model import Candidate, FeedbackCandidate, FeedbackSession, ModelKind
+from mnemo_sidecar.learning.ndcg import ndcg_at, order_by
+from mnemo_sidecar.learning.pair_store import PairStore
+from mnemo_sidecar.learning.registry import ModelRegistry, Promoted
+from mnemo_sidecar.ranker.model import RankerModel, session_matrix
+
+Scores = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    scores: Scores
+    cross_encoder: bool
+    version: str
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    scores: Scores | None  # None: cold start
+    version: str
+    predictor_weight: float
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    duplicate: bool
+    stored_pairs: int
+    health: Health
+    training_started: bool
+
+
+class RankingEngine:
+    def __init__(self, cfg: SidecarConfig, store: PairStore, registry: ModelRegistry, health: HealthTracker):
+        self.cfg = cfg
+        self.store = store
+        self.registry = registry
+        self.health = health
+        self.onnx_cache = cfg.data_path / "onnx-cache"
+        self.blend = EmbeddingBlend(cfg.data_path / "embedder", threads=cfg.inference.intra_op_threads)
+        self._base_ce: CrossEncoderRuntime | None = None
+        self._base_ce_lock = threading.Lock()
+        # Set by the app: starts a background training run for a tenant (returns False if busy).
+        self.start_background_training: Callable[[str], bool] = lambda _tenant: False
+
+    # --- models ------------------------------------------------------------------------
+
+    def load_cross_encoder(self, directory: Path) -> CrossEncoderRuntime:
+        c = self.cfg.cross_encoder
+        return CrossEncoderRuntime(
+            directory,
+            self.onnx_cache,
+            precision=c.precision,
+            intra_op_threads=self.cfg.inference.intra_op_threads,
+            max_candidates=self.cfg.inference.max_candidates,
+        )
+
+    def base_cross_encoder(self) -> CrossEncoderRuntime | None:
+        """The configured cross-encoder (shared by all tenants), if any."""
+        if not self.cfg.cross_encoder.path:
+            return None
+        with self._base_ce_lock:
+            if self._base_ce is None:
+                self._base_ce = self.load_cross_encoder(Path(self.cfg.cross_encoder.path))
+            return self._base_ce
+
+    def cross_encoder(self, tenant: str) -> tuple[CrossEncoderRuntime | None, str]:
+        """The tenant's fine-tuned cross-encoder, else the configured one; and its source."""
+        own = self.registry.current(tenant, ModelKind.CROSS_ENCODER, self.load_cross_encoder)
+        if own is not None:
+            return own.model, own.source
+        base = self.base_cross_encoder()
+        return base, (f"configured: {self.cfg.cross_encoder.path}" if base else "")
+
+    def ranker(self, tenant: str) -> Promoted[RankerModel] | None:
+        return self.registry.current(
+            tenant, ModelKind.RANKER, lambda d: RankerModel.load(d, self.cfg.inference.intra_op_threads)
+        )
+
+    # --- scoring -----------------------------------------------------------------------
+
+    def ce_head_scores(
+        self, ce: CrossEncoderRuntime, query: str, candidates: Sequence[Candidate], deadline: Deadline
+    ) -> dict[str, float]:
+        """Cross-encoder logits for the best `score_head` candidates by baseline."""
+        head = sorted(candidates, key=lambda c: -c.baseline_score)[: self.cfg.cross_encoder.score_head]
+        if not head:
+            return {}
+        logits = ce.score(query, [c.text for c in head], deadline)
+        return {c.id: float(s) for c, s in zip(head, logits, strict=True)}
+
+    def rerank(
+        self, tenant: str, query: str, candidates: Sequence[Candidate], deadline: Deadline
+    ) -> RerankResult:
+        ce, _ = self.cross_encoder(tenant)
+        texts = [c.text for c in candidates]
+        if ce is not None:
+            return RerankResult(ce.score(query, texts, deadline), True, ce.version)
+        scores = self.blend.score(query, texts, [c.baseline_score for c in candidates], deadline)
+        return RerankResult(scores, False, self.blend.version)
+
+    def predict(
+        self,
+        tenant: str,
+        query: str,
+        names: Sequence[str],
+        candidates: Sequence[Candidate],
+        deadline: Deadline,
+    ) -> tuple[Scores, str] | None:
+        """The tenant's ranker's scores, or None in cold start."""
+        ranker = self.ranker(tenant)
+        if ranker is None:
+            return None
+        model = ranker.model
+        ce_scores: dict[str, float] | None = None
+        if model.uses_ce:
+            ce, _ = self.cross_encoder(tenant)
+            if ce is not None:
+                ce_scores = self.ce_head_scores(ce, query, candidates, deadline)
+        deadline.check("ranking")
+        session = FeedbackSession("", query, tuple(names), tuple(_unlabelled(c) for c in candidates))
+        return model.score(session_matrix(session, model.feature_names, ce_scores)), ranker.version
+
+    def score(
+        self,
+        tenant: str,
+        query: str,
+        names: Sequence[str],
+        candidates: Sequence[Candidate],
+        deadline: Deadline,
+    ) -> ScoreResult:
+        predicted = self.predict(tenant, query, names, candidates, deadline)
+        if predicted is None:
+            return ScoreResult(None, "", 0.0)
+        scores, version = predicted
+        return ScoreResult(scores, version, self.health.snapshot(tenant, has_model=True).predictor_weight)
+
+    # --- feedback ----------------------------------------------------------------------
+
+    def submit(self, tenant: str, session: FeedbackSession) -> SubmitResult:
+        relevance = {c.candidate.id: c.relevance for c in session.candidates}
+        baseline = [
+            c.candidate.id for c in sorted(session.candidates, key=lambda c: c.baseline_rank or 10**9)
+        ]
+        baseline_ndcg = ndcg_at(baseline, relevance)
+        predictor_ndcg: float | None = None
+        if session.candidates and all(c.predictor_rank for c in session.candidates):
+            served = sorted(session.candidates, key=lambda c: c.predictor_rank)
+            predictor_ndcg = ndcg_at([c.candidate.id for c in served], relevance)
+        elif baseline_ndcg is not None:
+            # Not served by the model (cold start or fallback): judge the current model in shadow.
+            shadow = self.predict(
+                tenant,
+                session.query,
+                session.feature_names,
+                [c.candidate for c in session.candidates],
+                Deadline.none(),
+            )
+            if shadow is not None:
+                scores = dict(
+                    zip((c.candidate.id for c in session.candidates), map(float, shadow[0]), strict=True)
+                )
+                predictor_ndcg = ndcg_at(order_by(scores), relevance)
+        win = None
+        if predictor_ndcg is not None and baseline_ndcg is not None:
+            win = win_of(predictor_ndcg, baseline_ndcg)
+        added = self.store.add_session(tenant, session, baseline_ndcg, predictor_ndcg, win)
+        if added:
+            self.health.record(tenant, win)
+        has_model = self.ranker(tenant) is not None
+        snapshot = self.health.snapshot(tenant, has_model)
+        started = (
+            added
+            and self._due_for_training(tenant, has_model, snapshot)
+            and self.start_background_training(tenant)
+        )
+        return SubmitResult(not added, self.store.counts(tenant)[1], snapshot, started)
+
+    def _due_for_training(self, tenant: str, has_model: bool, snapshot: Health) -> bool:
+        t = self.cfg.training
+        if not t.auto or snapshot.sessions < t.min_sessions:
+            return False
+        since = self.health.sessions_since_training(tenant)
+        return (
+            (not has_model and since >= t.min_sessions)
+            or since >= t.retrain_every
+            or (snapshot.drift and since >= t.min_sessions)
+        )
+
+
+def _unlabelled(c: Candidate) -> FeedbackCandidate:
+    return FeedbackCandidate(c, 0.0, 0)

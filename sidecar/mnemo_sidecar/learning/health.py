@@ -1,0 +1,80 @@
+"""Predictor health (Signet): per session, NDCG@10 of the predictor's order vs the
+baseline's on the feedback; an EMA of wins (alpha 0.1) sets the weight the predictor gets
+when fused with the baseline. Early after a promotion the baseline keeps a floor; when the
+win rate over a window drops below the threshold the predictor is flagged as drifting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mnemo_sidecar.config import HealthConfig
+from mnemo_sidecar.learning.pair_store import PairStore
+
+
+@dataclass(frozen=True)
+class Health:
+    sessions: int
+    win_ema: float
+    predictor_weight: float
+    drift: bool
+    window_win_rate: float
+    window_predictor_ndcg: float
+    window_baseline_ndcg: float
+
+
+def win_of(predictor_ndcg: float, baseline_ndcg: float, tolerance: float = 1e-9) -> float:
+    if predictor_ndcg > baseline_ndcg + tolerance:
+        return 1.0
+    if predictor_ndcg < baseline_ndcg - tolerance:
+        return 0.0
+    return 0.5
+
+
+class HealthTracker:
+    def __init__(self, store: PairStore, cfg: HealthConfig):
+        self.store = store
+        self.cfg = cfg
+
+    def record(self, tenant: str, win: float | None) -> None:
+        """After a session was stored; win is None when no predictor could be compared."""
+        ema, since_promotion, since_training = self.store.health_state(tenant)
+        if win is not None:
+            ema = self.cfg.alpha * win + (1 - self.cfg.alpha) * ema
+        self.store.set_health_state(tenant, ema, since_promotion + 1, since_training + 1)
+
+    def on_promotion(self, tenant: str) -> None:
+        _, _, since_training = self.store.health_state(tenant)
+        # A new model starts neutral: its weight has to be earned again.
+        self.store.set_health_state(tenant, 0.5, 0, since_training)
+
+    def on_training(self, tenant: str) -> None:
+        ema, since_promotion, _ = self.store.health_state(tenant)
+        self.store.set_health_state(tenant, ema, since_promotion, 0)
+
+    def sessions_since_training(self, tenant: str) -> int:
+        return self.store.health_state(tenant)[2]
+
+    def snapshot(self, tenant: str, has_model: bool) -> Health:
+        ema, since_promotion, _ = self.store.health_state(tenant)
+        sessions, _ = self.store.counts(tenant)
+        window = self.store.recent_wins(tenant, self.cfg.drift_window)
+        rate = sum(w for w, _, _ in window) / len(window) if window else 0.5
+        pred = [p for _, p, _ in window if p is not None]
+        base = [b for _, _, b in window if b is not None]
+        drift = len(window) >= self.cfg.drift_window and rate < self.cfg.drift_threshold
+        weight = 0.0
+        if has_model:
+            weight = ema
+            if since_promotion < self.cfg.early_sessions:
+                weight = min(weight, 1.0 - self.cfg.early_min_baseline_weight)
+            if drift:
+                weight = min(weight, self.cfg.drift_predictor_weight)
+        return Health(
+            sessions,
+            ema,
+            round(weight, 4),
+            drift,
+            rate,
+            sum(pred) / len(pred) if pred else 0.0,
+            sum(base) / len(base) if base else 0.0,
+        )

@@ -1,0 +1,234 @@
+"""Durable store of session feedback (SQLite, WAL, synchronous=FULL: a submission that was
+acknowledged survives kill -9). Idempotent by (tenant, session_id)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+
+from mnemo_sidecar.learning.model import (
+    Candidate,
+    FeedbackCandidate,
+    FeedbackSession,
+    ModelKind,
+    TrainingOutcome,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    tenant TEXT NOT NULL, session_id TEXT NOT NULL, query TEXT NOT NULL, feature_names TEXT NOT NULL,
+    end_time_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL, seq INTEGER NOT NULL,
+    baseline_ndcg REAL, predictor_ndcg REAL, win REAL,
+    PRIMARY KEY (tenant, session_id));
+CREATE TABLE IF NOT EXISTS candidates (
+    tenant TEXT NOT NULL, session_id TEXT NOT NULL, ord INTEGER NOT NULL, cand_id TEXT NOT NULL,
+    text TEXT NOT NULL, baseline_score REAL NOT NULL, features BLOB NOT NULL, relevance REAL NOT NULL,
+    baseline_rank INTEGER NOT NULL, predictor_rank INTEGER NOT NULL,
+    PRIMARY KEY (tenant, session_id, ord));
+CREATE TABLE IF NOT EXISTS health (
+    tenant TEXT PRIMARY KEY, win_ema REAL NOT NULL, sessions_since_promotion INTEGER NOT NULL,
+    sessions_since_training INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS outcomes (
+    tenant TEXT NOT NULL, model TEXT NOT NULL, version TEXT NOT NULL, promoted INTEGER NOT NULL,
+    heldout INTEGER NOT NULL, candidate_ndcg REAL NOT NULL, current_ndcg REAL NOT NULL,
+    baseline_ndcg REAL NOT NULL, reason TEXT NOT NULL, train_seconds REAL NOT NULL,
+    train_pairs INTEGER NOT NULL, finish_ns INTEGER NOT NULL);
+"""
+
+
+class PairStore:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # --- sessions --------------------------------------------------------------------
+
+    def add_session(
+        self,
+        tenant: str,
+        s: FeedbackSession,
+        baseline_ndcg: float | None,
+        predictor_ndcg: float | None,
+        win: float | None,
+    ) -> bool:
+        """False when the session was already stored (nothing written)."""
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                exists = cur.execute(
+                    "SELECT 1 FROM sessions WHERE tenant = ? AND session_id = ?", (tenant, s.session_id)
+                ).fetchone()
+                if exists:
+                    cur.execute("ROLLBACK")
+                    return False
+                seq = cur.execute(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM sessions WHERE tenant = ?", (tenant,)
+                ).fetchone()[0]
+                cur.execute(
+                    "INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        tenant,
+                        s.session_id,
+                        s.query,
+                        json.dumps(list(s.feature_names)),
+                        s.end_time_ns,
+                        time.time_ns(),
+                        seq,
+                        baseline_ndcg,
+                        predictor_ndcg,
+                        win,
+                    ),
+                )
+                cur.executemany(
+                    "INSERT INTO candidates VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        (
+                            tenant,
+                            s.session_id,
+                            i,
+                            c.candidate.id,
+                            c.candidate.text,
+                            c.candidate.baseline_score,
+                            array("f", c.candidate.features).tobytes(),
+                            c.relevance,
+                            c.baseline_rank,
+                            c.predictor_rank,
+                        )
+                        for i, c in enumerate(s.candidates)
+                    ],
+                )
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            return True
+
+    def sessions(self, tenant: str) -> list[FeedbackSession]:
+        """All stored sessions, oldest first."""
+        with self._lock:
+            heads = self._conn.execute(
+                "SELECT session_id, query, feature_names, end_time_ns FROM sessions WHERE tenant = ? "
+                "ORDER BY seq",
+                (tenant,),
+            ).fetchall()
+            rows = self._conn.execute(
+                "SELECT session_id, cand_id, text, baseline_score, features, relevance, baseline_rank, "
+                "predictor_rank FROM candidates WHERE tenant = ? ORDER BY session_id, ord",
+                (tenant,),
+            ).fetchall()
+        by_session: dict[str, list[FeedbackCandidate]] = {}
+        for sid, cid, text, base, feats, rel, brank, prank in rows:
+            by_session.setdefault(sid, []).append(
+                FeedbackCandidate(Candidate(cid, text, base, tuple(array("f", feats))), rel, brank, prank)
+            )
+        return [
+            FeedbackSession(sid, q, tuple(json.loads(names)), tuple(by_session.get(sid, ())), end)
+            for sid, q, names, end in heads
+        ]
+
+    def counts(self, tenant: str) -> tuple[int, int]:
+        with self._lock:
+            n_sessions = self._conn.execute(
+                "SELECT count(*) FROM sessions WHERE tenant = ?", (tenant,)
+            ).fetchone()[0]
+            n_pairs = self._conn.execute(
+                "SELECT count(*) FROM candidates WHERE tenant = ?", (tenant,)
+            ).fetchone()[0]
+        return int(n_sessions), int(n_pairs)
+
+    def recent_wins(self, tenant: str, window: int) -> list[tuple[float, float | None, float | None]]:
+        """(win, predictor_ndcg, baseline_ndcg) of the newest sessions that had a predictor."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT win, predictor_ndcg, baseline_ndcg FROM sessions WHERE tenant = ? "
+                "AND win IS NOT NULL ORDER BY seq DESC LIMIT ?",
+                (tenant, window),
+            ).fetchall()
+        return [(float(w), p, b) for w, p, b in rows]
+
+    def tenants(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._conn.execute("SELECT DISTINCT tenant FROM sessions").fetchall()]
+
+    # --- health ----------------------------------------------------------------------
+
+    def health_state(self, tenant: str) -> tuple[float, int, int]:
+        """(win_ema, sessions since the last promotion, sessions since the last training)."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT win_ema, sessions_since_promotion, sessions_since_training FROM health "
+                "WHERE tenant = ?",
+                (tenant,),
+            ).fetchone()
+        return (0.5, 0, 0) if row is None else (float(row[0]), int(row[1]), int(row[2]))
+
+    def set_health_state(
+        self, tenant: str, win_ema: float, since_promotion: int, since_training: int
+    ) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO health VALUES (?, ?, ?, ?)",
+                (tenant, win_ema, since_promotion, since_training),
+            )
+
+    # --- outcomes --------------------------------------------------------------------
+
+    def add_outcome(self, tenant: str, o: TrainingOutcome) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO outcomes VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    tenant,
+                    o.model.value,
+                    o.candidate_version,
+                    int(o.promoted),
+                    o.heldout_sessions,
+                    o.candidate_ndcg,
+                    o.current_ndcg,
+                    o.baseline_ndcg,
+                    o.reason,
+                    o.train_seconds,
+                    o.train_pairs,
+                    o.finish_time_ns,
+                ),
+            )
+
+    def outcomes(self, tenant: str, limit: int = 10) -> list[TrainingOutcome]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT model, version, promoted, heldout, candidate_ndcg, current_ndcg, baseline_ndcg, "
+                "reason, train_seconds, train_pairs, finish_ns FROM outcomes WHERE tenant = ? "
+                "ORDER BY finish_ns DESC LIMIT ?",
+                (tenant, limit),
+            ).fetchall()
+        return [
+            TrainingOutcome(ModelKind(m), v, bool(p), h, cn, cur, bn, r, ts, tp, fin)
+            for m, v, p, h, cn, cur, bn, r, ts, tp, fin in rows
+        ]
+
+
+def split_heldout(
+    sessions: Sequence[FeedbackSession],
+    fraction: float,
+    minimum: int,
+) -> tuple[list[FeedbackSession], list[FeedbackSession]]:
+    """(train, held back): the newest sessions with at least one positive are held back."""
+    useful = [s for s in sessions if s.positives]
+    n_held = max(minimum, int(len(useful) * fraction))
+    if len(useful) < 2 * n_held:
+        n_held = len(useful) // 2
+    return useful[: len(useful) - n_held], useful[len(useful) - n_held :]

@@ -1,0 +1,256 @@
+"""Training from session feedback, and promotion on held-back sessions.
+
+The newest sessions (with any positive feedback) are held back. The cross-encoder is
+fine-tuned on the rest (question -> used memory vs. unused hard negatives), then the
+ranker is trained on the rest with the promoted cross-encoder's scores as one more feature.
+Each candidate version is compared on the held-back sessions with the current version (or,
+without one, with the baseline order); only a better one is promoted."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from mnemo_server.errors import FailedPrecondition
+
+from mnemo_sidecar.crossencoder.data import LabelledPair
+from mnemo_sidecar.crossencoder.finetune import bundled_base, finetune
+from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
+from mnemo_sidecar.deadlines import Deadline
+from mnemo_sidecar.engine import RankingEngine
+from mnemo_sidecar.learning.model import FeedbackSession, ModelKind, TrainingOutcome
+from mnemo_sidecar.learning.ndcg import ndcg_at, order_by
+from mnemo_sidecar.learning.pair_store import split_heldout
+from mnemo_sidecar.ranker.model import RankerModel, session_matrix, train_ranker
+
+Progress = Callable[[ModelKind, str, float, str], None]
+ShouldStop = Callable[[], bool]
+
+
+def _minmax(values: Sequence[float]) -> list[float]:
+    lo, hi = min(values), max(values)
+    return [0.5] * len(values) if hi - lo < 1e-12 else [(v - lo) / (hi - lo) for v in values]
+
+
+def _relevance(s: FeedbackSession) -> dict[str, float]:
+    return {c.candidate.id: c.relevance for c in s.candidates}
+
+
+def baseline_ndcg(sessions: Sequence[FeedbackSession]) -> float:
+    values = [
+        ndcg_at(order_by({c.candidate.id: c.candidate.baseline_score for c in s.candidates}), _relevance(s))
+        for s in sessions
+    ]
+    return statistics.fmean(v for v in values if v is not None) if sessions else 0.0
+
+
+def ce_blend_ndcg(ce: CrossEncoderRuntime, sessions: Sequence[FeedbackSession]) -> float:
+    """The cross-encoder blended 50/50 with the baseline after per-session min-max (what
+    measured best on this kind of data), judged on the feedback."""
+    values = []
+    for s in sessions:
+        logits = ce.score(s.query, [c.candidate.text for c in s.candidates], Deadline.none())
+        blended = [
+            0.5 * a + 0.5 * b
+            for a, b in zip(
+                _minmax([float(x) for x in logits]),
+                _minmax([c.candidate.baseline_score for c in s.candidates]),
+                strict=True,
+            )
+        ]
+        v = ndcg_at(
+            order_by(dict(zip((c.candidate.id for c in s.candidates), blended, strict=True))), _relevance(s)
+        )
+        if v is not None:
+            values.append(v)
+    return statistics.fmean(values) if values else 0.0
+
+
+def ranker_ndcg(
+    model: RankerModel, sessions: Sequence[FeedbackSession], ce_scores: dict[str, dict[str, float]] | None
+) -> float:
+    values = []
+    for s in sessions:
+        scores = model.score(session_matrix(s, model.feature_names, (ce_scores or {}).get(s.session_id)))
+        v = ndcg_at(
+            order_by(dict(zip((c.candidate.id for c in s.candidates), map(float, scores), strict=True))),
+            _relevance(s),
+        )
+        if v is not None:
+            values.append(v)
+    return statistics.fmean(values) if values else 0.0
+
+
+def ce_training_pairs(
+    sessions: Sequence[FeedbackSession], negatives: int, max_pairs: int, seed: int = 0
+) -> list[LabelledPair]:
+    """Used memories as positives; unused ones as negatives, hardest (best baseline) first."""
+    rng = random.Random(seed)
+    pairs: list[LabelledPair] = []
+    for s in sessions:
+        pos = [c for c in s.candidates if c.relevance > 0]
+        neg = sorted((c for c in s.candidates if c.relevance <= 0), key=lambda c: -c.candidate.baseline_score)
+        if not pos or not neg:
+            continue
+        k = negatives * len(pos)
+        hard = neg[: max(1, k - 2)]
+        rest = neg[len(hard) :]
+        chosen = hard + rng.sample(rest, min(len(rest), k - len(hard)))
+        pairs.extend(LabelledPair(s.query, c.candidate.text, min(1.0, c.relevance), "feedback") for c in pos)
+        pairs.extend(LabelledPair(s.query, c.candidate.text, 0.0, "feedback") for c in chosen)
+    rng.shuffle(pairs)
+    return pairs[:max_pairs]
+
+
+class Trainer:
+    def __init__(self, engine: RankingEngine):
+        self.engine = engine
+        self.cfg = engine.cfg
+
+    def train(
+        self, tenant: str, kinds: set[ModelKind], *, force: bool, progress: Progress, should_stop: ShouldStop
+    ) -> list[TrainingOutcome]:
+        t = self.cfg.training
+        sessions = self.engine.store.sessions(tenant)
+        useful = [s for s in sessions if s.positives]
+        if len(useful) < t.min_sessions and not force:
+            raise FailedPrecondition(
+                f"{len(useful)} sessions with positive feedback; training needs {t.min_sessions} (or force)",
+                reason="NOT_ENOUGH_SESSIONS",
+            )
+        train, held = split_heldout(sessions, t.heldout_fraction, t.min_heldout)
+        if not train or not held:
+            raise FailedPrecondition(
+                "not enough sessions with positive feedback to train and hold some back",
+                reason="NOT_ENOUGH_SESSIONS",
+            )
+        outcomes: list[TrainingOutcome] = []
+        if ModelKind.CROSS_ENCODER in kinds and t.cross_encoder:
+            outcomes.append(self._train_cross_encoder(tenant, train, held, progress, should_stop))
+        if ModelKind.RANKER in kinds and t.ranker:
+            outcomes.append(self._train_ranker(tenant, train, held, progress))
+        self.engine.health.on_training(tenant)
+        for o in outcomes:
+            self.engine.store.add_outcome(tenant, o)
+        return outcomes
+
+    def _decide(self, candidate: float, current: float | None, baseline: float) -> tuple[bool, str]:
+        against, name = (
+            (current, "the current version") if current is not None else (baseline, "the baseline")
+        )
+        if candidate > against + self.cfg.training.promote_margin:
+            return (
+                True,
+                f"promoted: NDCG@10 {candidate:.4f} beats {name} ({against:.4f}) on held-back sessions",
+            )
+        return False, f"kept {name}: candidate NDCG@10 {candidate:.4f} does not beat {against:.4f}"
+
+    def _train_cross_encoder(
+        self,
+        tenant: str,
+        train: list[FeedbackSession],
+        held: list[FeedbackSession],
+        progress: Progress,
+        should_stop: ShouldStop,
+    ) -> TrainingOutcome:
+        c = self.cfg.cross_encoder
+        kind = ModelKind.CROSS_ENCODER
+        pairs = ce_training_pairs(train, c.negatives_per_positive, c.max_pairs)
+        current, _ = self.engine.cross_encoder(tenant)
+        base = current.model_dir if current is not None else (Path(c.path) if c.path else bundled_base())
+        version, directory = self.engine.registry.new_version(tenant, kind)
+        started = time.perf_counter()
+        progress(kind, "fine-tuning", 0.0, f"{len(pairs)} pairs from {len(train)} sessions, base {base.name}")
+        finetune(
+            base,
+            pairs,
+            directory / "model",
+            epochs=c.epochs,
+            lr=c.learning_rate,
+            batch_size=c.batch_size,
+            max_length=c.max_length,
+            threads=self.cfg.training.torch_threads,
+            progress=lambda f, msg: progress(kind, "fine-tuning", f, msg),
+            should_stop=should_stop,
+        )
+        seconds = time.perf_counter() - started
+        progress(kind, "evaluating", 0.0, f"{len(held)} held-back sessions")
+        candidate = self.engine.load_cross_encoder(directory / "model")
+        cand_ndcg = ce_blend_ndcg(candidate, held)
+        current_ndcg = ce_blend_ndcg(current, held) if current is not None else None
+        base_ndcg = baseline_ndcg(held)
+        promoted, reason = self._decide(cand_ndcg, current_ndcg, base_ndcg)
+        if promoted:
+            self.engine.registry.promote(
+                tenant, kind, version, candidate, f"fine-tuned from {base.name} on {len(train)} sessions"
+            )
+        else:
+            self.engine.registry.discard(tenant, kind, version)
+        progress(kind, "done", 1.0, reason)
+        return TrainingOutcome(
+            kind,
+            version,
+            promoted,
+            len(held),
+            cand_ndcg,
+            current_ndcg or 0.0,
+            base_ndcg,
+            reason,
+            seconds,
+            len(pairs),
+            time.time_ns(),
+        )
+
+    def _train_ranker(
+        self, tenant: str, train: list[FeedbackSession], held: list[FeedbackSession], progress: Progress
+    ) -> TrainingOutcome:
+        kind = ModelKind.RANKER
+        ce, _ = self.engine.cross_encoder(tenant)
+        ce_scores: dict[str, dict[str, float]] | None = None
+        if ce is not None:
+            progress(kind, "cross-encoder features", 0.0, f"scoring {len(train) + len(held)} sessions")
+            ce_scores = {}
+            for n, s in enumerate([*train, *held], 1):
+                ce_scores[s.session_id] = self.engine.ce_head_scores(
+                    ce, s.query, [c.candidate for c in s.candidates], Deadline.none()
+                )
+                if n % 20 == 0:
+                    progress(kind, "cross-encoder features", n / (len(train) + len(held)), "")
+        version, directory = self.engine.registry.new_version(tenant, kind)
+        started = time.perf_counter()
+        progress(kind, "training", 0.0, f"lambdarank on {len(train)} sessions")
+        model, rows = train_ranker(train, ce_scores, self.cfg.ranker, directory, version)
+        seconds = time.perf_counter() - started
+        cand_ndcg = ranker_ndcg(model, held, ce_scores)
+        current = self.engine.ranker(tenant)
+        current_ndcg = ranker_ndcg(current.model, held, ce_scores) if current is not None else None
+        base_ndcg = baseline_ndcg(held)
+        promoted, reason = self._decide(cand_ndcg, current_ndcg, base_ndcg)
+        if promoted:
+            self.engine.registry.promote(
+                tenant,
+                kind,
+                version,
+                model,
+                f"lambdarank on {len(train)} sessions" + (" + cross-encoder feature" if ce_scores else ""),
+            )
+            self.engine.health.on_promotion(tenant)
+        else:
+            self.engine.registry.discard(tenant, kind, version)
+        progress(kind, "done", 1.0, reason)
+        return TrainingOutcome(
+            kind,
+            version,
+            promoted,
+            len(held),
+            cand_ndcg,
+            current_ndcg or 0.0,
+            base_ndcg,
+            reason,
+            seconds,
+            rows,
+            time.time_ns(),
+        )

@@ -1,0 +1,150 @@
+"""The learned ranker: LightGBM lambdarank over per-candidate features, exported to ONNX
+and served with onnxruntime. Features are matched by name, so a model keeps working when
+the server adds features (unknown ones are ignored, missing ones are NaN, which the trees
+route like LightGBM's own missing-value handling)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from mnemo_sidecar.config import RankerConfig
+from mnemo_sidecar.learning.model import FeedbackSession
+
+# Added by the sidecar itself: the cross-encoder's score for the candidate (head only).
+CE_FEATURE = "ce_score"
+Matrix = npt.NDArray[np.float32]
+
+
+def relevance_label(relevance: float) -> int:
+    """Graded label for lambdarank: unused/harmful 0, then 1..3 by strength."""
+    return 0 if relevance <= 0 else min(3, max(1, math.ceil(relevance * 3)))
+
+
+def feature_row(
+    names: Sequence[str], values: Sequence[float], model_names: Sequence[str], extra: Mapping[str, float]
+) -> list[float]:
+    by_name = dict(zip(names, values, strict=False))
+    by_name.update(extra)
+    return [float(by_name.get(n, math.nan)) for n in model_names]
+
+
+def session_matrix(s: FeedbackSession, model_names: Sequence[str], ce: Mapping[str, float] | None) -> Matrix:
+    rows = [
+        feature_row(
+            s.feature_names,
+            c.candidate.features,
+            model_names,
+            {CE_FEATURE: ce[c.candidate.id]} if ce and c.candidate.id in ce else {},
+        )
+        for c in s.candidates
+    ]
+    return np.asarray(rows, dtype=np.float32).reshape(len(rows), len(model_names))
+
+
+@dataclass
+class RankerModel:
+    version: str
+    feature_names: tuple[str, ...]
+    uses_ce: bool
+    path: Path
+    _session: object
+
+    @classmethod
+    def load(cls, directory: Path, threads: int = 1) -> RankerModel:
+        import onnxruntime as ort
+
+        meta = json.loads((directory / "ranker.json").read_text())
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        sess = ort.InferenceSession(str(directory / "ranker.onnx"), opts, providers=["CPUExecutionProvider"])
+        return cls(meta["version"], tuple(meta["feature_names"]), bool(meta["uses_ce"]), directory, sess)
+
+    def score(self, matrix: Matrix) -> npt.NDArray[np.float32]:
+        if matrix.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        out = self._session.run(None, {"features": matrix})[0]  # type: ignore[attr-defined]
+        result: npt.NDArray[np.float32] = np.asarray(out, dtype=np.float32).reshape(-1)
+        return result
+
+
+def train_ranker(
+    sessions: Sequence[FeedbackSession],
+    ce_scores: Mapping[str, Mapping[str, float]] | None,
+    cfg: RankerConfig,
+    out_dir: Path,
+    version: str,
+    seed: int = 0,
+) -> tuple[RankerModel, int]:
+    """Fit lambdarank on the sessions and write ranker.onnx + ranker.json into out_dir.
+    Returns the loaded model and the number of training rows."""
+    import lightgbm as lgb
+    from onnxmltools import convert_lightgbm
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    names: list[str] = []
+    for s in sessions:
+        names.extend(n for n in s.feature_names if n not in names)
+    uses_ce = bool(ce_scores)
+    if uses_ce:
+        names.append(CE_FEATURE)
+    blocks: list[Matrix] = []
+    labels: list[int] = []
+    groups: list[int] = []
+    for s in sessions:
+        if not s.candidates:
+            continue
+        blocks.append(session_matrix(s, names, ce_scores.get(s.session_id) if ce_scores else None))
+        labels.extend(relevance_label(c.relevance) for c in s.candidates)
+        groups.append(len(s.candidates))
+    x = np.vstack(blocks)
+    started = time.perf_counter()
+    model = lgb.LGBMRanker(
+        objective="lambdarank",
+        n_estimators=cfg.n_estimators,
+        num_leaves=cfg.num_leaves,
+        learning_rate=cfg.learning_rate,
+        min_child_samples=cfg.min_child_samples,
+        random_state=seed,
+        n_jobs=1,
+        verbose=-1,
+        deterministic=True,
+        force_row_wise=True,
+    )
+    model.fit(x, np.asarray(labels), group=groups, feature_name=[f"f{i}" for i in range(len(names))])
+    onx = convert_lightgbm(
+        model.booster_,
+        initial_types=[("features", FloatTensorType([None, len(names)]))],
+        target_opset=15,
+        zipmap=False,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "ranker.onnx").write_bytes(onx.SerializeToString())
+    (out_dir / "ranker.json").write_text(
+        json.dumps(
+            {
+                "version": version,
+                "feature_names": names,
+                "uses_ce": uses_ce,
+                "rows": len(labels),
+                "sessions": len(groups),
+                "fit_seconds": round(time.perf_counter() - started, 2),
+                "params": {
+                    "num_leaves": cfg.num_leaves,
+                    "n_estimators": cfg.n_estimators,
+                    "learning_rate": cfg.learning_rate,
+                    "min_child_samples": cfg.min_child_samples,
+                },
+            },
+            indent=1,
+        )
+    )
+    return RankerModel.load(out_dir), len(labels)

@@ -105,6 +105,8 @@ class Core:
             self.memories = MemoryService(
                 self.db, self.indexer, self.validator, config.caps, config.index, self.embedder.model_id
             )
+            self.tenants = TenantService(self.db)
+            self.ranking = RankingClient(config.ranking)
             self.recall = RecallPipeline(
                 self.db,
                 self.index,
@@ -112,9 +114,9 @@ class Core:
                 self.validator,
                 config.limits,
                 config.recall,
+                self.ranking,
+                config.ranking,
             )
-            self.tenants = TenantService(self.db)
-            self.ranking = RankingClient(config.ranking)
             self.delivery = FeedbackDelivery(self.db, self.ranking, config.ranking)
             self.sessions = SessionService(
                 self.db,

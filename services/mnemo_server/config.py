@@ -124,11 +124,29 @@ class RetentionConfig:
 
 @dataclass(frozen=True)
 class RecallConfig:
-    # Candidates each leg returns before fusion (multiplied by top_k, at least the floor).
-    leg_multiplier: int = 4
-    leg_floor: int = 50
-    vector_weight: float = 0.5
-    text_weight: float = 0.5
+    """The Recall pipeline's weights: tuned once on the LoCoMo DEV split (cross-validated
+    across its conversations), then left alone. See retrieval/recall.py for each stage."""
+
+    # Candidates each leg returns: 2 x top_k, within [leg_min, leg_max].
+    leg_min: int = 50
+    leg_max: int = 100
+    # Fusion: text_weight x BM25 / best BM25 + vector_weight x cosine.
+    vector_weight: float = 0.7
+    text_weight: float = 0.3
+    # Same-session neighbours of the best `neighbour_head` fused candidates join the pool.
+    neighbour_head: int = 20
+    adjacency: float = 0.5
+    speaker_penalty: float = 0.5
+    min_speaker_memories: int = 3
+    date_boost: float = 1.0
+    date_tau_days: float = 7.0
+    time_question_boost: float = 0.4
+    session_support: float = 0.3
+    session_top: int = 2
+    # Score x (1 + importance_weight x (2 x importance - 1)): neutral at importance 0.5.
+    importance_weight: float = 0.2
+    # Scope speakers are recomputed at most this often per (tenant, filter).
+    speakers_cache_s: float = 5.0
 
 
 @dataclass(frozen=True)

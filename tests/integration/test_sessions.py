@@ -10,11 +10,11 @@ from typing import Any
 
 import grpc
 import pytest
-
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
+
 from tests.conftest import LiveServer, TenantClient, error_info, provision
 
 FACTS = [
@@ -31,16 +31,22 @@ FACTS = [
 
 def seed(t: TenantClient, project: str = "p") -> list[memory_pb2.Memory]:
     scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id=project)
-    reqs = [pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f, scope=scope, pinned=i == 5))
-            for i, f in enumerate(FACTS)]
-    res = t.memory().BatchCreateMemories(pb.BatchCreateMemoriesRequest(requests=reqs, wait_for_index=True),
-                                         metadata=t.md, timeout=60)
+    reqs = [
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f, scope=scope, pinned=i == 5))
+        for i, f in enumerate(FACTS)
+    ]
+    res = t.memory().BatchCreateMemories(
+        pb.BatchCreateMemoriesRequest(requests=reqs, wait_for_index=True), metadata=t.md, timeout=60
+    )
     return [r.memory for r in res.results]
 
 
 def start(t: TenantClient, sid: str, context: str, **kw: Any) -> pb.StartSessionResponse:
-    resp: pb.StartSessionResponse = t.memory().StartSession(pb.StartSessionRequest(
-        session_id=sid, project_id="p", context=context, **kw), metadata=t.md, timeout=10)
+    resp: pb.StartSessionResponse = t.memory().StartSession(
+        pb.StartSessionRequest(session_id=sid, project_id="p", context=context, **kw),
+        metadata=t.md,
+        timeout=10,
+    )
     return resp
 
 
@@ -48,18 +54,27 @@ def tenant(live: LiveServer, name: str = "acme") -> TenantClient:
     return TenantClient(provision(live, name), live.channel())
 
 
-def test_bundle_without_sidecar_is_baseline_packed_and_recorded(server: LiveServer, tenant_a: TenantClient) -> None:
+def test_bundle_without_sidecar_is_baseline_packed_and_recorded(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
     seed(tenant_a)
     r = start(tenant_a, "s1", "why was the release rolled back?", token_budget=40, max_memories=5)
     assert r.ranking.path == pb.RANKING_PATH_BASELINE and r.ranking.fallback_reason == "no_sidecar"
     assert "rolled back" in r.memories[0].memory.content
     assert r.tokens_used <= 40 and r.dropped_count > 0 and len(r.memories) <= 5
     assert [m.rank for m in r.memories] == list(range(1, len(r.memories) + 1))
-    assert any("pinned" in m.origin for m in r.memories) or r.dropped_count  # the pinned memory was a candidate
+    assert (
+        any("pinned" in m.origin for m in r.memories) or r.dropped_count
+    )  # the pinned memory was a candidate
     assert r.context_text.startswith("## Relevant memories\n- [semantic:general] Release 4.2")
-    got = tenant_a.memory().GetSession(pb.GetSessionRequest(session_id="s1"), metadata=tenant_a.md, timeout=5).session
+    got = (
+        tenant_a.memory()
+        .GetSession(pb.GetSessionRequest(session_id="s1"), metadata=tenant_a.md, timeout=5)
+        .session
+    )
     assert got.state == pb.SESSION_STATE_ACTIVE and [m.memory.id for m in got.injected] == [
-        m.memory.id for m in r.memories]
+        m.memory.id for m in r.memories
+    ]
 
 
 def test_end_session_scores_continuity_and_validates(server: LiveServer, tenant_a: TenantClient) -> None:
@@ -68,17 +83,30 @@ def test_end_session_scores_continuity_and_validates(server: LiveServer, tenant_
     first, second = r.memories[0].memory.id, r.memories[1].memory.id
     stub = tenant_a.memory()
     with pytest.raises(grpc.RpcError) as err:
-        stub.EndSession(pb.EndSessionRequest(session_id="s1", feedback=[pb.MemoryFeedback(
-            memory_id="00000000-0000-0000-0000-000000000000", used=True)]), metadata=tenant_a.md, timeout=5)
+        stub.EndSession(
+            pb.EndSessionRequest(
+                session_id="s1",
+                feedback=[pb.MemoryFeedback(memory_id="00000000-0000-0000-0000-000000000000", used=True)],
+            ),
+            metadata=tenant_a.md,
+            timeout=5,
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(err.value)[1] == ["feedback[0].memory_id"]
     with pytest.raises(grpc.RpcError) as err:
-        stub.EndSession(pb.EndSessionRequest(session_id="s1", feedback=[pb.MemoryFeedback(
-            memory_id=first, relevance=2)]), metadata=tenant_a.md, timeout=5)
+        stub.EndSession(
+            pb.EndSessionRequest(session_id="s1", feedback=[pb.MemoryFeedback(memory_id=first, relevance=2)]),
+            metadata=tenant_a.md,
+            timeout=5,
+        )
     assert error_info(err.value)[1] == ["feedback[0].relevance"]
     transcript = f"We discussed: {r.memories[1].memory.content}"
-    req = pb.EndSessionRequest(session_id="s1", feedback=[pb.MemoryFeedback(memory_id=first, used=True)],
-                               transcript=transcript, request_id="end-1")
+    req = pb.EndSessionRequest(
+        session_id="s1",
+        feedback=[pb.MemoryFeedback(memory_id=first, used=True)],
+        transcript=transcript,
+        request_id="end-1",
+    )
     done = stub.EndSession(req, metadata=tenant_a.md, timeout=5)
     by_id = {c.memory_id: c for c in done.continuity}
     assert by_id[first].relevance == 1.0 and by_id[first].source == "feedback"
@@ -87,7 +115,10 @@ def test_end_session_scores_continuity_and_validates(server: LiveServer, tenant_
     assert stub.EndSession(req, metadata=tenant_a.md, timeout=5) == done  # a retry replays
     with pytest.raises(grpc.RpcError) as err:
         stub.EndSession(pb.EndSessionRequest(session_id="s1"), metadata=tenant_a.md, timeout=5)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and error_info(err.value)[0] == "SESSION_ENDED"
+    assert (
+        err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and error_info(err.value)[0] == "SESSION_ENDED"
+    )
     with pytest.raises(grpc.RpcError) as err:
         stub.EndSession(pb.EndSessionRequest(session_id="nope"), metadata=tenant_a.md, timeout=5)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -106,14 +137,21 @@ def test_start_session_retry_and_conflict(server: LiveServer, tenant_a: TenantCl
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(err.value)[1] == ["session_id"]
 
 
-def test_sessions_are_tenant_isolated(server: LiveServer, tenant_a: TenantClient, tenant_b: TenantClient) -> None:
+def test_sessions_are_tenant_isolated(
+    server: LiveServer, tenant_a: TenantClient, tenant_b: TenantClient
+) -> None:
     seed(tenant_a)
     r = start(tenant_a, "s1", "billing owner")
     assert r.memories
     assert not start(tenant_b, "s1", "billing owner").memories  # B's own, empty session of the same name
     with pytest.raises(grpc.RpcError) as err:
-        tenant_b.memory().EndSession(pb.EndSessionRequest(session_id="s1", feedback=[pb.MemoryFeedback(
-            memory_id=r.memories[0].memory.id, used=True)]), metadata=tenant_b.md, timeout=5)
+        tenant_b.memory().EndSession(
+            pb.EndSessionRequest(
+                session_id="s1", feedback=[pb.MemoryFeedback(memory_id=r.memories[0].memory.id, used=True)]
+            ),
+            metadata=tenant_b.md,
+            timeout=5,
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # not a candidate of B's session
     got = tenant_a.memory().GetSession(pb.GetSessionRequest(session_id="s1"), metadata=tenant_a.md, timeout=5)
     assert got.session.state == pb.SESSION_STATE_ACTIVE
@@ -126,24 +164,38 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def test_cold_start_then_feedback_reaches_the_sidecar(start_server: Callable[..., LiveServer],
-                                                      start_sidecar: Callable[..., Any]) -> None:
+def test_cold_start_then_feedback_reaches_the_sidecar(
+    start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any]
+) -> None:
     side = start_sidecar()
-    live = start_server(ranking={"sidecar_address": f"127.0.0.1:{side.port}", "start_session_deadline_ms": 2000})
+    live = start_server(
+        ranking={"sidecar_address": f"127.0.0.1:{side.port}", "start_session_deadline_ms": 2000}
+    )
     t = tenant(live)
     seed(t)
     r = start(t, "s1", "who owns billing?")
     assert r.ranking.path == pb.RANKING_PATH_BASELINE and r.ranking.fallback_reason == "cold_start"
-    t.memory().EndSession(pb.EndSessionRequest(session_id="s1", feedback=[pb.MemoryFeedback(
-        memory_id=r.memories[0].memory.id, used=True)]), metadata=t.md, timeout=5)
-    wait_for(lambda: t.memory().GetSession(pb.GetSessionRequest(session_id="s1"), metadata=t.md,
-                                           timeout=5).session.feedback_delivered)
+    t.memory().EndSession(
+        pb.EndSessionRequest(
+            session_id="s1", feedback=[pb.MemoryFeedback(memory_id=r.memories[0].memory.id, used=True)]
+        ),
+        metadata=t.md,
+        timeout=5,
+    )
+    wait_for(
+        lambda: (
+            t.memory()
+            .GetSession(pb.GetSessionRequest(session_id="s1"), metadata=t.md, timeout=5)
+            .session.feedback_delivered
+        )
+    )
     assert side.store.counts("acme") == (1, len(r.memories))
     assert side.store.counts("tenant-a") == (0, 0)
 
 
-def test_feedback_survives_sidecar_and_server_restarts(start_server: Callable[..., LiveServer],
-                                                       start_sidecar: Callable[..., Any], tmp_path: Any) -> None:
+def test_feedback_survives_sidecar_and_server_restarts(
+    start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any], tmp_path: Any
+) -> None:
     side = start_sidecar(data_dir=tmp_path / "side")
     port = side.port
     data = tmp_path / "srv"
@@ -155,8 +207,13 @@ def test_feedback_survives_sidecar_and_server_restarts(start_server: Callable[..
     for i in range(3):
         r = start(t, f"s{i}", "deploy pipeline schedule")
         assert r.ranking.path == pb.RANKING_PATH_FALLBACK  # no error, baseline order
-        t.memory().EndSession(pb.EndSessionRequest(session_id=f"s{i}", feedback=[pb.MemoryFeedback(
-            memory_id=r.memories[0].memory.id, used=True)]), metadata=t.md, timeout=5)
+        t.memory().EndSession(
+            pb.EndSessionRequest(
+                session_id=f"s{i}", feedback=[pb.MemoryFeedback(memory_id=r.memories[0].memory.id, used=True)]
+            ),
+            metadata=t.md,
+            timeout=5,
+        )
     assert live.server.core.delivery.pending() == 3
     live.close()  # ...and the server restarts too, with the feedback still undelivered
     live2 = start_server(data_dir=data, ranking=ranking)
@@ -192,10 +249,17 @@ def stalled() -> Iterator[tuple[StalledRanking, int]]:
 
 
 def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
-        start_server: Callable[..., LiveServer], stalled: tuple[StalledRanking, int]) -> None:
+    start_server: Callable[..., LiveServer], stalled: tuple[StalledRanking, int]
+) -> None:
     servicer, port = stalled
-    live = start_server(ranking={"sidecar_address": f"127.0.0.1:{port}", "start_session_deadline_ms": 150,
-                                 "breaker_failures": 3, "breaker_cooldown_s": 60})
+    live = start_server(
+        ranking={
+            "sidecar_address": f"127.0.0.1:{port}",
+            "start_session_deadline_ms": 150,
+            "breaker_failures": 3,
+            "breaker_cooldown_s": 60,
+        }
+    )
     t = tenant(live)
     seed(t)
     paths = []
@@ -211,8 +275,9 @@ def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
     # The caller's own, shorter deadline is honoured too.
     t0 = time.perf_counter()
     with pytest.raises(grpc.RpcError) as err:
-        t.memory().StartSession(pb.StartSessionRequest(session_id="tight", context="x"), metadata=t.md,
-                                timeout=0.001)
+        t.memory().StartSession(
+            pb.StartSessionRequest(session_id="tight", context="x"), metadata=t.md, timeout=0.001
+        )
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert live.server.core.ranking.fallbacks == {"deadline": 3, "circuit_open": 2}
 
@@ -220,12 +285,16 @@ def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
 def test_sidecar_answers_deadline_exceeded_rather_than_late(start_sidecar: Callable[..., Any]) -> None:
     side = start_sidecar()
     stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
-    cands = [rpb.Candidate(id=str(i), text=f"memory number {i} about deployments", baseline_score=1.0 / (i + 1))
-             for i in range(40)]
+    cands = [
+        rpb.Candidate(id=str(i), text=f"memory number {i} about deployments", baseline_score=1.0 / (i + 1))
+        for i in range(40)
+    ]
     warm = stub.Rerank(rpb.RerankRequest(tenant_id="t", query="deploy", candidates=cands), timeout=60)
     assert warm.method == rpb.RERANK_METHOD_EMBEDDING_BLEND and len(warm.scores) == 40
-    fresh = [rpb.Candidate(id=str(i), text=f"a brand new text {i} never embedded before", baseline_score=0.5)
-             for i in range(40)]
+    fresh = [
+        rpb.Candidate(id=str(i), text=f"a brand new text {i} never embedded before", baseline_score=0.5)
+        for i in range(40)
+    ]
     with pytest.raises(grpc.RpcError) as err:
         stub.Rerank(rpb.RerankRequest(tenant_id="t", query="new query", candidates=fresh), timeout=0.02)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED

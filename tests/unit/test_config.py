@@ -27,8 +27,8 @@ def test_file_then_environment(tmp_path: Path) -> None:
 
 def test_config_file_from_env_var(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
-    f.write_text("[recall]\nleg_floor = 7\n")
-    assert load_config(env={"MNEMO_CONFIG": str(f)}).recall.leg_floor == 7
+    f.write_text("[recall]\nleg_min = 7\n")
+    assert load_config(env={"MNEMO_CONFIG": str(f)}).recall.leg_min == 7
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from mnemo_server.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted
 from mnemo_sidecar.config import HealthConfig, RankerConfig, SidecarConfig
 from mnemo_sidecar.deadlines import AdmissionGate, Deadline
@@ -32,8 +31,11 @@ def synthetic_session(i: int, rng: random.Random, n: int = 20, informative: bool
         signal = (1.0 if j == relevant else 0.0) + 0.3 * rng.random() if informative else rng.random()
         # Features travel as float32 on the wire and in the store.
         features = tuple(float(np.float32(x)) for x in (base, signal, rng.random()))
-        cands.append(FeedbackCandidate(Candidate(f"m{i}-{j}", f"text {j}", base, features),
-                                       1.0 if j == relevant else 0.0, 0))
+        cands.append(
+            FeedbackCandidate(
+                Candidate(f"m{i}-{j}", f"text {j}", base, features), 1.0 if j == relevant else 0.0, 0
+            )
+        )
     ranked = sorted(cands, key=lambda c: -c.candidate.baseline_score)
     with_ranks = tuple(FeedbackCandidate(c.candidate, c.relevance, ranked.index(c) + 1) for c in cands)
     return FeedbackSession(f"s{i}", f"query {i}", NAMES, with_ranks, end_time_ns=i)
@@ -59,8 +61,14 @@ def test_pair_store_is_idempotent_and_durable(tmp_path: Path) -> None:
 
 
 def test_health_ema_floor_and_drift(tmp_path: Path) -> None:
-    cfg = HealthConfig(alpha=0.1, early_sessions=5, early_min_baseline_weight=0.5, drift_window=4,
-                       drift_threshold=0.3, drift_predictor_weight=0.1)
+    cfg = HealthConfig(
+        alpha=0.1,
+        early_sessions=5,
+        early_min_baseline_weight=0.5,
+        drift_window=4,
+        drift_threshold=0.3,
+        drift_predictor_weight=0.1,
+    )
     store = PairStore(tmp_path / "p.sqlite")
     health = HealthTracker(store, cfg)
     rng = random.Random(0)
@@ -98,15 +106,19 @@ def test_ranker_learns_an_informative_feature_and_exports_to_onnx(tmp_path: Path
     rng = random.Random(1)
     sessions = [synthetic_session(i, rng) for i in range(60)]
     train, held = split_heldout(sessions, 0.25, 5)
-    model, rows = train_ranker(train, None, RankerConfig(n_estimators=60, min_child_samples=5), tmp_path, "v1")
+    model, rows = train_ranker(
+        train, None, RankerConfig(n_estimators=60, min_child_samples=5), tmp_path, "v1"
+    )
     assert rows == 20 * len(train) and model.feature_names == NAMES
     assert ranker_ndcg(model, held, None) > 0.9 > baseline_ndcg(held) + 0.3
 
 
 def test_trainer_promotes_only_when_better(tmp_path: Path) -> None:
-    cfg = SidecarConfig().replace(storage={"data_dir": str(tmp_path)},
-                                  training={"min_sessions": 20, "cross_encoder": False, "heldout_fraction": 0.25},
-                                  ranker={"n_estimators": 60, "min_child_samples": 5})
+    cfg = SidecarConfig().replace(
+        storage={"data_dir": str(tmp_path)},
+        training={"min_sessions": 20, "cross_encoder": False, "heldout_fraction": 0.25},
+        ranker={"n_estimators": 60, "min_child_samples": 5},
+    )
     store = PairStore(tmp_path / "p.sqlite")
     engine = RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
     trainer = Trainer(engine)
@@ -115,16 +127,19 @@ def test_trainer_promotes_only_when_better(tmp_path: Path) -> None:
     for s in noise:
         store.add_session("noisy", s, None, None, None)
     with pytest.raises(FailedPrecondition, match="needs 20"):
-        Trainer(engine).train("empty", {ModelKind.RANKER}, force=False, progress=lambda *a: None,
-                              should_stop=lambda: False)
-    [out] = trainer.train("noisy", {ModelKind.RANKER}, force=False, progress=lambda *a: None,
-                          should_stop=lambda: False)
+        Trainer(engine).train(
+            "empty", {ModelKind.RANKER}, force=False, progress=lambda *a: None, should_stop=lambda: False
+        )
+    [out] = trainer.train(
+        "noisy", {ModelKind.RANKER}, force=False, progress=lambda *a: None, should_stop=lambda: False
+    )
     # No signal to learn: whether or not it edges the baseline by luck, the decision follows the numbers.
     assert out.promoted == (out.candidate_ndcg > out.baseline_ndcg)
-    for i, s in enumerate(synthetic_session(i, rng) for i in range(40)):
+    for s in (synthetic_session(i, rng) for i in range(40)):
         store.add_session("good", s, None, None, None)
-    [good] = trainer.train("good", {ModelKind.RANKER}, force=False, progress=lambda *a: None,
-                           should_stop=lambda: False)
+    [good] = trainer.train(
+        "good", {ModelKind.RANKER}, force=False, progress=lambda *a: None, should_stop=lambda: False
+    )
     assert good.promoted and good.candidate_ndcg > good.baseline_ndcg + 0.3
     assert engine.ranker("good") is not None and store.outcomes("good")[0].promoted
 
@@ -134,11 +149,11 @@ def test_deadline_and_admission_gate() -> None:
     with pytest.raises(DeadlineExceeded):
         d.check("anything")
     gate = AdmissionGate(running=1, queued=0)
-    with gate.admit(Deadline(1.0)), pytest.raises(ResourceExhausted):
-        with gate.admit(Deadline(1.0)):
-            pass
+    # While one request holds the only slot and nothing may queue, the next is shed...
+    with gate.admit(Deadline(1.0)), pytest.raises(ResourceExhausted), gate.admit(Deadline(1.0)):
+        pass
     assert gate.shed == 1
+    # ...and one allowed to queue waits for the slot only as long as its deadline.
     gate2 = AdmissionGate(running=1, queued=1)
-    with gate2.admit(Deadline(1.0)), pytest.raises(DeadlineExceeded):
-        with gate2.admit(Deadline(0.05)):  # waits for the slot only as long as its deadline
-            pass
+    with gate2.admit(Deadline(1.0)), pytest.raises(DeadlineExceeded), gate2.admit(Deadline(0.05)):
+        pass

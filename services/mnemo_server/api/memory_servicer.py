@@ -18,7 +18,17 @@ from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
 from mnemo_server.sessions.service import Feedback, SessionService, StartSessionInput
 from mnemo_server.tenancy.tenants import require_tenant
 
-_STAGES = {pb.RECALL_STAGE_VECTOR: Stage.VECTOR, pb.RECALL_STAGE_FULL_TEXT: Stage.FULL_TEXT}
+_STAGES = {
+    pb.RECALL_STAGE_VECTOR: Stage.VECTOR,
+    pb.RECALL_STAGE_FULL_TEXT: Stage.FULL_TEXT,
+    pb.RECALL_STAGE_ENTITY_STRIP: Stage.ENTITY_STRIP,
+    pb.RECALL_STAGE_ADJACENCY: Stage.ADJACENCY,
+    pb.RECALL_STAGE_SPEAKER: Stage.SPEAKER,
+    pb.RECALL_STAGE_DATE: Stage.DATE,
+    pb.RECALL_STAGE_TIME_QUESTION: Stage.TIME_QUESTION,
+    pb.RECALL_STAGE_SESSION_SUPPORT: Stage.SESSION_SUPPORT,
+    pb.RECALL_STAGE_IMPORTANCE: Stage.IMPORTANCE,
+}
 # Leave this much of the caller's deadline for the response itself.
 _DEADLINE_MARGIN_S = 0.05
 
@@ -157,6 +167,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     def Recall(self, request: pb.RecallRequest, context: grpc.ServicerContext) -> pb.RecallResponse:
         tenant = _tenant()
+        if request.options.rerank_deadline_ms < 0:
+            raise InvalidArgument("options.rerank_deadline_ms", "must not be negative")
         disabled = set()
         for i, stage in enumerate(request.options.disabled_stages):
             if stage not in _STAGES:
@@ -170,6 +182,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 filter=convert.filter_from_pb(request),
                 disabled=frozenset(disabled),
                 explain=request.options.explain,
+                rerank=request.options.rerank,
+                rerank_deadline_s=request.options.rerank_deadline_ms / 1000.0,
+                caller_remaining_s=context.time_remaining(),
             ),
         )
         return pb.RecallResponse(
@@ -192,6 +207,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             vector_candidates=result.vector_candidates,
             text_candidates=result.text_candidates,
             took_ms=result.took_ms,
+            reranked=result.reranked,
+            rerank_fallback_reason=result.rerank_fallback_reason,
         )
 
     def ExportMemories(

@@ -210,7 +210,7 @@ class LanceIndex:
     def optimize(self, tenant_id: str) -> dict[str, Any]:
         """Compact small fragments, fold new rows into the indices, add the ANN index once
         the table is large, drop versions nobody reads any more. Returns what was done."""
-        from lancedb.index import Bitmap, HnswSq
+        from lancedb.index import Bitmap, BTree, HnswSq
 
         h = self._handle(tenant_id, create=False)
         if h is None:
@@ -231,6 +231,9 @@ class LanceIndex:
             if "scope_idx" not in indices and rows:
                 table.create_index("scope", config=Bitmap(), name="scope_idx")
                 done["scope_index"] = True
+            if "id_idx" not in indices and rows:
+                table.create_index("id", config=BTree(), name="id_idx")
+                done["id_index"] = True
             table.optimize(cleanup_older_than=timedelta(seconds=self.cfg.keep_versions_s))
             h.refresh()
             done["rows"] = rows
@@ -263,6 +266,16 @@ class LanceIndex:
             return {}
         data = h.reader.to_table(columns=["id", "revision"])
         return dict(zip(data.column("id").to_pylist(), data.column("revision").to_pylist(), strict=True))
+
+    def vectors(self, tenant_id: str, ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+        """Stored vectors by id (for candidates a leg did not return)."""
+        h = self._handle(tenant_id, create=False)
+        if h is None or not ids:
+            return {}
+        data = h.reader.to_table(columns=["id", "vector"], filter=_in("id", list(ids)))
+        vectors = data.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        matrix = np.asarray(vectors, dtype=np.float32).reshape(-1, self.dimension)
+        return dict(zip(data.column("id").to_pylist(), matrix, strict=True))
 
     def vector_search(
         self, tenant_id: str, vector: npt.NDArray[np.float32], k: int, where: str | None

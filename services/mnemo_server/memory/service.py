@@ -29,6 +29,7 @@ from mnemo_server.memory.model import (
 from mnemo_server.memory.normalize import normalize_content, sanitize_category
 from mnemo_server.memory.paging import decode_token, encode_token, query_fingerprint
 from mnemo_server.memory.validation import Validator, raise_if
+from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store import idempotency_repo, memory_repo
 from mnemo_server.store.database import Cursor, Database
 
@@ -369,7 +370,10 @@ class MemoryService:
             if path == "content":
                 norm = normalize_content(patch.content)
                 changes.update(
-                    content=norm.storage, normalized_content=norm.normalized, content_hash=norm.hash
+                    content=norm.storage,
+                    normalized_content=norm.normalized,
+                    content_hash=norm.hash,
+                    speaker=speaker_of(norm.storage),
                 )
             elif path == "category":
                 changes["category"] = sanitize_category(patch.category)

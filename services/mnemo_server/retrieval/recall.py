@@ -1,22 +1,42 @@
 """Recall: hybrid search over a tenant's memories.
 
-LanceDB vector top-K and BM25 top-K (filters pushed down), fused, then checked against
-DuckDB (the source of truth: tombstones and filters are re-applied there, so the derived
-index can lag without ever showing a deleted or out-of-scope memory)."""
+1. Query analysis: the scope's speakers are taken out of the text the legs search with
+   (a name matches every memory of that speaker; the speaker stage uses it instead).
+2. Legs (filters pushed into LanceDB): BM25 top-K and vector top-K.
+3. Fusion: 0.3 x BM25 / best BM25 + 0.7 x cosine.
+4. Pool: the same-session neighbours of the best candidates join (an answer often sits in
+   the turn after its question).
+5. Signals, in order: adjacency (a turn after a question shares the question's score),
+   speaker match, date proximity, "when" questions x time expressions, importance, session
+   support (a memory whose session's best members score well gets a share).
+6. Every hit is re-checked against DuckDB (the source of truth: tombstones and filters), so
+   the derived index can lag without ever showing a deleted or out-of-scope memory.
+7. Optionally the head is reranked by the sidecar's cross-encoder, within a deadline.
+
+The weights were tuned on the LoCoMo DEV split with cross-validation across its
+conversations (held-out NDCG@10 within 0.005 of the tuned one) and then left alone."""
 
 from __future__ import annotations
 
+import datetime as dt
+import math
+import threading
 import time
-from collections.abc import Set
+from collections import defaultdict
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from mnemo_server.config import LimitsConfig, RecallConfig
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+
+from mnemo_server.config import LimitsConfig, RankingConfig, RecallConfig
 from mnemo_server.embed.embedder import CachedQueryEmbedder
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.index.lance_index import LanceIndex, LegHit, filter_sql
 from mnemo_server.memory.model import Memory, MemoryFilter
 from mnemo_server.memory.validation import Validator, raise_if
+from mnemo_server.ranking.client import RankingClient
+from mnemo_server.retrieval.query_analysis import QueryAnalysis, analyse, has_time_expression, speaker_of
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
 
@@ -24,6 +44,13 @@ from mnemo_server.store.database import Database
 class Stage(StrEnum):
     VECTOR = "vector"
     FULL_TEXT = "full_text"
+    ENTITY_STRIP = "entity_strip"
+    ADJACENCY = "adjacency"
+    SPEAKER = "speaker"
+    DATE = "date"
+    TIME_QUESTION = "time_question"
+    SESSION_SUPPORT = "session_support"
+    IMPORTANCE = "importance"
 
 
 @dataclass
@@ -50,6 +77,8 @@ class RecallResult:
     vector_candidates: int
     text_candidates: int
     took_ms: float
+    reranked: bool = False
+    rerank_fallback_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,14 +88,26 @@ class RecallQuery:
     filter: MemoryFilter = field(default_factory=MemoryFilter)
     disabled: Set[Stage] = frozenset()
     explain: bool = False
+    rerank: bool = False
+    rerank_deadline_s: float = 0.0  # 0: the configured default
+    caller_remaining_s: float | None = None
 
 
-def _normalised(hits: list[LegHit]) -> dict[str, tuple[float, int, float]]:
-    """id -> (raw score, 1-based rank, score scaled to [0, 1] by the leg's best)."""
-    if not hits:
-        return {}
-    best = max(h.score for h in hits) or 1.0
-    return {h.id: (h.score, rank, max(h.score, 0.0) / best) for rank, h in enumerate(hits, start=1)}
+@dataclass
+class _Candidate:
+    scores: HitScores
+    memory: Memory | None = None
+    base: float = 0.0
+    score: float = 0.0
+
+
+def _day(ns: int) -> dt.date:
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).date()
+
+
+def _minmax(values: list[float]) -> list[float]:
+    lo, hi = min(values), max(values)
+    return [0.5] * len(values) if hi - lo < 1e-12 else [(v - lo) / (hi - lo) for v in values]
 
 
 class RecallPipeline:
@@ -78,6 +119,8 @@ class RecallPipeline:
         validator: Validator,
         limits: LimitsConfig,
         cfg: RecallConfig,
+        ranking: RankingClient | None = None,
+        ranking_cfg: RankingConfig | None = None,
     ):
         self.db = db
         self.index = index
@@ -85,6 +128,10 @@ class RecallPipeline:
         self.validator = validator
         self.limits = limits
         self.cfg = cfg
+        self.ranking = ranking
+        self.ranking_cfg = ranking_cfg or RankingConfig()
+        self._speakers: dict[tuple[str, MemoryFilter], tuple[float, list[str]]] = {}
+        self._speakers_lock = threading.Lock()
 
     def validate(self, q: RecallQuery) -> RecallQuery:
         if not q.text.strip():
@@ -94,50 +141,240 @@ class RecallPipeline:
                 "query", f"is {len(q.text)} characters; the limit is {self.limits.max_query_chars}"
             )
         raise_if(self.validator.filter(q.filter))
-        top_k = self.validator.top_k(q.top_k)
-        return RecallQuery(q.text, top_k, q.filter, q.disabled, q.explain)
+        return RecallQuery(
+            q.text,
+            self.validator.top_k(q.top_k),
+            q.filter,
+            q.disabled,
+            q.explain,
+            q.rerank,
+            q.rerank_deadline_s,
+            q.caller_remaining_s,
+        )
+
+    def speakers(self, tenant_id: str, f: MemoryFilter) -> list[str]:
+        key = (tenant_id, MemoryFilter(scopes=f.scopes))
+        now = time.monotonic()
+        with self._speakers_lock:
+            hit = self._speakers.get(key)
+            if hit is not None and now - hit[0] < self.cfg.speakers_cache_s:
+                return hit[1]
+        names = memory_repo.scope_speakers(self.db.reader(), tenant_id, key[1], self.cfg.min_speaker_memories)
+        with self._speakers_lock:
+            if len(self._speakers) > 10_000:
+                self._speakers.clear()
+            self._speakers[key] = (now, names)
+        return names
+
+    # --- the pipeline ------------------------------------------------------------------
 
     def recall(self, tenant_id: str, query: RecallQuery) -> RecallResult:
         started = time.perf_counter()
         q = self.validate(query)
-        k = max(q.top_k * self.cfg.leg_multiplier, self.cfg.leg_floor)
+        off = q.disabled
+        speakers = (
+            self.speakers(tenant_id, q.filter) if not {Stage.ENTITY_STRIP, Stage.SPEAKER} <= off else []
+        )
+        analysis = analyse(q.text, speakers, strip=Stage.ENTITY_STRIP not in off)
+        k = max(self.cfg.leg_min, min(self.cfg.leg_max, 2 * q.top_k))
         where = filter_sql(q.filter)
-        vec_hits: list[LegHit] = []
-        txt_hits: list[LegHit] = []
-        if Stage.VECTOR not in q.disabled:
-            vec_hits = self.index.vector_search(tenant_id, self.embedder.embed_one(q.text), k, where)
-        if Stage.FULL_TEXT not in q.disabled:
-            txt_hits = self.index.text_search(tenant_id, q.text, k, where)
-        vec, txt = _normalised(vec_hits), _normalised(txt_hits)
-        fused: dict[str, HitScores] = {}
-        for mid in dict.fromkeys([*vec, *txt]):
-            s = HitScores()
-            if mid in vec:
-                s.vector_score, s.vector_rank, v_norm = vec[mid]
-                s.fused_score += self.cfg.vector_weight * v_norm
-            if mid in txt:
-                s.text_score, s.text_rank, t_norm = txt[mid]
-                s.fused_score += self.cfg.text_weight * t_norm
-            fused[mid] = s
-        ranked = sorted(fused.items(), key=lambda kv: -kv[1].fused_score)
-        memories = memory_repo.get_many(self.db.reader(), tenant_id, [mid for mid, _ in ranked])
-        hits: list[Hit] = []
-        for mid, s in ranked:
+        vector = self.embedder.embed_one(analysis.text)
+        vec_hits = [] if Stage.VECTOR in off else self.index.vector_search(tenant_id, vector, k, where)
+        txt_hits = (
+            [] if Stage.FULL_TEXT in off else self.index.text_search(tenant_id, analysis.text, k, where)
+        )
+        pool = self._fuse(vec_hits, txt_hits)
+        neighbours: dict[str, tuple[str, str]] = {}
+        if Stage.ADJACENCY not in off and pool:
+            neighbours = self._expand(tenant_id, pool, vector)
+        memories = memory_repo.get_many(self.db.reader(), tenant_id, list(pool))
+        for mid, c in list(pool.items()):
             m = memories.get(mid)
             if m is None or m.deleted or not q.filter.matches(m):
-                continue
-            hits.append(Hit(m, s.fused_score, s, self._explain(s) if q.explain else ""))
-            if len(hits) == q.top_k:
-                break
-        return RecallResult(hits, len(vec_hits), len(txt_hits), (time.perf_counter() - started) * 1000.0)
+                del pool[mid]  # the source of truth says no (deleted, or the index is stale)
+            else:
+                c.memory = m
+        self._signals(pool, neighbours, analysis, off)
+        ranked = sorted(pool.values(), key=lambda c: (-c.score, c.memory.seq if c.memory else 0))
+        hits = [Hit(c.memory, c.score, c.scores) for c in ranked[: q.top_k] if c.memory is not None]
+        result = RecallResult(hits, len(vec_hits), len(txt_hits), 0.0)
+        if q.rerank and hits:
+            self._rerank(tenant_id, q, result, started)
+        if q.explain:
+            for h in result.hits:
+                h.explanation = self._explain(h.scores)
+        result.took_ms = (time.perf_counter() - started) * 1000.0
+        return result
 
-    def _explain(self, s: HitScores) -> str:
+    def _fuse(self, vec_hits: list[LegHit], txt_hits: list[LegHit]) -> dict[str, _Candidate]:
+        pool: dict[str, _Candidate] = {}
+        best_text = max((h.score for h in txt_hits), default=0.0) or 1.0
+        for rank, h in enumerate(vec_hits, start=1):
+            s = pool.setdefault(h.id, _Candidate(HitScores())).scores
+            s.vector_score, s.vector_rank = h.score, rank
+        for rank, h in enumerate(txt_hits, start=1):
+            s = pool.setdefault(h.id, _Candidate(HitScores())).scores
+            s.text_score, s.text_rank = h.score, rank
+        for c in pool.values():
+            s = c.scores
+            s.fused_score = (
+                self.cfg.text_weight * s.text_score / best_text + self.cfg.vector_weight * s.vector_score
+            )
+            c.base = c.score = s.fused_score
+        return pool
+
+    def _expand(
+        self, tenant_id: str, pool: dict[str, _Candidate], vector: object
+    ) -> dict[str, tuple[str, str]]:
+        """Add the same-session neighbours of the best candidates; returns prev/next links."""
+        links = memory_repo.session_neighbours(self.db.reader(), tenant_id, list(pool))
+        head = sorted(pool, key=lambda i: -pool[i].base)[: self.cfg.neighbour_head]
+        new = {n for i in head for n in links.get(i, ("", "")) if n and n not in pool}
+        if new:
+            vectors = self.index.vectors(tenant_id, sorted(new))
+            for mid in new:
+                v = vectors.get(mid)
+                cos = float(v @ vector) if v is not None else 0.0  # type: ignore[operator]
+                s = HitScores(vector_score=cos, fused_score=self.cfg.vector_weight * cos)
+                pool[mid] = _Candidate(s, base=s.fused_score, score=s.fused_score)
+            links.update(memory_repo.session_neighbours(self.db.reader(), tenant_id, sorted(new)))
+        return links
+
+    def _signals(
+        self,
+        pool: dict[str, _Candidate],
+        links: dict[str, tuple[str, str]],
+        a: QueryAnalysis,
+        off: Set[Stage],
+    ) -> None:
+        members = [c for c in pool.values() if c.memory is not None]
+        if Stage.ADJACENCY not in off:
+            self._adjacency(pool, links)
+        if Stage.SPEAKER not in off and len(a.named_speakers) == 1:
+            self._scale(
+                members,
+                "speaker",
+                lambda m: (
+                    1 - self.cfg.speaker_penalty if speaker_of(m.content) != a.named_speakers[0] else 1.0
+                ),
+            )
+        if Stage.DATE not in off and a.dates:
+            tau = self.cfg.date_tau_days
+            self._scale(
+                members,
+                "date",
+                lambda m: (
+                    1
+                    + self.cfg.date_boost
+                    * max(
+                        math.exp(
+                            -max(0, (lo - _day(m.event_time_ns)).days, (_day(m.event_time_ns) - hi).days)
+                            / tau
+                        )
+                        for lo, hi in a.dates
+                    )
+                ),
+            )
+        if Stage.TIME_QUESTION not in off and a.when_question:
+            self._scale(
+                members,
+                "time_question",
+                lambda m: 1 + self.cfg.time_question_boost if has_time_expression(m.content) else 1.0,
+            )
+        if Stage.IMPORTANCE not in off:
+            self._scale(
+                members, "importance", lambda m: 1 + self.cfg.importance_weight * (2 * m.importance - 1)
+            )
+        if Stage.SESSION_SUPPORT not in off:
+            self._session_support(members)
+
+    @staticmethod
+    def _scale(members: list[_Candidate], name: str, factor_of: Callable[[Memory], float]) -> None:
+        for c in members:
+            assert c.memory is not None
+            factor = factor_of(c.memory)
+            if factor != 1.0:
+                c.score *= factor
+                c.scores.signals[name] = factor
+
+    def _adjacency(self, pool: dict[str, _Candidate], links: dict[str, tuple[str, str]]) -> None:
+        """A turn right after a question shares the question's fused score."""
+        for mid, c in pool.items():
+            prev = pool.get(links.get(mid, ("", ""))[0])
+            if prev is not None and prev.memory is not None and "?" in prev.memory.content:
+                bonus = self.cfg.adjacency * prev.base
+                c.score += bonus
+                c.scores.signals["adjacency"] = bonus
+
+    def _session_support(self, members: list[_Candidate]) -> None:
+        """Add a share of the mean of the session's best scores."""
+        top = self.cfg.session_top
+        by_session: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for c in members:
+            assert c.memory is not None
+            if c.memory.source.session_id:
+                by_session[(c.memory.scope.key, c.memory.source.session_id)].append(c.score)
+        support = {k: sum(sorted(v, reverse=True)[:top]) / min(len(v), top) for k, v in by_session.items()}
+        for c in members:
+            assert c.memory is not None
+            key = (c.memory.scope.key, c.memory.source.session_id)
+            if key in support:
+                bonus = self.cfg.session_support * support[key]
+                c.score += bonus
+                c.scores.signals["session_support"] = bonus
+
+    def _rerank(self, tenant_id: str, q: RecallQuery, result: RecallResult, started: float) -> None:
+        """Blend the sidecar's cross-encoder scores into the head, 50/50 after min-max; on any
+        trouble the fused order stands and the reason is reported."""
+        if self.ranking is None or not self.ranking.enabled:
+            result.rerank_fallback_reason = "no_sidecar"
+            return
+        budget = q.rerank_deadline_s or self.ranking_cfg.rerank_deadline_ms / 1000.0
+        if q.caller_remaining_s is not None:
+            budget = min(
+                budget,
+                q.caller_remaining_s
+                - (time.perf_counter() - started)
+                - self.ranking_cfg.deadline_margin_ms / 1000.0,
+            )
+        head = result.hits[: self.ranking_cfg.rerank_head]
+        answer = self.ranking.rerank(
+            rpb.RerankRequest(
+                tenant_id=tenant_id,
+                query=q.text,
+                candidates=[
+                    rpb.Candidate(id=h.memory.id, text=h.memory.content, baseline_score=h.score) for h in head
+                ],
+            ),
+            budget,
+        )
+        if answer.value is None or len(answer.value.scores) != len(head):
+            result.rerank_fallback_reason = answer.fallback_reason or "partial_scores"
+            return
+        ce = _minmax([s.score for s in answer.value.scores])
+        fused = _minmax([h.score for h in head])
+        for h, c, f in zip(head, ce, fused, strict=True):
+            h.scores.signals["rerank"] = c
+            h.score = 0.5 * c + 0.5 * f
+        head.sort(key=lambda h: -h.score)
+        # Keep the head above the untouched tail.
+        floor = min(h.score for h in head)
+        tail = result.hits[len(head) :]
+        top = max((h.score for h in tail), default=0.0)
+        if tail and floor <= top:
+            for h in head:
+                h.score += top - floor + 1e-6
+        result.hits = head + tail
+        result.reranked = True
+
+    @staticmethod
+    def _explain(s: HitScores) -> str:
         legs = []
         if s.vector_rank:
             legs.append(f"vector #{s.vector_rank} (cosine {s.vector_score:.3f})")
         if s.text_rank:
             legs.append(f"full-text #{s.text_rank} (BM25 {s.text_score:.2f})")
-        signals = ", ".join(f"{k} {v:+.3f}" for k, v in s.signals.items())
-        return f"{' + '.join(legs) or 'no leg'} → fused {s.fused_score:.3f}" + (
-            f"; {signals}" if signals else ""
-        )
+        if not legs:
+            legs.append(f"session neighbour (cosine {s.vector_score:.3f})")
+        signals = ", ".join(f"{k} {v:.3f}" for k, v in s.signals.items())
+        return f"{' + '.join(legs)} → fused {s.fused_score:.3f}" + (f"; {signals}" if signals else "")

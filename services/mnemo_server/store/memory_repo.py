@@ -20,6 +20,7 @@ from mnemo_server.memory.model import (
     Source,
     TimeRange,
 )
+from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store.database import Cursor
 
 # Column order shared by SELECTs and the row decoder.
@@ -156,6 +157,7 @@ def _row_values(m: Memory, normalized: str) -> dict[str, Any]:
         "embedding_model": m.embedding_model,
         "indexed_revision": None,
         "indexed_model": None,
+        "speaker": speaker_of(m.content),
     }
 
 
@@ -335,6 +337,7 @@ def tombstone(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int) -> N
 
 UPDATABLE_COLUMNS = frozenset(
     {
+        "speaker",
         "importance",
         "confidence",
         "pinned",
@@ -399,6 +402,38 @@ def history(cur: Cursor, tenant_id: str, memory_id: str) -> list[dict[str, Any]]
         {"action": a, "actor": actor, "reason": r, "details": json.loads(d), "time_ns": t}
         for a, actor, r, d, t in rows
     ]
+
+
+# --- recall signals ------------------------------------------------------------------
+
+
+def scope_speakers(cur: Cursor, tenant_id: str, f: MemoryFilter, min_count: int = 3) -> list[str]:
+    """Speakers with at least min_count live memories among those the filter covers."""
+    where = _filter_where(tenant_id, f, include_deleted=False)
+    rows = cur.execute(
+        f"SELECT speaker FROM memories WHERE {where.sql()} AND speaker <> '' GROUP BY speaker "
+        "HAVING count(*) >= ? ORDER BY speaker",
+        [*where.params, min_count],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def session_neighbours(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """id -> (previous id, next id) among live memories of the same scope and source session,
+    in insertion order ("" where there is none). Memories without a source session have none."""
+    if not ids:
+        return {}
+    rows = cur.execute(
+        "WITH wanted AS (SELECT DISTINCT scope_kind, scope_id, source_session_id FROM memories "
+        "  WHERE id = ANY(?) AND tenant_id = ? AND source_session_id <> ''), "
+        "ordered AS (SELECT m.id, lag(m.id) OVER w AS prev_id, lead(m.id) OVER w AS next_id FROM memories m "
+        "  JOIN wanted USING (scope_kind, scope_id, source_session_id) "
+        "  WHERE m.tenant_id = ? AND m.delete_time_ns IS NULL "
+        "  WINDOW w AS (PARTITION BY m.scope_kind, m.scope_id, m.source_session_id ORDER BY m.seq)) "
+        "SELECT id, prev_id, next_id FROM ordered WHERE id = ANY(?)",
+        [list(ids), tenant_id, tenant_id, list(ids)],
+    ).fetchall()
+    return {r[0]: (r[1] or "", r[2] or "") for r in rows}
 
 
 # --- index bookkeeping -------------------------------------------------------------------

@@ -203,4 +203,22 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (tenant_id, session_id)
     );
     """,
+    # 4: the speaker of "Name: text" memories (a Recall signal), derived from the content
+    r"""
+    -- DuckDB cannot alter a table that has indexes: drop them, alter, and build them again.
+    DROP INDEX memories_by_id;
+    DROP INDEX memories_by_hash;
+    DROP INDEX memories_by_external_id;
+    DROP INDEX memories_by_seq;
+    ALTER TABLE memories ADD COLUMN speaker VARCHAR NOT NULL DEFAULT '';
+    UPDATE memories SET speaker =
+        regexp_extract(content, '^([A-Z][\w''’.-]*(?: [A-Z][\w''’.-]*){0,2}):\s', 1);
+    UPDATE memories SET speaker = '' WHERE speaker IN ('Fact', 'Preference', 'Decision', 'Note', 'Notes',
+        'Todo', 'TODO', 'Summary', 'Question', 'Answer', 'Q', 'A', 'Update', 'Warning', 'Error', 'Info',
+        'Action', 'Context', 'Task');
+    CREATE INDEX memories_by_id ON memories (id);
+    CREATE INDEX memories_by_hash ON memories (content_hash);
+    CREATE INDEX memories_by_external_id ON memories (external_id);
+    CREATE INDEX memories_by_seq ON memories (seq);
+    """,
 ]

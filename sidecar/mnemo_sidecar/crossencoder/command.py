@@ -8,6 +8,7 @@ training throughput and rerank latency for 20 and 50 candidates."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import time
@@ -40,8 +41,9 @@ LATENCY_SIZES = (20, 50)
 def measure_latency(
     runtime: CrossEncoderRuntime, rows: list[RerankRow], sizes: tuple[int, ...], runs: int, seed: int
 ) -> dict[str, float]:
-    """Median milliseconds of score(query, n candidates) over ``runs`` calls after a warm-up.
-    Candidates are drawn from the validation passages, so their lengths are realistic."""
+    """Median milliseconds of score(query, n candidates) over ``runs`` calls after a warm-up,
+    plus the mean tokens per pair. Candidates are drawn from the validation passages; the same
+    draws (same seed) are used for every precision."""
     rng = random.Random(seed)
     passages = sorted({t for r in rows for t in (r.positive, *r.negatives)})
     queries = sorted({r.query for r in rows})
@@ -55,16 +57,18 @@ def measure_latency(
             if i >= 2:  # the first calls pay for allocator and thread-pool warm-up
                 timings.append(1000 * (time.perf_counter() - started))
         out[str(n)] = round(statistics.median(timings), 1)
+        lengths = [c for query, texts in draws for c in runtime.token_counts([(query, t) for t in texts])]
+        out[f"{n}_mean_tokens"] = round(statistics.fmean(lengths), 1)
     return out
 
 
 def _metrics_table(columns: dict[str, EvaluationReport]) -> Table:
-    table = Table(title="Validation (positive among positive + negatives)")
-    table.add_column("source")
+    table = Table(title="Validation: rank of the positive among positive + negatives (@10)")
+    table.add_column("source", no_wrap=True)
     table.add_column("queries", justify="right")
     for name in columns:
-        table.add_column(f"{name}\nMRR@10", justify="right")
-        table.add_column(f"{name}\nNDCG@10", justify="right")
+        table.add_column(f"{name}\nMRR", justify="right")
+        table.add_column(f"{name}\nNDCG", justify="right")
     first = next(iter(columns.values()))
     for source in [*first.per_source, "macro", "overall"]:
         cells = []
@@ -156,6 +160,8 @@ def finetune_cross_encoder(
 ) -> None:
     """Fine-tune a cross-encoder on public rerank pairs and report its quality and cost."""
     console = Console()
+    if not console.is_terminal:  # a log file: do not squeeze the tables into 80 columns
+        console = Console(width=150)
     configure_torch(threads)
     base = base or bundled_base()
     rows = load_rows(pairs_dir)
@@ -203,6 +209,7 @@ def finetune_cross_encoder(
     cache = onnx_cache or out_dir / "onnx"
     latency: dict[str, dict[str, float]] = {}
     results: dict[str, EvaluationReport] = {"bi-encoder": baseline, "CE fp32": report.validation}
+    load_average = os.getloadavg()[0]  # other work on the machine inflates the timings
     with console.status("exporting ONNX, measuring int8 quality and rerank latency…"):
         for prec in ("fp32", "int8"):
             runtime = CrossEncoderRuntime(out_dir, cache, precision=prec, intra_op_threads=threads)
@@ -246,6 +253,7 @@ def finetune_cross_encoder(
             "final_loss": round(report.final_loss, 4),
         },
         "rerank_latency_ms": latency,
+        "load_average_during_latency": load_average,
         "scoring_pairs_per_second": {p: round(50 / (ms["50"] / 1000), 1) for p, ms in latency.items()},
         "onnx_export": str(runtime.export_dir),
         "model_version": runtime.version,
@@ -271,6 +279,10 @@ def finetune_cross_encoder(
         str(summary["scoring_pairs_per_second"]["int8"]),
     )
     console.print(timing)
+    console.print(
+        f"candidates average {latency['fp32']['50_mean_tokens']} tokens per pair; "
+        f"1-min load average when timing began: {load_average:.2f}"
+    )
     console.print(
         f"training: {report.pairs} pairs × {epochs} epoch(s), {report.steps} steps "
         f"in {report.seconds / 60:.1f} min "

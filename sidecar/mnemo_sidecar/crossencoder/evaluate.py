@@ -128,7 +128,10 @@ def bi_encoder_scorer(model_dir: Path, *, batch_size: int = 64) -> PairScorer:
     Each distinct text is embedded once."""
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(model_dir), device="cpu")
+    from mnemo_sidecar.crossencoder.finetune import quiet_transformers
+
+    with quiet_transformers():
+        model = SentenceTransformer(str(model_dir), device="cpu")
 
     def score(pairs: Sequence[tuple[str, str]]) -> Scores:
         texts = sorted({t for pair in pairs for t in pair})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -37,7 +38,7 @@ PRECISIONS = ("fp32", "int8")
 _EXPORT_INFO = "export.json"
 # Files that never change what the model computes; editing them must not force a re-export.
 _NOT_HASHED = {CARD_NAME, "README.md"}
-# A batch is refused up front only if even half its estimated cost would overrun the deadline:
+# A batch is refused up front only if even half its best-case cost would overrun the deadline:
 # the per-token estimate is rough (fixed overheads, quadratic attention), and refusing work
 # that would have finished in time is worse than starting work that will not.
 _REFUSE_MARGIN = 0.5
@@ -64,6 +65,7 @@ def _export_fp32(model_dir: Path, target: Path) -> None:
     """model.onnx (logits for input_ids/attention_mask[/token_type_ids]), tokenizer.json and
     export.json, written to a temp dir and renamed into place."""
     import torch
+    from torch.jit._trace import TracerWarning
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
@@ -97,6 +99,8 @@ def _export_fp32(model_dir: Path, target: Path) -> None:
             out: torch.Tensor = self.inner(input_ids=input_ids, attention_mask=attention_mask).logits
             return out
 
+    # The sample pairs differ in length so the traced graph contains the padding-mask path;
+    # traced on an unpadded batch, the mask handling could be folded away as a constant.
     sample = tokenizer(
         ["an example query", "q"], ["a passage", "another passage here"], padding=True, return_tensors="pt"
     )
@@ -104,9 +108,13 @@ def _export_fp32(model_dir: Path, target: Path) -> None:
     module = Logits(model) if with_types else LogitsNoTypes(model)
     dynamic = {0: "batch", 1: "tokens"}
     with torch.no_grad(), warnings.catch_warnings():
-        # Understood exporter noise: dynamo=False is the exporter that handles these models
-        # here (it warns that it is the legacy one), and the advanced-indexing note describes
-        # how the attention mask is lowered, which test_onnx_matches_torch checks numerically.
+        # Understood exporter noise. dynamo=False is the exporter that handles these models
+        # here (it warns that it is the legacy one). The tracer warns where transformers turns
+        # shapes into Python bools (the padding length of a mask already as long as the input,
+        # the is_causal flag, False for encoders); those are constant for any input, and the
+        # advanced-indexing note is how the mask is lowered. test_onnx_matches_torch checks
+        # the graph on other batch sizes, lengths and paddings.
+        warnings.filterwarnings("ignore", category=TracerWarning)
         for message, category in (
             ("You are using the legacy TorchScript-based ONNX export", DeprecationWarning),
             ("The feature will be removed", DeprecationWarning),
@@ -153,6 +161,15 @@ def _token_limit(tokenizer: Any, config: Any) -> int | None:
     return min(limits) if limits else None
 
 
+class _DropLogRecords(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
 def _quantize_int8(onnx_file: Path) -> Path:
     """Dynamic int8 quantisation of the MatMul weights per output channel (the variant that
     kept the embedder's quality; whole-graph quantisation lost a lot)."""
@@ -162,13 +179,20 @@ def _quantize_int8(onnx_file: Path) -> Path:
     if target.exists():
         return target
     tmp = onnx_file.with_name(f"model.int8.onnx.tmp-{os.getpid()}-{threading.get_ident()}")
-    quantize_dynamic(
-        str(onnx_file),
-        str(tmp),
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        op_types_to_quantize=["MatMul"],
-    )
+    # quantize_dynamic logs a hint to pre-process (shape inference) on the root logger; for
+    # dynamic MatMul quantisation it changes nothing, so it is dropped rather than shown.
+    hint = _DropLogRecords("Please consider to run pre-processing before quantization")
+    logging.getLogger().addFilter(hint)
+    try:
+        quantize_dynamic(
+            str(onnx_file),
+            str(tmp),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul"],
+        )
+    finally:
+        logging.getLogger().removeFilter(hint)
     tmp.replace(target)
     return target
 
@@ -234,11 +258,14 @@ class CrossEncoderRuntime:
         self._session = ort.InferenceSession(str(self.onnx_file), opts, providers=["CPUExecutionProvider"])
 
         self._lock = threading.Lock()
-        self._seconds_per_token = 0.0  # running estimate, to refuse a batch that cannot finish in time
+        self._seconds_per_token = 0.0  # best rate seen, to refuse a batch that cannot finish in time
         self._calls = 0
         self._pairs = 0
         self._seconds = 0.0
         self._deadline_exceeded = 0
+        # The first run of a session pays for memory planning; do it now, not in a request.
+        probe = self._tokenizer.encode_batch([("warm", "up")])
+        self._session.run(None, self._feed(probe, [0], len(probe[0].ids)))
 
     def score(
         self,
@@ -275,6 +302,10 @@ class CrossEncoderRuntime:
             self._pairs += len(pairs)
             self._seconds += elapsed
         return out
+
+    def token_counts(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
+        """Tokens per pair after truncation (what a pair costs to score)."""
+        return [len(e.ids) for e in self._tokenizer.encode_batch(list(pairs))]
 
     def _run(self, pairs: Sequence[tuple[str, str]], deadline: Deadline) -> Scores:
         encodings = self._tokenizer.encode_batch(list(pairs))
@@ -316,14 +347,11 @@ class CrossEncoderRuntime:
 
     def _observe(self, seconds_per_token: float) -> None:
         with self._lock:
+            # The fastest rate seen so far: a lower bound on what a batch costs, so a stall
+            # (GC, a busy core) never makes later batches look infeasible, and a batch is only
+            # refused when even the best case cannot finish in time.
             previous = self._seconds_per_token
-            # A slow-moving average whose growth per reading is bounded: one stall (GC, a busy
-            # core) must not make later, feasible batches look impossible.
-            self._seconds_per_token = (
-                seconds_per_token
-                if previous == 0
-                else min(previous * 0.9 + seconds_per_token * 0.1, previous * 1.5)
-            )
+            self._seconds_per_token = seconds_per_token if previous == 0 else min(previous, seconds_per_token)
 
     def describe(self) -> dict[str, Any]:
         with self._lock:

@@ -30,6 +30,13 @@ class RecallStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RECALL_STAGE_UNSPECIFIED: _ClassVar[RecallStage]
     RECALL_STAGE_VECTOR: _ClassVar[RecallStage]
     RECALL_STAGE_FULL_TEXT: _ClassVar[RecallStage]
+    RECALL_STAGE_ENTITY_STRIP: _ClassVar[RecallStage]
+    RECALL_STAGE_ADJACENCY: _ClassVar[RecallStage]
+    RECALL_STAGE_SPEAKER: _ClassVar[RecallStage]
+    RECALL_STAGE_DATE: _ClassVar[RecallStage]
+    RECALL_STAGE_TIME_QUESTION: _ClassVar[RecallStage]
+    RECALL_STAGE_SESSION_SUPPORT: _ClassVar[RecallStage]
+    RECALL_STAGE_IMPORTANCE: _ClassVar[RecallStage]
 RANKING_PATH_UNSPECIFIED: RankingPath
 RANKING_PATH_MODEL: RankingPath
 RANKING_PATH_BASELINE: RankingPath
@@ -40,6 +47,13 @@ SESSION_STATE_ENDED: SessionState
 RECALL_STAGE_UNSPECIFIED: RecallStage
 RECALL_STAGE_VECTOR: RecallStage
 RECALL_STAGE_FULL_TEXT: RecallStage
+RECALL_STAGE_ENTITY_STRIP: RecallStage
+RECALL_STAGE_ADJACENCY: RecallStage
+RECALL_STAGE_SPEAKER: RecallStage
+RECALL_STAGE_DATE: RecallStage
+RECALL_STAGE_TIME_QUESTION: RecallStage
+RECALL_STAGE_SESSION_SUPPORT: RecallStage
+RECALL_STAGE_IMPORTANCE: RecallStage
 
 class CreateMemoryRequest(_message.Message):
     __slots__ = ("memory", "request_id", "wait_for_index")

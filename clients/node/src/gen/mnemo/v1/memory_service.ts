@@ -124,8 +124,30 @@ export function sessionStateToJSON(object: SessionState): string {
 
 export enum RecallStage {
   RECALL_STAGE_UNSPECIFIED = 0,
+  /** RECALL_STAGE_VECTOR - The embedding leg. */
   RECALL_STAGE_VECTOR = 1,
+  /** RECALL_STAGE_FULL_TEXT - The BM25 leg. */
   RECALL_STAGE_FULL_TEXT = 2,
+  /**
+   * RECALL_STAGE_ENTITY_STRIP - Names of the scope's speakers are taken out of the query text the legs search with
+   * (the speaker stage uses them instead).
+   */
+  RECALL_STAGE_ENTITY_STRIP = 3,
+  /**
+   * RECALL_STAGE_ADJACENCY - A memory right after a question in the same conversation shares that question's score
+   * (answers often sit in the turn after the question); neighbours join the candidates.
+   */
+  RECALL_STAGE_ADJACENCY = 4,
+  /** RECALL_STAGE_SPEAKER - When the query names exactly one speaker, memories said by others are damped. */
+  RECALL_STAGE_SPEAKER = 5,
+  /** RECALL_STAGE_DATE - Dates in the query boost memories whose event time is near them. */
+  RECALL_STAGE_DATE = 6,
+  /** RECALL_STAGE_TIME_QUESTION - "When ...?" queries boost memories that contain a time expression. */
+  RECALL_STAGE_TIME_QUESTION = 7,
+  /** RECALL_STAGE_SESSION_SUPPORT - Memories of a source session whose best members score well get a share of that. */
+  RECALL_STAGE_SESSION_SUPPORT = 8,
+  /** RECALL_STAGE_IMPORTANCE - Importance scales the score (neutral at the default 0.5). */
+  RECALL_STAGE_IMPORTANCE = 9,
   UNRECOGNIZED = -1,
 }
 
@@ -140,6 +162,27 @@ export function recallStageFromJSON(object: any): RecallStage {
     case 2:
     case "RECALL_STAGE_FULL_TEXT":
       return RecallStage.RECALL_STAGE_FULL_TEXT;
+    case 3:
+    case "RECALL_STAGE_ENTITY_STRIP":
+      return RecallStage.RECALL_STAGE_ENTITY_STRIP;
+    case 4:
+    case "RECALL_STAGE_ADJACENCY":
+      return RecallStage.RECALL_STAGE_ADJACENCY;
+    case 5:
+    case "RECALL_STAGE_SPEAKER":
+      return RecallStage.RECALL_STAGE_SPEAKER;
+    case 6:
+    case "RECALL_STAGE_DATE":
+      return RecallStage.RECALL_STAGE_DATE;
+    case 7:
+    case "RECALL_STAGE_TIME_QUESTION":
+      return RecallStage.RECALL_STAGE_TIME_QUESTION;
+    case 8:
+    case "RECALL_STAGE_SESSION_SUPPORT":
+      return RecallStage.RECALL_STAGE_SESSION_SUPPORT;
+    case 9:
+    case "RECALL_STAGE_IMPORTANCE":
+      return RecallStage.RECALL_STAGE_IMPORTANCE;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -155,6 +198,20 @@ export function recallStageToJSON(object: RecallStage): string {
       return "RECALL_STAGE_VECTOR";
     case RecallStage.RECALL_STAGE_FULL_TEXT:
       return "RECALL_STAGE_FULL_TEXT";
+    case RecallStage.RECALL_STAGE_ENTITY_STRIP:
+      return "RECALL_STAGE_ENTITY_STRIP";
+    case RecallStage.RECALL_STAGE_ADJACENCY:
+      return "RECALL_STAGE_ADJACENCY";
+    case RecallStage.RECALL_STAGE_SPEAKER:
+      return "RECALL_STAGE_SPEAKER";
+    case RecallStage.RECALL_STAGE_DATE:
+      return "RECALL_STAGE_DATE";
+    case RecallStage.RECALL_STAGE_TIME_QUESTION:
+      return "RECALL_STAGE_TIME_QUESTION";
+    case RecallStage.RECALL_STAGE_SESSION_SUPPORT:
+      return "RECALL_STAGE_SESSION_SUPPORT";
+    case RecallStage.RECALL_STAGE_IMPORTANCE:
+      return "RECALL_STAGE_IMPORTANCE";
     case RecallStage.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

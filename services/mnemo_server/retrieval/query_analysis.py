@@ -1,0 +1,131 @@
+"""What Recall reads out of a query and out of candidate texts: speakers, dates, "when"
+questions, time expressions. Plain regexes, deterministic and cheap (English only: in
+other languages these rules simply do not fire)."""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+import re
+from dataclasses import dataclass
+
+MONTHS = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
+_M = "|".join(MONTHS)
+_DATE_PATTERNS = [
+    (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_M}),?\s+((?:19|20)\d{{2}})\b", re.I), "dmy"),
+    (re.compile(rf"\b({_M})\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+((?:19|20)\d{{2}})\b", re.I), "mdy"),
+    (re.compile(rf"\b({_M}),?\s+((?:19|20)\d{{2}})\b", re.I), "my"),
+    (re.compile(r"\b((?:19|20)\d{2})\b"), "y"),
+]
+TIME_EXPRESSION = re.compile(
+    r"\b(yesterday|today|tonight|tomorrow|last|next|ago|recently|weekend|weeks?|months?|years?|"
+    rf"monday|tuesday|wednesday|thursday|friday|saturday|sunday|{_M}|(?:19|20)\d{{2}})\b",
+    re.I,
+)
+# "Name: text" - an attributed utterance (chat turn, transcript line).
+SPEAKER_PREFIX = re.compile(r"^([A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}):\s")
+# Capitalised labels that are not speakers (Signet's labelled lines and similar).
+NOT_SPEAKERS = frozenset(
+    {
+        "Fact",
+        "Preference",
+        "Decision",
+        "Note",
+        "Notes",
+        "Todo",
+        "TODO",
+        "Summary",
+        "Question",
+        "Answer",
+        "Q",
+        "A",
+        "Update",
+        "Warning",
+        "Error",
+        "Info",
+        "Action",
+        "Context",
+        "Task",
+    }
+)
+_WORD = re.compile(r"[A-Za-z0-9]+")
+
+Interval = tuple[dt.date, dt.date]
+
+
+def speaker_of(content: str) -> str:
+    m = SPEAKER_PREFIX.match(content)
+    return m.group(1) if m and m.group(1) not in NOT_SPEAKERS else ""
+
+
+def body_of(content: str) -> str:
+    m = SPEAKER_PREFIX.match(content)
+    return content[m.end() :] if m else content
+
+
+def has_time_expression(content: str) -> bool:
+    return TIME_EXPRESSION.search(body_of(content)) is not None
+
+
+def query_dates(text: str) -> list[Interval]:
+    """Date intervals a text mentions: a day, a month or a year each."""
+    out: list[Interval] = []
+    for pattern, kind in _DATE_PATTERNS:
+
+        def take(m: re.Match[str], kind: str = kind) -> str:
+            g = m.groups()
+            try:
+                if kind == "dmy":
+                    d = dt.date(int(g[2]), MONTHS.index(g[1].lower()) + 1, int(g[0]))
+                    out.append((d, d))
+                elif kind == "mdy":
+                    d = dt.date(int(g[2]), MONTHS.index(g[0].lower()) + 1, int(g[1]))
+                    out.append((d, d))
+                elif kind == "my":
+                    y, mo = int(g[1]), MONTHS.index(g[0].lower()) + 1
+                    out.append((dt.date(y, mo, 1), dt.date(y, mo, calendar.monthrange(y, mo)[1])))
+                else:
+                    out.append((dt.date(int(g[0]), 1, 1), dt.date(int(g[0]), 12, 31)))
+            except ValueError:
+                return m.group(0)
+            return " "  # consumed, so "May 2023" does not count again as "2023"
+
+        text = pattern.sub(take, text)
+    return out
+
+
+@dataclass(frozen=True)
+class QueryAnalysis:
+    text: str  # what the legs search with
+    named_speakers: tuple[str, ...]
+    dates: tuple[Interval, ...]
+    when_question: bool
+
+
+def analyse(question: str, speakers: list[str], *, strip: bool) -> QueryAnalysis:
+    named = tuple(n for n in speakers if re.search(rf"\b{re.escape(n)}\b", question))
+    text = question
+    if strip and speakers:
+        stripped = question
+        for n in speakers:
+            stripped = re.sub(rf"\b{re.escape(n)}(?:'s|’s)?\b", " ", stripped)
+        stripped = re.sub(r"\s+", " ", stripped).strip()
+        # Keep the original when nothing but names was asked.
+        if len(_WORD.findall(stripped)) >= 2:
+            text = stripped
+    return QueryAnalysis(
+        text, named, tuple(query_dates(question)), question.strip().lower().startswith("when")
+    )

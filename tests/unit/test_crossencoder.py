@@ -1,0 +1,459 @@
+"""The cross-encoder: data pipeline, fine-tuning, ONNX runtime, deadlines, metrics, command.
+
+Most tests use a tiny random BERT (2 layers, 32 wide) saved like a sentence-transformers
+model, so training and export take a second. The one test that must show real learning
+fine-tunes the bundled MiniLM for a few steps on a toy set whose positives share the
+query's words."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mnemo_server.errors import DeadlineExceeded
+from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
+from mnemo_sidecar.crossencoder.data import (
+    RerankRow,
+    cap_per_source,
+    labelled_pairs,
+    limit_pairs,
+    load_rows,
+    split_by_group,
+    to_pairs,
+)
+from mnemo_sidecar.crossencoder.evaluate import compare, evaluate, rank_of_positive
+from mnemo_sidecar.crossencoder.finetune import (
+    CARD_NAME,
+    FinetuneStopped,
+    _load,
+    bundled_base,
+    finetune,
+    read_card,
+    torch_scorer,
+    update_card,
+)
+from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime, model_version
+from mnemo_sidecar.deadlines import Deadline
+
+from tests.conftest import SHARED
+
+RERANK = SHARED / "rerank"
+WORDS = [
+    "apple",
+    "river",
+    "engine",
+    "violin",
+    "marble",
+    "tiger",
+    "candle",
+    "orbit",
+    "pepper",
+    "glacier",
+    "harbor",
+    "saddle",
+    "copper",
+    "lantern",
+    "meadow",
+    "falcon",
+]
+
+
+def toy_rows(n: int, seed: int, source: str = "selqa_sent") -> list[RerankRow]:
+    """Separable by word overlap: the positive names the query's two things, negatives others."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b, *others = rng.sample(WORDS, 8)
+        negatives = tuple(
+            f"the {c} and the {d} are in the hall" for c, d in zip(others[::2], others[1::2], strict=True)
+        )
+        rows.append(
+            RerankRow(
+                source,
+                f"where are the {a} and the {b}",
+                f"the {a} and the {b} are in the hall",
+                negatives,
+                f"g{seed}-{i}",
+            )
+        )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    out = tmp_path_factory.mktemp("tiny-base")
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        initializer_range=0.5,  # wide random weights, so scores differ enough to compare
+    )
+    BertModel(config).save_pretrained(str(out))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(bundled_base() / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-ce") / "model"
+    finetune(
+        tiny_base,
+        to_pairs(toy_rows(24, 1), negatives=2),
+        out,
+        max_length=32,
+        batch_size=8,
+        lr=1e-4,
+        threads=1,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ce-onnx")
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_model: Path, onnx_cache: Path) -> CrossEncoderRuntime:
+    return CrossEncoderRuntime(tiny_model, onnx_cache, intra_op_threads=1)
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_group_split_holds_out_whole_groups_and_drops_shared_text() -> None:
+    rows = [r for seed in range(3) for r in toy_rows(40, seed)]
+    # Another source repeating a question verbatim (as QNLI and XQuAD do) must not leak it.
+    twins = [
+        RerankRow("qnli_dev_sent", r.query, r.positive + " (twin)", r.negatives, "twin-" + r.group)
+        for r in rows
+    ]
+    split = split_by_group([*rows, *twins], validation_fraction=0.2)
+    train_groups = {(r.source, r.group) for r in split.train}
+    validation_groups = {(r.source, r.group) for r in split.validation}
+    assert split.validation and split.train
+    assert not train_groups & validation_groups
+    held_out_text = {r.query for r in split.validation} | {r.positive for r in split.validation}
+    assert not any(r.query in held_out_text or r.positive in held_out_text for r in split.train)
+    assert split.dropped_for_overlap > 0
+    # Hash-based: the same rows give the same split whatever their order.
+    again = split_by_group(list(reversed([*rows, *twins])), validation_fraction=0.2)
+    assert {(r.source, r.group) for r in again.validation} == validation_groups
+
+
+def test_group_split_gives_every_source_with_enough_groups_a_validation_share() -> None:
+    rows = [RerankRow("few", f"q{i}", f"p{i}", ("n",), f"g{i % 4}") for i in range(20)]
+    split = split_by_group(rows, validation_fraction=0.0001)  # hashing alone would hold out nothing
+    assert len({r.group for r in split.validation}) == 1
+    assert len({r.group for r in split.train}) == 3
+
+
+@pytest.mark.skipif(not RERANK.exists(), reason="public rerank pairs not present")
+def test_real_pairs_split_and_per_source_cap() -> None:
+    rows = load_rows(RERANK)
+    split = split_by_group(rows)
+    assert not {r.group for r in split.train} & {r.group for r in split.validation}
+    assert set(Counter(r.source for r in split.validation)) == set(Counter(r.source for r in rows))
+    capped = cap_per_source(split.train, max_queries=50, seed=3)
+    queries = Counter(r.source for r in capped)
+    assert max(queries.values()) <= 50 and len(queries) == len({r.source for r in rows})
+    assert len({(r.source, r.query) for r in capped}) == len(capped)  # one positive per query
+    assert capped == cap_per_source(split.train, max_queries=50, seed=3)
+    assert capped != cap_per_source(split.train, max_queries=50, seed=4)
+
+
+def test_per_source_cap_counts_queries_and_keeps_all_rows_when_asked() -> None:
+    rows = [RerankRow("s", f"q{i % 10}", f"p{i}", ("n",), "g") for i in range(30)]  # 3 gold passages a query
+    assert len(cap_per_source(rows, max_queries=4)) == 4
+    assert len(cap_per_source(rows, max_queries=4, rows_per_query=None)) == 12
+
+
+def test_pairs_labels_and_limits() -> None:
+    rows = toy_rows(10, 0)
+    pairs = to_pairs(rows, negatives=2, seed=1)
+    assert len(pairs) == 30 and sum(p.label for p in pairs) == 10
+    assert pairs == to_pairs(rows, negatives=2, seed=1)
+    limited = limit_pairs(pairs, 10)
+    assert len(limited) == 9 and Counter(p.query for p in limited).most_common(1)[0][1] == 3
+    fed = labelled_pairs([("q", "relevant", 1), ("q", " ", 0), ("q", "half", 0.5)])
+    assert [p.label for p in fed] == [1.0, 0.5] and {p.source for p in fed} == {"feedback"}
+    with pytest.raises(ValueError):
+        labelled_pairs([("q", "p", 2)])
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_metrics_rank_ties_against_the_positive() -> None:
+    assert rank_of_positive(1.0, [0.0, 2.0, 1.0]) == 3
+    rows = [RerankRow("a", "q1", "p", ("n1", "n2"), "g"), RerankRow("b", "q2", "p", ("n1",), "g")]
+    table = {("q1", "p"): 0.1, ("q1", "n1"): 0.5, ("q1", "n2"): 0.0, ("q2", "p"): 0.9, ("q2", "n1"): 0.2}
+    report = evaluate(rows, lambda pairs: np.array([table[p] for p in pairs], dtype=np.float32))
+    assert report.per_source["a"].mrr_at_10 == 0.5 and report.per_source["b"].mrr_at_10 == 1.0
+    assert report.per_source["a"].ndcg_at_10 == pytest.approx(1 / np.log2(3), abs=1e-4)
+    assert report.overall.mrr_at_10 == 0.75 and report.overall.accuracy_at_1 == 0.5
+    flat = evaluate(rows, lambda pairs: np.zeros(len(pairs), dtype=np.float32))
+    assert flat.overall.accuracy_at_1 == 0.0  # a constant scorer earns nothing
+    assert compare(flat, report)["overall"]["mrr_at_10"] == pytest.approx(0.75 - flat.overall.mrr_at_10)
+
+
+# ---------------------------------------------------------------- fine-tuning
+
+
+def test_card_is_written_with_data_hyperparameters_and_attribution(tiny_model: Path) -> None:
+    card = read_card(tiny_model)
+    assert card["base_kind"] == "sentence-transformers" and card["max_length"] == 32
+    assert card["data"]["pairs"] == 72 and card["data"]["positives"] == 24
+    assert card["hyperparameters"]["lr"] == 1e-4 and card["hyperparameters"]["freeze_word_embeddings"]
+    assert [a["source"] for a in card["attribution"]["pair_sources"]] == ["selqa_sent"]
+    assert "Apache-2.0" in card["attribution"]["pair_sources"][0]["licence"]
+    assert {"config.json", "model.safetensors", "tokenizer.json", CARD_NAME} <= {
+        p.name for p in tiny_model.iterdir()
+    }
+    assert not list(tiny_model.parent.glob(".*tmp*"))  # the temp dir was renamed away
+
+
+def test_finetune_is_deterministic_and_freezes_word_embeddings(tiny_base: Path, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    pairs = to_pairs(toy_rows(8, 5))
+    kwargs: dict[str, Any] = {"max_length": 24, "batch_size": 8, "lr": 1e-3, "threads": 1}
+    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+        finetune(tiny_base, pairs, tmp_path / name, seed=seed, **kwargs)
+    a, b, c = (load_file(str(tmp_path / n / "model.safetensors")) for n in "abc")
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert any(not np.array_equal(a[k], c[k]) for k in a)
+    base = load_file(str(tiny_base / "model.safetensors"))
+    word = next(k for k in a if k.endswith("word_embeddings.weight"))
+    assert np.array_equal(a[word], base[word.removeprefix("bert.")])
+
+
+def test_finetune_continues_a_cross_encoder_and_stops_without_writing(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    validation = toy_rows(4, 9)
+    report = finetune(
+        tiny_model,
+        labelled_pairs([("where is x", "x is here", 1)]),
+        tmp_path / "next",
+        validation=validation,
+        threads=1,
+    )
+    assert report.base_kind == "cross-encoder" and report.validation_before is not None
+    card = read_card(tmp_path / "next")
+    assert card["parent"]["base"] == read_card(tiny_model)["base"]
+    assert {a["source"] for a in card["attribution"]["pair_sources"]} == {"selqa_sent"}  # inherited
+
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "marker").write_text("old model")
+    with pytest.raises(FinetuneStopped):
+        finetune(tiny_model, to_pairs(toy_rows(8, 2)), tmp_path / "keep", should_stop=lambda: True, threads=1)
+    assert [p.name for p in (tmp_path / "keep").iterdir()] == ["marker"]
+
+
+def test_finetune_raises_validation_mrr_above_the_untrained_head(tmp_path: Path) -> None:
+    train, validation = toy_rows(32, 1), toy_rows(24, 2)
+    model, tokenizer, _ = _load(bundled_base(), seed=0)  # the same head finetune() starts from
+    untrained = evaluate(validation, torch_scorer(model, tokenizer, 32))
+    seen: list[float] = []
+    report = finetune(
+        bundled_base(),
+        to_pairs(train, negatives=1),
+        tmp_path / "ce",
+        lr=1e-4,
+        batch_size=16,
+        max_length=32,
+        validation=validation,
+        threads=1,
+        progress=lambda done, _message: seen.append(done),
+    )
+    assert report.validation is not None
+    assert report.validation.overall.mrr_at_10 >= untrained.overall.mrr_at_10 + 0.25, (
+        untrained,
+        report.validation,
+    )
+    assert report.validation.overall.mrr_at_10 >= 0.8
+    assert seen[-1] == 1.0 and seen == sorted(seen)
+
+
+# ---------------------------------------------------------------- runtime
+
+
+def test_runtime_loads_the_saved_model_and_scores_deterministically(runtime: CrossEncoderRuntime) -> None:
+    texts = [f"the {w} is in the hall" for w in WORDS] + ["a much longer passage " * 10]
+    first = runtime.score("where is the tiger", texts)
+    assert first.dtype == np.float32 and first.shape == (len(texts),)
+    assert np.array_equal(first, runtime.score("where is the tiger", texts))
+    # Order of the candidates does not change any candidate's score.
+    reordered = runtime.score("where is the tiger", texts[::-1])[::-1]
+    np.testing.assert_allclose(reordered, first, atol=1e-5)
+    info = runtime.describe()
+    assert info["version"] == runtime.version == model_version(runtime.model_dir)
+    assert info["precision"] == "fp32" and info["max_length"] == 32 and info["calls"] >= 2
+
+
+def test_onnx_matches_torch_logits(runtime: CrossEncoderRuntime, tiny_model: Path) -> None:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_model)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    rows = toy_rows(6, 4)
+    pairs = [(r.query, t) for r in rows for t in (r.positive, *r.negatives)]
+    pairs.append(("a long query " * 5, "and a passage that will be truncated " * 8))  # > max_length
+    enc = tokenizer(
+        [q for q, _ in pairs],
+        [p for _, p in pairs],
+        truncation=True,
+        max_length=32,
+        padding=True,
+        return_tensors="pt",
+    )
+    with torch.inference_mode():
+        expected = model(**enc).logits[:, 0].numpy()
+    np.testing.assert_allclose(runtime.score_pairs(pairs), expected, atol=1e-4)
+
+
+def test_int8_export_serves_close_scores(
+    runtime: CrossEncoderRuntime, tiny_model: Path, onnx_cache: Path
+) -> None:
+    int8 = CrossEncoderRuntime(tiny_model, onnx_cache, precision="int8", intra_op_threads=1)
+    assert int8.onnx_file.name == "model.int8.onnx" and int8.version == runtime.version
+    pairs = [(r.query, t) for r in toy_rows(6, 3) for t in (r.positive, *r.negatives)]
+    fp32, q8 = runtime.score_pairs(pairs), int8.score_pairs(pairs)
+    assert np.corrcoef(fp32, q8)[0, 1] > 0.9
+
+
+def test_version_ignores_card_notes_but_not_max_length(tiny_model: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model, copy)
+    version = model_version(copy)
+    update_card(copy, notes="measured later")
+    assert model_version(copy) == version
+    update_card(copy, max_length=64)
+    assert model_version(copy) != version
+
+
+class _ClockedSession:
+    """Wraps the ONNX session: every run() advances a fake clock by one second."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.now = 0.0
+        self.runs = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def run(self, *args: Any) -> Any:
+        self.runs += 1
+        self.now += 1.0
+        return self.inner.run(*args)
+
+
+def test_expired_deadline_raises_before_any_work(
+    runtime: CrossEncoderRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_work(*_: Any) -> Any:
+        raise AssertionError("scoring started although the deadline had passed")
+
+    monkeypatch.setattr(runtime, "_run", no_work)
+    with pytest.raises(DeadlineExceeded) as err:
+        runtime.score("q", ["a", "b"], Deadline(0.0))
+    assert err.value.reason == "SIDECAR_DEADLINE"
+
+
+def test_deadline_expiring_midway_raises_instead_of_answering_late(
+    runtime: CrossEncoderRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = _ClockedSession(runtime._session)
+    monkeypatch.setattr(runtime, "_session", session)
+    texts = [f"passage number {i}" for i in range(40)]  # three micro-batches of 16
+    with pytest.raises(DeadlineExceeded):
+        runtime.score("q", texts, Deadline(1.5, clock=session.clock))
+    assert session.runs == 2  # checked between batches: the third never started
+
+    session.runs, session.now = 0, 0.0
+    with pytest.raises(DeadlineExceeded):  # the only batch finished after the deadline
+        runtime.score("q", texts[:5], Deadline(0.5, clock=session.clock))
+    assert session.runs == 1
+
+    session.runs, session.now = 0, 0.0
+    assert runtime.score("q", texts, Deadline(10.0, clock=session.clock)).shape == (40,)
+
+
+def test_batch_that_cannot_finish_in_time_is_refused_up_front(
+    runtime: CrossEncoderRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = _ClockedSession(runtime._session)
+    monkeypatch.setattr(runtime, "_session", session)
+    monkeypatch.setattr(runtime, "_seconds_per_token", 1.0)  # as if the machine were very slow
+    with pytest.raises(DeadlineExceeded):
+        runtime.score("q", ["a passage"], Deadline(2.0))
+    assert session.runs == 0
+
+
+def test_candidate_cap(tiny_model: Path, onnx_cache: Path, runtime: CrossEncoderRuntime) -> None:
+    texts = [f"the {w} is in the hall" for w in WORDS]
+    capped = runtime.score("where is the tiger", texts, max_candidates=5)
+    assert capped.shape == (5,)
+    np.testing.assert_allclose(capped, runtime.score("where is the tiger", texts)[:5], atol=1e-5)
+    assert runtime.score("q", texts, max_candidates=0).shape == (0,)
+    default_cap = CrossEncoderRuntime(tiny_model, onnx_cache, intra_op_threads=1, max_candidates=3)
+    assert default_cap.score("q", texts).shape == (3,) and default_cap.describe()["max_candidates"] == 3
+
+
+# ---------------------------------------------------------------- command
+
+
+def test_command_trains_exports_and_reports(tiny_base: Path, tmp_path: Path) -> None:
+    pairs_dir = tmp_path / "pairs"
+    pairs_dir.mkdir()
+    for source, seed in (("selqa_sent", 11), ("dstc9_faq", 12)):
+        rows = toy_rows(30, seed, source)
+        lines = [
+            json.dumps(
+                {
+                    "source": r.source,
+                    "query": r.query,
+                    "positive": r.positive,
+                    "negatives": list(r.negatives),
+                    "group": r.group,
+                }
+            )
+            for r in rows
+        ]
+        (pairs_dir / f"{source}.jsonl").write_text("\n".join(lines) + "\n")
+    out, figures = tmp_path / "model", tmp_path / "figures.json"
+    result = CliRunner().invoke(
+        finetune_cross_encoder,
+        [
+            "--pairs", str(pairs_dir), "--out", str(out), "--base", str(tiny_base), "--per-source-cap", "10",
+            "--max-length", "32", "--batch-size", "8", "--lr", "1e-3", "--precision", "int8",
+            "--validation-fraction", "0.3", "--validation-cap", "5", "--latency-runs", "1", "--threads", "1",
+            "--json-out", str(figures),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(figures.read_text())
+    assert set(summary["validation"]) == {"bi-encoder", "CE fp32", "CE int8"}
+    assert set(summary["validation"]["CE fp32"]["per_source"]) == {"selqa_sent", "dstc9_faq"}
+    assert {"20", "50", "50_mean_tokens"} <= set(summary["rerank_latency_ms"]["int8"])
+    assert summary["data"]["training_pairs"]["queries"] <= 20
+    assert read_card(out)["serving"] == {"precision": "int8"}
+    assert CrossEncoderRuntime(out, out / "onnx").precision == "int8"  # the card chooses, the cache is reused
+    assert "Validation: rank of the positive" in result.output and "NDCG" in result.output

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client import MnemoClient
 
 from tests.conftest import ADMIN_KEY, LiveServer
@@ -25,8 +26,8 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
     spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
 ) -> None:
     data = tmp_path / "mnemo-data"
-    proc = spawn(["up", "--data-dir", str(data), "--port", "0"])
-    assert (data / "mnemo.duckdb").exists()
+    proc = spawn(["up", "--data-dir", str(data), "--port", "0", "--sidecar-port", "0"])
+    assert (data / "mnemo.duckdb").exists() and (data / "sidecar" / "pairs.sqlite").exists()
     with grpc.insecure_channel(proc.address) as ch:
         reflect = reflection_pb2_grpc.ServerReflectionStub(ch)
         answer = next(
@@ -64,6 +65,13 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
     export2 = tmp_path / "export2.jsonl"
     run(["memory", "export", "-o", str(export2)], env)
     assert _exported(export2) == _exported(export)
+
+    # The sidecar runs as its own process and answers (cold start: no model yet).
+    with MnemoClient(proc.address) as client:
+        started = client.call(
+            client.memory.StartSession, pb.StartSessionRequest(session_id="s", context="note")
+        )
+    assert started.ranking.fallback_reason == "cold_start" and started.memories
 
     got = run(["memory", "get", "00000000-0000-0000-0000-000000000000"], env)
     assert got.returncode != 0 and "NOT_FOUND" in got.stderr

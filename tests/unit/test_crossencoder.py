@@ -258,11 +258,19 @@ def test_finetune_continues_a_cross_encoder_and_stops_without_writing(
     assert card["parent"]["base"] == read_card(tiny_model)["base"]
     assert {a["source"] for a in card["attribution"]["pair_sources"]} == {"selqa_sent"}  # inherited
 
-    (tmp_path / "keep").mkdir()
-    (tmp_path / "keep" / "marker").write_text("old model")
+    keep = tmp_path / "keep"
+    shutil.copytree(tiny_model, keep)
+    before = {p.name: p.read_bytes() for p in keep.iterdir()}
     with pytest.raises(FinetuneStopped):
-        finetune(tiny_model, to_pairs(toy_rows(8, 2)), tmp_path / "keep", should_stop=lambda: True, threads=1)
-    assert [p.name for p in (tmp_path / "keep").iterdir()] == ["marker"]
+        finetune(tiny_model, to_pairs(toy_rows(8, 2)), keep, should_stop=lambda: True, threads=1)
+    assert {p.name: p.read_bytes() for p in keep.iterdir()} == before
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not a model")
+    with pytest.raises(FileExistsError):  # never replace a directory finetune() did not write
+        finetune(tiny_model, to_pairs(toy_rows(8, 2)), foreign, threads=1)
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
 
 
 def test_finetune_raises_validation_mrr_above_the_untrained_head(tmp_path: Path) -> None:
@@ -304,6 +312,17 @@ def test_runtime_loads_the_saved_model_and_scores_deterministically(runtime: Cro
     info = runtime.describe()
     assert info["version"] == runtime.version == model_version(runtime.model_dir)
     assert info["precision"] == "fp32" and info["max_length"] == 32 and info["calls"] >= 2
+
+
+def test_concurrent_calls_get_the_same_scores_as_serial_ones(runtime: CrossEncoderRuntime) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    requests = [(r.query, [r.positive, *r.negatives] * 5) for r in toy_rows(8, 6)]
+    serial = [runtime.score(q, texts) for q, texts in requests]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        concurrent = list(pool.map(lambda req: runtime.score(*req), requests * 3))
+    for i, scores in enumerate(concurrent):
+        np.testing.assert_array_equal(scores, serial[i % len(requests)])
 
 
 def test_onnx_matches_torch_logits(runtime: CrossEncoderRuntime, tiny_model: Path) -> None:

@@ -69,7 +69,7 @@ def bench(
 ) -> None:
     """Load-test a server over gRPC and report throughput, latency, RSS and disk use."""
     from mnemo_server.evaluation.bench import BenchConfig, run_bench
-    from mnemo_server.evaluation.launcher import Launcher
+    from mnemo_server.launcher import Launcher
 
     if quick:
         memories, duration, concurrency = min(memories, 2_000), min(duration, 5.0), min(concurrency, 4)

@@ -62,8 +62,8 @@ def locomo(
     keep_data: bool,
 ) -> None:
     """Load a LoCoMo-format split, Recall every query within its conversation, score the run."""
-    from mnemo_server.evaluation.launcher import Launcher
     from mnemo_server.evaluation.locomo import evaluate_locomo, read_dataset
+    from mnemo_server.launcher import Launcher
 
     if top_k < 10:
         raise click.BadParameter("must be at least 10", param_hint="--top-k")

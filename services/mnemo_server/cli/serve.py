@@ -65,10 +65,15 @@ def serve(
     run_until_signalled(MnemoServer(cfg), port_file)
 
 
-def local_config(config_file: Path | None, data_dir: Path, port: int) -> Config:
+def local_config(config_file: Path | None, data_dir: Path, port: int, sidecar_address: str = "") -> Config:
     """The local-development profile: loopback only, no API keys (one 'default' tenant)."""
+    ranking = {"sidecar_address": sidecar_address} if sidecar_address else {}
     return build_config(
-        config_file, data_dir, server={"host": "127.0.0.1", "port": port}, auth={"enabled": False}
+        config_file,
+        data_dir,
+        server={"host": "127.0.0.1", "port": port},
+        auth={"enabled": False},
+        ranking=ranking,
     )
 
 
@@ -78,15 +83,43 @@ def local_config(config_file: Path | None, data_dir: Path, port: int) -> Config:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("mnemo-data"),
     show_default=True,
-    help="Where DuckDB, LanceDB and model caches live.",
+    help="Where DuckDB, LanceDB and model caches live (the sidecar's in DIR/sidecar).",
 )
 @click.option("--port", type=int, default=50051, show_default=True)
+@click.option("--sidecar-port", type=int, default=50052, show_default=True, help="0 for any free port.")
+@click.option("--no-sidecar", is_flag=True, help="Run without the ranking sidecar (baseline ordering).")
+@click.option(
+    "--cross-encoder",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="A Hugging Face-format cross-encoder for the sidecar to serve.",
+)
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path))
-def up(data_dir: Path, port: int, config_file: Path | None, port_file: Path | None) -> None:
-    """Run Mnemo locally: the server on 127.0.0.1 with data in a local directory,
-    unauthenticated (local mode). Ctrl-C stops it cleanly."""
+def up(
+    data_dir: Path,
+    port: int,
+    sidecar_port: int,
+    no_sidecar: bool,
+    cross_encoder: Path | None,
+    config_file: Path | None,
+    port_file: Path | None,
+) -> None:
+    """Run Mnemo locally: the memory server on 127.0.0.1 and the ranking sidecar as its own
+    process, data in a local directory, unauthenticated (local mode). Ctrl-C stops both."""
+    from mnemo_server.launcher import Launcher
+
     data_dir.mkdir(parents=True, exist_ok=True)
-    cfg = local_config(config_file, data_dir, port)
-    click.echo(f"mnemo up: data in {data_dir.resolve()}, local mode (no API key needed)", err=True)
-    run_until_signalled(MnemoServer(cfg), port_file)
+    launcher = Launcher(root=data_dir, keep=True)
+    address = ""
+    try:
+        if not no_sidecar:
+            sidecar = launcher.start_sidecar(
+                data_dir=data_dir / "sidecar", port=sidecar_port, cross_encoder=cross_encoder
+            )
+            address = sidecar.address
+            click.echo(f"mnemo up: sidecar on {address} (log: {sidecar.log})", err=True)
+        cfg = local_config(config_file, data_dir, port, address)
+        click.echo(f"mnemo up: data in {data_dir.resolve()}, local mode (no API key needed)", err=True)
+        run_until_signalled(MnemoServer(cfg), port_file)
+    finally:
+        launcher.stop()

@@ -79,6 +79,26 @@ class Launcher:
         self.processes.append(proc)
         return proc
 
+    def start_sidecar(
+        self,
+        extra_env: dict[str, str] | None = None,
+        data_dir: Path | None = None,
+        port: int = 0,
+        cross_encoder: Path | None = None,
+    ) -> LaunchedProcess:
+        """The ranking sidecar, in its own process and data directory."""
+        argv = [
+            "mnemo_sidecar.cli",
+            "serve",
+            "--data-dir",
+            str(data_dir or self.root / "sidecar"),
+            "--port",
+            str(port),
+        ]
+        if cross_encoder is not None:
+            argv += ["--cross-encoder", str(cross_encoder)]
+        return self.start("sidecar", argv, extra_env)
+
     def start_server(self, extra_env: dict[str, str] | None = None) -> LaunchedProcess:
         """A local-mode server (loopback, no keys) with its data under this launcher's root."""
         env = {"MNEMO_AUTH__ENABLED": "false", **(extra_env or {})}

@@ -142,11 +142,17 @@ class Core:
             self.index.vector_search(tenant_id, vector, 1, None)
             self.index.text_search(tenant_id, "warm", 1, None)
 
-    def optimize_dirty(self) -> None:
-        dirty = set(self.indexer.stats.dirty_tenants)
-        self.indexer.stats.dirty_tenants.difference_update(dirty)
-        for tenant_id in dirty:
+    def optimize_dirty(self, *, force: bool = False) -> list[str]:
+        """Fold new rows into the search indices of tenants whose writes have settled (or
+        that have many rows waiting). Returns the tenants optimized."""
+        cfg = self.config.index
+        due = self.indexer.take_dirty(cfg.optimize_quiet_s, cfg.optimize_max_lag_rows, force)
+        for tenant_id in due:
             self.index.optimize(tenant_id)
+        return due
+
+    def search_index_lag(self, tenant_id: str) -> int:
+        return self.index.unindexed_rows(tenant_id)
 
     def rebuild_index(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop LanceDB and re-embed every live memory from DuckDB (offline command)."""
@@ -229,6 +235,11 @@ class MnemoServer:
         core = self.core
         if not self.config.auth.enabled:
             core.tenants.ensure_tenant(self.config.auth.local_tenant)
+        # Tables an older server wrote with another layout are rebuilt from DuckDB.
+        for tenant_id in core.index.drop_outdated():
+            log.info("index layout changed: re-indexing tenant %s", tenant_id)
+            with core.db.transaction() as cur:
+                memory_repo.reset_index_marks(cur, tenant_id)
         # Anything committed but not indexed before a crash (or indexed but since deleted).
         queued = core.indexer.reconcile(full=True)
         if queued:

@@ -106,8 +106,12 @@ class IndexConfig:
     max_batch: int = 64
     # How long the worker waits to fill a micro-batch.
     batch_wait_ms: float = 5.0
-    # Background compaction / index refresh of LanceDB tables.
-    optimize_interval_s: float = 30.0
+    # Background compaction / index refresh of LanceDB tables: checked this often, run for a
+    # tenant once its writes have been quiet for optimize_quiet_s, or sooner when this many
+    # rows wait outside the indices (they are searched flat meanwhile).
+    optimize_interval_s: float = 2.0
+    optimize_quiet_s: float = 1.0
+    optimize_max_lag_rows: int = 5_000
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

@@ -26,7 +26,11 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
     spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
 ) -> None:
     data = tmp_path / "mnemo-data"
-    proc = spawn(["up", "--data-dir", str(data), "--port", "0", "--sidecar-port", "0"])
+    # A roomy StartSession budget: this checks the sidecar answers, not latency on a busy machine.
+    proc = spawn(
+        ["up", "--data-dir", str(data), "--port", "0", "--sidecar-port", "0"],
+        env=base_env(model_cache, MNEMO_RANKING__START_SESSION_DEADLINE_MS="5000"),
+    )
     assert (data / "mnemo.duckdb").exists() and (data / "sidecar" / "pairs.sqlite").exists()
     with grpc.insecure_channel(proc.address) as ch:
         reflect = reflection_pb2_grpc.ServerReflectionStub(ch)

@@ -80,25 +80,48 @@ def test_eval_stage_switches_change_the_result(tmp_path: Path, model_cache: Path
     assert results["vector"] != results["full_text"]
 
 
-def test_bench_quick(tmp_path: Path, model_cache: Path) -> None:
+def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -> None:
     out_json = tmp_path / "bench.json"
     out = subprocess.run(
-        [*MNEMO, "bench", "--quick", "--memories", "600", "--json-out", str(out_json)],
+        [
+            *MNEMO,
+            "bench",
+            "--quick",
+            "--memories",
+            "600",
+            "--duration",
+            "3",
+            "--train-sessions",
+            "12",
+            "--json-out",
+            str(out_json),
+        ],
         env=base_env(model_cache),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out_json.read_text())
     assert result["memories"] == 600 and result["concurrency"] == 4
     assert result["load"]["memories_per_s"] > 0 and result["load"]["searchable_after_s"] > 0
-    for op in ("Recall", "CreateMemory", "ListMemories"):
+    for op in ("Recall", "CreateMemory", "ListMemories", "StartSession"):
         stats = result["ops"][op]
         assert set(stats) == {"count", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "errors"}
         assert stats["count"] > 0 and stats["errors"] == {}
         assert 0 < stats["p50_ms"] <= stats["p95_ms"] <= stats["p99_ms"] <= stats["max_ms"]
+    assert set(result["scenarios"]) == {"sidecar_ok", "sidecar_stopped", "sidecar_killed"}
+    for name, sc in result["scenarios"].items():
+        assert sc["deadline_ms"] == 120.0 and sc["failed_calls"] == 0, (name, sc)
+        assert sc["ops"]["StartSession"]["count"] > 0
+    # With the sidecar gone every session is ordered by the baseline, for a stated reason.
+    killed = result["scenarios"]["sidecar_killed"]["fallbacks"]
+    assert set(killed) <= {"unavailable", "circuit_open", "deadline", "no_time"} and sum(killed.values()) > 0
+    assert (
+        "model" not in result["scenarios"]["sidecar_stopped"]["fallbacks"]
+        or result["scenarios"]["sidecar_stopped"]["fallbacks"]["model"] == 0
+    )
+    assert result["training"] and all("reason" in t for t in result["training"])
     assert result["server_rss_mb"] > 50 and result["disk_mb_per_100k"] > 0
-    assert result["memories_after"] >= 600
-    assert "mixed workload" in out.stdout  # the table
+    assert "sidecar_killed" in out.stdout  # the tables

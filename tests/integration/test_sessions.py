@@ -306,3 +306,39 @@ def test_sidecar_answers_deadline_exceeded_rather_than_late(start_sidecar: Calla
     assert status.cold_start and not status.cross_encoder.ready and "embedding blend" in status.note
     # The warm call at least; the 20 ms one may expire before the server even dispatches it.
     assert status.latency["Rerank"].calls >= 1 and status.latency["Rerank"].p50_ms > 0
+
+
+def test_cold_start_order_equals_the_recall_baseline(
+    start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any]
+) -> None:
+    side = start_sidecar()
+    live = start_server(
+        ranking={
+            "sidecar_address": f"127.0.0.1:{side.port}",
+            "start_session_deadline_ms": 2000,
+            "pool_recent": 0,
+        }
+    )
+    t = tenant(live)
+    seed(t)
+    scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p")
+    for i, question in enumerate(["who owns billing?", "how do releases work?", "database in staging"]):
+        r = start(t, f"s{i}", question, max_memories=50, token_budget=100_000)
+        assert r.ranking.path == pb.RANKING_PATH_BASELINE and r.ranking.fallback_reason == "cold_start"
+        recall = t.memory().Recall(
+            pb.RecallRequest(
+                query=question,
+                top_k=50,
+                filter=memory_pb2.MemoryFilter(
+                    scopes=[
+                        scope,
+                        common_pb2.Scope(kind=common_pb2.SCOPE_KIND_WORKSPACE),
+                        common_pb2.Scope(kind=common_pb2.SCOPE_KIND_SESSION, id=f"s{i}"),
+                    ]
+                ),
+            ),
+            metadata=t.md,
+            timeout=10,
+        )
+        recalled = [h.memory.id for h in recall.hits]
+        assert [m.memory.id for m in r.memories][: len(recalled)] == recalled

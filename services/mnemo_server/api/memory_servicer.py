@@ -248,6 +248,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             pending_index_count=s.pending_index,
             memory_count_by_type=s.by_type,
             process_rss_bytes=rss_bytes(),
+            search_index_lag_rows=s.search_index_lag,
             data_bytes=self.data_size.get(),
         )
         if s.oldest_pending_ns is not None:

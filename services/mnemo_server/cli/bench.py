@@ -13,17 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 
-def print_tables(result: dict[str, Any]) -> None:
-    console = Console()
-    load = result["load"]
-    console.print(
-        f"[bold]load[/]: {result['memories']} memories in {load['seconds']} s "
-        f"({load['memories_per_s']}/s acknowledged), all searchable after {load['searchable_after_s']} s"
-    )
-    table = Table(title=f"mixed workload, concurrency {result['concurrency']}, {result['duration_s']} s")
+def _ops_table(title: str, ops: dict[str, Any]) -> Table:
+    table = Table(title=title)
     for col in ("operation", "count", "ops/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "errors"):
         table.add_column(col, justify="left" if col in ("operation", "errors") else "right")
-    for name, s in result["ops"].items():
+    for name, s in ops.items():
         table.add_row(
             name,
             str(s["count"]),
@@ -34,11 +28,35 @@ def print_tables(result: dict[str, Any]) -> None:
             f"{s['max_ms']:.1f}",
             ", ".join(f"{k}:{v}" for k, v in s["errors"].items()) or "-",
         )
-    console.print(table)
+    return table
+
+
+def print_tables(result: dict[str, Any]) -> None:
+    console = Console()
+    load = result["load"]
+    console.print(
+        f"[bold]load[/]: {result['memories']} memories in {load['seconds']} s "
+        f"({load['memories_per_s']}/s acknowledged), all searchable after {load['searchable_after_s']} s"
+    )
+    for t in result.get("training", []):
+        console.print(f"[bold]training[/] {t.get('model')}: {t.get('reason')}")
+    for name, sc in result["scenarios"].items():
+        console.print(
+            _ops_table(
+                f"{name}: concurrency {result['concurrency']}, {result['duration_s']} s, "
+                f"StartSession deadline {sc['deadline_ms']:.0f} ms",
+                sc["ops"],
+            )
+        )
+        ok = "yes" if sc["start_session_p99_within_deadline_plus_10ms"] else "NO"
+        console.print(
+            f"  session ordering: {sc['fallbacks']}; StartSession p99 within deadline + 10 ms: {ok}; "
+            f"failed calls: {sc['failed_calls']}"
+        )
     cs = result["create_searchable"]
     console.print(
-        f"created → searchable under load: p50 {cs['p50_s']} s, p99 {cs['p99_s']} s, max {cs['max_s']} s "
-        f"({cs['samples']} samples)"
+        f"created → searchable under load: p50 {cs['p50_s']} s, p99 {cs['p99_s']} s, "
+        f"max {cs['max_s']} s ({cs['samples']} samples)"
     )
     console.print(
         f"server RSS peak {result['server_rss_mb']} MB; data {result['data_mb']} MB "
@@ -51,12 +69,34 @@ def print_tables(result: dict[str, Any]) -> None:
 @click.option(
     "--concurrency", type=int, default=8, show_default=True, help="Concurrent clients, mixed phase."
 )
-@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds of mixed workload.")
+@click.option(
+    "--duration", type=float, default=60.0, show_default=True, help="Seconds of each mixed workload."
+)
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--server", help="host:port of a running server; default: start a fresh one.")
+@click.option("--server", help="host:port of a running server; default: start a fresh server and sidecar.")
 @click.option("--api-key", envvar="MNEMO_API_KEY")
 @click.option(
-    "--quick", is_flag=True, help="A small, fast run (2,000 memories, 5 s) to check the command works."
+    "--session-deadline-ms",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="StartSession budget of a started server.",
+)
+@click.option(
+    "--train-sessions",
+    type=int,
+    default=60,
+    show_default=True,
+    help="Synthetic sessions with feedback replayed (then the sidecar trains) before the workload.",
+)
+@click.option("--no-sidecar", is_flag=True, help="Start the server without a sidecar (no fault scenarios).")
+@click.option(
+    "--cross-encoder",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="A cross-encoder for the started sidecar.",
+)
+@click.option(
+    "--quick", is_flag=True, help="A small, fast run (2,000 memories, 5 s each) to check the command works."
 )
 def bench(
     memories: int,
@@ -65,21 +105,40 @@ def bench(
     json_out: Path | None,
     server: str | None,
     api_key: str | None,
+    session_deadline_ms: float,
+    train_sessions: int,
+    no_sidecar: bool,
+    cross_encoder: Path | None,
     quick: bool,
 ) -> None:
-    """Load-test a server over gRPC and report throughput, latency, RSS and disk use."""
+    """Load-test a server over gRPC: throughput, latency, RSS, disk, and StartSession with the
+    sidecar running, stopped and killed."""
     from mnemo_server.evaluation.bench import BenchConfig, run_bench
     from mnemo_server.launcher import Launcher
 
     if quick:
-        memories, duration, concurrency = min(memories, 2_000), min(duration, 5.0), min(concurrency, 4)
-    cfg = BenchConfig(memories=memories, concurrency=concurrency, duration_s=duration)
+        memories, duration = min(memories, 2_000), min(duration, 5.0)
+        concurrency, train_sessions = min(concurrency, 4), min(train_sessions, 20)
+    cfg = BenchConfig(
+        memories=memories,
+        concurrency=concurrency,
+        duration_s=duration,
+        train_sessions=train_sessions,
+        session_deadline_ms=session_deadline_ms,
+    )
     console = Console(stderr=True)
     launcher = None if server else Launcher()
+    sidecar = None
     try:
         if launcher is not None:
-            console.print("starting a fresh server ...")
-            server = launcher.start_server().address
+            console.print("starting a fresh server" + ("" if no_sidecar else " and sidecar") + " ...")
+            env = {"MNEMO_RANKING__START_SESSION_DEADLINE_MS": str(session_deadline_ms)}
+            if not no_sidecar:
+                sidecar = launcher.start_sidecar(
+                    {"MNEMO_SIDECAR_TRAINING__AUTO": "false"}, cross_encoder=cross_encoder
+                )
+                env["MNEMO_RANKING__SIDECAR_ADDRESS"] = sidecar.address
+            server = launcher.start_server(env).address
         assert server is not None
         with Progress(
             TextColumn("{task.description}"),
@@ -91,7 +150,12 @@ def bench(
             task = bar.add_task("loading", total=memories)
             result = asyncio.run(
                 run_bench(
-                    server, api_key, cfg, lambda done, total: bar.update(task, completed=done, total=total)
+                    server,
+                    api_key,
+                    cfg,
+                    lambda done, total: bar.update(task, completed=done, total=total),
+                    sidecar=sidecar,
+                    say=bar.console.print,
                 )
             )
     finally:

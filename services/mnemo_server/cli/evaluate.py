@@ -51,6 +51,19 @@ def eval_group() -> None:
     "--top-k", type=int, default=50, show_default=True, help="Ids per query in the run file (>= 10)."
 )
 @click.option("--keep-data", is_flag=True, help="Keep the temporary server's data directory.")
+@click.option(
+    "--train-sessions",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Replay this split's queries as sessions with feedback, let the sidecar train, and "
+    "compare DATA through StartSession before and after.",
+)
+@click.option("--sidecar", help="host:port of the sidecar of --server (for --train-sessions).")
+@click.option(
+    "--cross-encoder",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="A cross-encoder for a started sidecar to serve and fine-tune from.",
+)
+@click.option("--tenant", default="default", show_default=True, help="The tenant whose models are trained.")
 def locomo(
     data: Path,
     out: Path,
@@ -60,8 +73,18 @@ def locomo(
     disabled: tuple[str, ...],
     top_k: int,
     keep_data: bool,
+    train_sessions: Path | None,
+    sidecar: str | None,
+    cross_encoder: Path | None,
+    tenant: str,
 ) -> None:
-    """Load a LoCoMo-format split, Recall every query within its conversation, score the run."""
+    """Load a LoCoMo-format split, Recall every query within its conversation, score the run.
+    With --train-sessions: measure learning from sessions instead (see session_eval.py)."""
+    if train_sessions is not None:
+        _locomo_sessions(
+            data, out, json_out, server, sidecar, api_key, train_sessions, cross_encoder, tenant, keep_data
+        )
+        return
     from mnemo_server.evaluation.locomo import evaluate_locomo, read_dataset
     from mnemo_server.launcher import Launcher
 
@@ -117,3 +140,95 @@ def locomo(
     click.echo(json.dumps(doc, indent=1))
     if json_out:
         json_out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _locomo_sessions(
+    data: Path,
+    out: Path,
+    json_out: Path | None,
+    server: str | None,
+    sidecar: str | None,
+    api_key: str | None,
+    train: Path,
+    cross_encoder: Path | None,
+    tenant: str,
+    keep_data: bool,
+) -> None:
+    from mnemo_server.evaluation.locomo import read_dataset, write_run
+    from mnemo_server.evaluation.session_eval import SidecarControl, evaluate_with_training
+    from mnemo_server.launcher import Launcher
+
+    if (server is None) != (sidecar is None):
+        raise click.UsageError("--server and --sidecar go together (or neither: both are started)")
+    console = Console(stderr=True)
+    launcher = None if server else Launcher(keep=keep_data)
+    try:
+        if launcher is not None:
+            console.print("starting a fresh sidecar and server ...")
+            side = launcher.start_sidecar(
+                {"MNEMO_SIDECAR_TRAINING__AUTO": "false"}, cross_encoder=cross_encoder
+            )
+            sidecar = side.address
+            # A quality measurement: give the sidecar all the time it needs (bench measures latency).
+            server = launcher.start_server(
+                {
+                    "MNEMO_RANKING__SIDECAR_ADDRESS": sidecar,
+                    "MNEMO_RANKING__START_SESSION_DEADLINE_MS": "30000",
+                }
+            ).address
+        assert server is not None
+        assert sidecar is not None
+        data_rows, data_queries = read_dataset(data)
+        train_rows, train_queries = read_dataset(train)
+        with MnemoClient(server, api_key, timeout_s=120) as client:
+            result = evaluate_with_training(
+                client,
+                SidecarControl(sidecar, tenant),
+                data_rows,
+                data_queries,
+                train_rows,
+                train_queries,
+                console.print,
+            )
+    finally:
+        if launcher is not None:
+            launcher.stop()
+    names = ["Recall@1", "Recall@5", "Recall@10", "MRR@10", "NDCG@10"]
+    table = Table(
+        title=f"LoCoMo through StartSession: {len(data_queries)} queries, trained on "
+        f"{result.train_sessions} sessions ({result.training_seconds:.0f} s of training)"
+    )
+    table.add_column("phase")
+    for name in names:
+        table.add_column(name, justify="right")
+    table.add_column("ordering")
+    for p in result.phases:
+        table.add_row(
+            p.name,
+            *(f"{p.metrics['overall'][n]:.4f}" for n in names),
+            ", ".join(f"{k}:{v}" for k, v in p.paths.items()),
+        )
+    Console().print(table)
+    doc = result.as_json()
+    write_run(out, {})  # the per-phase runs are summarised in the JSON
+    click.echo(json.dumps(doc, indent=1))
+    if json_out:
+        json_out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+@eval_group.command("locomo-split")
+@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), required=True)
+@click.option("--convs", required=True, help="Comma-separated conversation ids to keep.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+def locomo_split(data: Path, convs: str, out: Path) -> None:
+    """Write the subset of a LoCoMo-format directory that covers some conversations."""
+    keep = {c.strip() for c in convs.split(",") if c.strip()}
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("memories.jsonl", "queries.jsonl"):
+        lines = [
+            line
+            for line in (data / name).read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line)["conv_id"] in keep
+        ]
+        (out / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        click.echo(f"{out / name}: {len(lines)} lines")

@@ -1,30 +1,43 @@
 """`mnemo bench`: a load test over gRPC (grpc.aio), from the outside, like real clients.
 
-Phase 1 loads N synthetic memories into one tenant (batched, concurrent) and measures how
-long until all are searchable. Phase 2 runs a mixed workload at concurrency C for S
-seconds and reports per-operation throughput, latency percentiles and errors by status
-code, plus how long freshly created memories take to become searchable under that load.
+1. Load N synthetic memories into one tenant (batched, concurrent); time until searchable.
+2. Optionally replay synthetic sessions with feedback and let the sidecar train, so the
+   session-start path runs the learned ranker.
+3. A mixed workload (Recall, CreateMemory, ListMemories, StartSession + EndSession) at
+   concurrency C for S seconds: per-operation throughput, p50/p95/p99/max, errors by status
+   code, how long fresh memories take to become searchable, and which path ordered each
+   session (model, baseline, fallback and why).
+4. When the bench started the sidecar itself, the same workload again with the sidecar
+   stopped (SIGSTOP) and then killed: StartSession must stay within its deadline and no call
+   may fail because of the sidecar.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import re
+import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
 from grpc import aio
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 
 from mnemo_server.evaluation.synth import memory_text, query_text
+from mnemo_server.launcher import LaunchedProcess
 
 Metadata = tuple[tuple[str, str], ...]
+Op = Callable[[], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -38,9 +51,20 @@ class BenchConfig:
     top_k: int = 10
     seed: int = 7
     # Share of each operation in the mixed phase.
-    mix: tuple[tuple[str, float], ...] = (("Recall", 0.7), ("CreateMemory", 0.2), ("ListMemories", 0.1))
+    mix: tuple[tuple[str, float], ...] = (
+        ("Recall", 0.55),
+        ("CreateMemory", 0.2),
+        ("ListMemories", 0.1),
+        ("StartSession", 0.15),
+    )
     # Every n-th create in the mixed phase is watched until searchable.
     watch_every: int = 5
+    # Every n-th session is ended with feedback (EndSession, measured too).
+    end_every: int = 3
+    # Synthetic sessions with feedback replayed before the workload (0: none).
+    train_sessions: int = 60
+    # The server's StartSession budget, reported with the scenarios.
+    session_deadline_ms: float = 120.0
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -71,13 +95,23 @@ def _scope(i: int) -> common_pb2.Scope:
     return common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id=f"bench-{i}")
 
 
+_SUBJECT = re.compile(
+    r"(the [a-z-]+ (?:service|cluster|app|pipeline|gateway|database|runners|model|api|flow|"
+    r"dashboard|worker|config|job|exporter))",
+    re.I,
+)
+
+
 class Bench:
-    def __init__(self, address: str, api_key: str | None, cfg: BenchConfig):
-        self.address = address
+    def __init__(self, api_key: str | None, cfg: BenchConfig):
         self.md: Metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.counter = 0
+        self.sessions = 0
+        self._lags: list[float] = []
+        self._watchers: list[asyncio.Task[None]] = []
+        self.fallbacks: Counter[str] = Counter()
 
     def _new_memory(self) -> memory_pb2.Memory:
         self.counter += 1
@@ -92,7 +126,7 @@ class Bench:
         resp: pb.GetStatusResponse = await stub.GetStatus(pb.GetStatusRequest(), metadata=self.md, timeout=30)
         return resp
 
-    # --- phase 1 -----------------------------------------------------------------------
+    # --- phase 1: load -----------------------------------------------------------------
 
     async def load(
         self, stub: pb_grpc.MemoryServiceAsyncStub, progress: Callable[[int, int], None] | None = None
@@ -102,19 +136,19 @@ class Bench:
             [self._new_memory() for _ in range(min(cfg.load_batch, cfg.memories - start))]
             for start in range(0, cfg.memories, cfg.load_batch)
         ]
-        queue: asyncio.Queue[list[memory_pb2.Memory]] = asyncio.Queue()
-        for b in batches:
-            queue.put_nowait(b)
+        queue: asyncio.Queue[tuple[int, list[memory_pb2.Memory]]] = asyncio.Queue()
+        for n, b in enumerate(batches):
+            queue.put_nowait((n, b))
         done = 0
         started = time.perf_counter()
 
         async def worker() -> None:
             nonlocal done
             while not queue.empty():
-                batch = queue.get_nowait()
+                n, batch = queue.get_nowait()
                 req = pb.BatchCreateMemoriesRequest(
                     requests=[pb.CreateMemoryRequest(memory=m) for m in batch],
-                    request_id=f"bench-load-{self.cfg.seed}-{id(batch)}",
+                    request_id=f"bench-load-{cfg.seed}-{n}",
                 )
                 await stub.BatchCreateMemories(req, metadata=self.md, timeout=300)
                 done += len(batch)
@@ -132,34 +166,120 @@ class Bench:
             "searchable_after_s": round(searchable, 2),
         }
 
-    # --- phase 2 -----------------------------------------------------------------------
+    # --- phase 2: sessions with feedback, then training ----------------------------------
 
-    async def mixed(
-        self,
-        stub: pb_grpc.MemoryServiceAsyncStub,
-        extra_ops: dict[str, Callable[[], Awaitable[Any]]] | None = None,
-    ) -> dict[str, Any]:
+    async def replay_sessions(self, stub: pb_grpc.MemoryServiceAsyncStub, n: int) -> int:
+        """Sessions whose feedback marks as used the injected memories about the system the
+        question names (a plausible, learnable notion of relevance)."""
+        pairs = 0
+        for i in range(n):
+            question = query_text(self.rng)
+            m = _SUBJECT.search(question)
+            subject = m.group(1).lower() if m else ""
+            sid = f"bench-train-{self.cfg.seed}-{i}"
+            resp = await stub.StartSession(
+                pb.StartSessionRequest(
+                    session_id=sid,
+                    project_id=f"bench-{i % self.cfg.scopes}",
+                    context=question,
+                    max_memories=30,
+                    token_budget=100_000,
+                ),
+                metadata=self.md,
+                timeout=30,
+            )
+            feedback = [
+                pb.MemoryFeedback(
+                    memory_id=x.memory.id,
+                    relevance=1.0 if subject and subject in x.memory.content.lower() else 0.0,
+                )
+                for x in resp.memories
+            ]
+            done = await stub.EndSession(
+                pb.EndSessionRequest(session_id=sid, feedback=feedback), metadata=self.md, timeout=30
+            )
+            pairs += done.training_pairs
+        return pairs
+
+    # --- phase 3: the mixed workload ---------------------------------------------------------
+
+    def _ops(self, stub: pb_grpc.MemoryServiceAsyncStub, stats: dict[str, OpStats]) -> dict[str, Op]:
         cfg = self.cfg
-        ops: dict[str, Callable[[], Awaitable[Any]]] = {
-            "Recall": lambda: stub.Recall(
+
+        async def recall() -> None:
+            await stub.Recall(
                 pb.RecallRequest(query=query_text(self.rng), top_k=cfg.top_k), metadata=self.md, timeout=10
-            ),
-            "CreateMemory": self._create(stub),
-            "ListMemories": lambda: stub.ListMemories(
+            )
+
+        async def create() -> None:
+            resp = await stub.CreateMemory(
+                pb.CreateMemoryRequest(memory=self._new_memory()), metadata=self.md, timeout=10
+            )
+            if self.counter % cfg.watch_every == 0:
+                self._watchers.append(
+                    asyncio.create_task(self._watch(stub, resp.memory.id, time.perf_counter()))
+                )
+
+        async def list_memories() -> None:
+            await stub.ListMemories(
                 pb.ListMemoriesRequest(
                     page_size=20,
                     filter=memory_pb2.MemoryFilter(scopes=[_scope(self.rng.randrange(cfg.scopes))]),
                 ),
                 metadata=self.md,
                 timeout=10,
-            ),
-            **(extra_ops or {}),
+            )
+
+        async def start_session() -> None:
+            self.sessions += 1
+            sid = f"bench-{cfg.seed}-{self.sessions}-{self.rng.random():.12f}"
+            resp = await stub.StartSession(
+                pb.StartSessionRequest(
+                    session_id=sid,
+                    project_id=f"bench-{self.rng.randrange(cfg.scopes)}",
+                    context=query_text(self.rng),
+                    max_memories=10,
+                    token_budget=800,
+                ),
+                metadata=self.md,
+                timeout=10,
+            )
+            path = resp.ranking.path
+            if path == pb.RANKING_PATH_MODEL:
+                self.fallbacks["model"] += 1
+            else:
+                self.fallbacks[resp.ranking.fallback_reason or "baseline"] += 1
+            if self.sessions % cfg.end_every == 0 and resp.memories:
+                t0 = time.perf_counter()
+                try:
+                    await stub.EndSession(
+                        pb.EndSessionRequest(
+                            session_id=sid,
+                            feedback=[pb.MemoryFeedback(memory_id=resp.memories[0].memory.id, used=True)],
+                        ),
+                        metadata=self.md,
+                        timeout=10,
+                    )
+                    stats["EndSession"].latencies_ms.append((time.perf_counter() - t0) * 1000.0)
+                except grpc.RpcError as err:
+                    stats["EndSession"].errors[_code(err)] += 1
+
+        return {
+            "Recall": recall,
+            "CreateMemory": create,
+            "ListMemories": list_memories,
+            "StartSession": start_session,
         }
+
+    async def mixed(self, stub: pb_grpc.MemoryServiceAsyncStub) -> dict[str, Any]:
+        cfg = self.cfg
         names = [n for n, _ in cfg.mix]
         weights = [w for _, w in cfg.mix]
-        stats = {n: OpStats() for n in names}
-        self._lags: list[float] = []
-        self._watchers: list[asyncio.Task[None]] = []
+        stats = {n: OpStats() for n in [*names, "EndSession"]}
+        ops = self._ops(stub, stats)
+        self._lags = []
+        self._watchers = []
+        self.fallbacks = Counter()
         rss_peak = 0
         deadline = time.perf_counter() + cfg.duration_s
 
@@ -171,8 +291,7 @@ class Bench:
                     await ops[name]()
                     stats[name].latencies_ms.append((time.perf_counter() - t0) * 1000.0)
                 except grpc.RpcError as err:
-                    code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
-                    stats[name].errors[code.name] += 1
+                    stats[name].errors[_code(err)] += 1
 
         async def sample_rss() -> None:
             nonlocal rss_peak
@@ -187,7 +306,8 @@ class Bench:
         lags = sorted(self._lags)
         return {
             "seconds": round(elapsed, 2),
-            "ops": {n: s.summary(elapsed) for n, s in stats.items()},
+            "ops": {n: s.summary(elapsed) for n, s in stats.items() if s.latencies_ms or s.errors},
+            "fallbacks": dict(self.fallbacks),
             "create_searchable": {
                 "samples": len(lags),
                 "p50_s": round(percentile(lags, 0.5), 3),
@@ -196,18 +316,6 @@ class Bench:
             },
             "rss_peak_bytes": rss_peak,
         }
-
-    def _create(self, stub: pb_grpc.MemoryServiceAsyncStub) -> Callable[[], Awaitable[Any]]:
-        async def create() -> None:
-            resp = await stub.CreateMemory(
-                pb.CreateMemoryRequest(memory=self._new_memory()), metadata=self.md, timeout=10
-            )
-            if self.counter % self.cfg.watch_every == 0:
-                self._watchers.append(
-                    asyncio.create_task(self._watch(stub, resp.memory.id, time.perf_counter()))
-                )
-
-        return create
 
     async def _watch(self, stub: pb_grpc.MemoryServiceAsyncStub, memory_id: str, acked_at: float) -> None:
         """Time from acknowledgement until the memory is searchable."""
@@ -220,27 +328,88 @@ class Bench:
         self._lags.append(float("inf"))
 
 
+def _code(err: grpc.RpcError) -> str:
+    code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
+    return str(code.name)
+
+
+async def train_sidecar(address: str, tenant: str) -> list[dict[str, Any]]:
+    from google.protobuf import json_format
+
+    outcomes = []
+    async with aio.insecure_channel(address) as channel:
+        stub = rpb_grpc.RankingServiceStub(channel)
+        async for ev in stub.Train(rpb.TrainRequest(tenant_id=tenant, force=True), timeout=3600):
+            if ev.HasField("outcome"):
+                outcomes.append(json_format.MessageToDict(ev.outcome, preserving_proto_field_name=True))
+    return outcomes
+
+
+def _scenario(mixed: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
+    start = mixed["ops"].get("StartSession", {})
+    return {
+        "deadline_ms": deadline_ms,
+        "ops": mixed["ops"],
+        "fallbacks": mixed["fallbacks"],
+        "start_session_p99_within_deadline_plus_10ms": bool(start) and start["p99_ms"] <= deadline_ms + 10,
+        "failed_calls": sum(sum(s["errors"].values()) for s in mixed["ops"].values()),
+    }
+
+
 async def run_bench(
-    address: str, api_key: str | None, cfg: BenchConfig, progress: Callable[[int, int], None] | None = None
+    address: str,
+    api_key: str | None,
+    cfg: BenchConfig,
+    progress: Callable[[int, int], None] | None = None,
+    sidecar: LaunchedProcess | None = None,
+    tenant: str = "default",
+    say: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "memories": cfg.memories,
+        "concurrency": cfg.concurrency,
+        "duration_s": cfg.duration_s,
+    }
     async with aio.insecure_channel(
         address, options=[("grpc.max_receive_message_length", 32 << 20)]
     ) as channel:
         stub = pb_grpc.MemoryServiceStub(channel)
-        load = await Bench(address, api_key, cfg).load(stub, progress)
-        bench = Bench(address, api_key, BenchConfig(**{**cfg.__dict__, "seed": cfg.seed + 1}))
-        mixed = await bench.mixed(stub)
+        bench = Bench(api_key, cfg)
+        say("loading memories")
+        result["load"] = await bench.load(stub, progress)
+        if sidecar is not None and cfg.train_sessions:
+            say(f"replaying {cfg.train_sessions} sessions with feedback, then training the sidecar")
+            await Bench(api_key, replace(cfg, seed=cfg.seed + 100)).replay_sessions(stub, cfg.train_sessions)
+            await asyncio.sleep(2.0)  # let the outbox deliver
+            result["training"] = await train_sidecar(sidecar.address, tenant)
+        scenarios: dict[str, Any] = {}
+        say("mixed workload, sidecar running")
+        ok = await Bench(api_key, replace(cfg, seed=cfg.seed + 1)).mixed(stub)
+        scenarios["sidecar_ok"] = _scenario(ok, cfg.session_deadline_ms)
+        if sidecar is not None:
+            say("mixed workload, sidecar stopped (SIGSTOP)")
+            os.kill(sidecar.pid, signal.SIGSTOP)
+            try:
+                stopped = await Bench(api_key, replace(cfg, seed=cfg.seed + 2)).mixed(stub)
+            finally:
+                os.kill(sidecar.pid, signal.SIGCONT)
+            scenarios["sidecar_stopped"] = _scenario(stopped, cfg.session_deadline_ms)
+            say("mixed workload, sidecar killed (SIGKILL)")
+            sidecar.kill9()
+            killed = await Bench(api_key, replace(cfg, seed=cfg.seed + 3)).mixed(stub)
+            scenarios["sidecar_killed"] = _scenario(killed, cfg.session_deadline_ms)
         status = await bench.status(stub)
     live = status.memory_count
-    return {
-        "memories": cfg.memories,
-        "concurrency": cfg.concurrency,
-        "duration_s": cfg.duration_s,
-        "load": load,
-        "ops": mixed["ops"],
-        "create_searchable": mixed["create_searchable"],
-        "server_rss_mb": round(max(mixed["rss_peak_bytes"], status.process_rss_bytes) / 2**20, 1),
-        "data_mb": round(status.data_bytes / 2**20, 1),
-        "disk_mb_per_100k": round(status.data_bytes / 2**20 * 100_000 / live, 1) if live else 0.0,
-        "memories_after": live,
-    }
+    rss = max(ok["rss_peak_bytes"], status.process_rss_bytes)
+    result.update(
+        {
+            "ops": ok["ops"],
+            "create_searchable": ok["create_searchable"],
+            "scenarios": scenarios,
+            "server_rss_mb": round(rss / 2**20, 1),
+            "data_mb": round(status.data_bytes / 2**20, 1),
+            "disk_mb_per_100k": round(status.data_bytes / 2**20 * 100_000 / live, 1) if live else 0.0,
+            "memories_after": live,
+        }
+    )
+    return result

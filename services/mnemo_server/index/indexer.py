@@ -35,7 +35,8 @@ class IndexerStats:
     failed_batches: int = 0
     batches: int = 0
     last_error: str = ""
-    dirty_tenants: set[str] = field(default_factory=set)
+    # tenant -> (monotonic time of the last index write, rows written since the last optimize)
+    dirty_tenants: dict[str, tuple[float, int]] = field(default_factory=dict)
 
 
 class IndexWorker:
@@ -54,6 +55,7 @@ class IndexWorker:
         self._busy = 0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._dirty_lock = threading.Lock()
 
     # --- producer side -----------------------------------------------------------------
 
@@ -192,6 +194,8 @@ class IndexWorker:
                     revision=m.revision,
                     text=m.content,
                     vector=vectors[n],
+                    importance=m.importance,
+                    seq=m.seq,
                 )
                 for n, m in enumerate(live)
             ]
@@ -206,8 +210,24 @@ class IndexWorker:
         self.stats.indexed += len(live)
         self.stats.removed += len(gone)
         self.stats.batches += 1
-        self.stats.dirty_tenants.add(tenant_id)
+        with self._dirty_lock:
+            _, written = self.stats.dirty_tenants.get(tenant_id, (0.0, 0))
+            self.stats.dirty_tenants[tenant_id] = (time.monotonic(), written + len(live) + len(gone))
         self._notify([(tenant_id, i) for i in ids])
+
+    def take_dirty(self, quiet_s: float, max_rows: int, force: bool = False) -> list[str]:
+        """Tenants whose index writes have been quiet for quiet_s (or that wrote max_rows
+        since their last optimize); they are no longer dirty once taken."""
+        now = time.monotonic()
+        with self._dirty_lock:
+            due = [
+                t
+                for t, (last, rows) in self.stats.dirty_tenants.items()
+                if force or now - last >= quiet_s or rows >= max_rows
+            ]
+            for t in due:
+                del self.stats.dirty_tenants[t]
+        return due
 
     # --- reconciliation ----------------------------------------------------------------
 

@@ -42,12 +42,36 @@ class IndexRow:
     revision: int
     text: str
     vector: npt.NDArray[np.float32]
+    importance: float = 0.5
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Attrs:
+    """What Recall's signals read, carried in the index so ranking needs no extra lookup
+    (DuckDB still has the last word on every hit that is returned)."""
+
+    text: str
+    scope: str
+    session: str
+    event_time_ns: int
+    importance: float
+    seq: int
+
+
+ATTR_COLUMNS = ["text", "scope", "session", "event_time_ns", "importance", "seq"]
 
 
 @dataclass(frozen=True)
 class LegHit:
     id: str
     score: float  # higher is better: cosine similarity or BM25
+    attrs: Attrs
+
+
+def _attrs(table: pa.Table) -> list[Attrs]:
+    cols = [table.column(c).to_pylist() for c in ATTR_COLUMNS]
+    return [Attrs(*row) for row in zip(*cols, strict=True)]
 
 
 def _quote(value: str) -> str:
@@ -119,6 +143,8 @@ class LanceIndex:
                 pa.field("create_time_ns", pa.int64()),
                 pa.field("revision", pa.int64()),
                 pa.field("text", pa.string()),
+                pa.field("importance", pa.float32()),
+                pa.field("seq", pa.int64()),
                 pa.field("vector", pa.list_(pa.float32(), dimension)),
             ]
         )
@@ -152,6 +178,19 @@ class LanceIndex:
     def tenants(self) -> list[str]:
         return [n[2:] for n in self._db.list_tables().tables if n.startswith("t_")]
 
+    def drop_outdated(self) -> list[str]:
+        """Drop tables written with another schema (an older server); returns their tenants,
+        whose memories must be indexed again. The index is derived, so nothing is lost."""
+        dropped = []
+        for tenant_id in self.tenants():
+            name = self.table_name(tenant_id)
+            if self._db.open_table(name).schema.names != self.schema.names:
+                with self._lock:
+                    self._handles.pop(name, None)
+                    self._db.drop_table(name)
+                dropped.append(tenant_id)
+        return dropped
+
     # --- writes ----------------------------------------------------------------------
 
     def upsert(self, tenant_id: str, rows: Sequence[IndexRow]) -> None:
@@ -171,6 +210,8 @@ class LanceIndex:
                 "create_time_ns": [r.create_time_ns for r in rows],
                 "revision": [r.revision for r in rows],
                 "text": [r.text for r in rows],
+                "importance": [r.importance for r in rows],
+                "seq": [r.seq for r in rows],
                 "vector": pa.FixedSizeListArray.from_arrays(
                     pa.array(np.concatenate([r.vector for r in rows]).astype(np.float32)), self.dimension
                 ),
@@ -253,6 +294,16 @@ class LanceIndex:
             },
         }
 
+    def unindexed_rows(self, tenant_id: str) -> int:
+        """Rows the full-text index does not cover yet (searched flat until optimize)."""
+        h = self._handle(tenant_id, create=False)
+        if h is None:
+            return 0
+        if not h.has_text_index:
+            return int(h.reader.count_rows())
+        stats = h.table.index_stats("text_idx")
+        return int(stats.num_unindexed_rows) if stats is not None else 0
+
     # --- reads -----------------------------------------------------------------------
 
     def count(self, tenant_id: str) -> int:
@@ -267,15 +318,15 @@ class LanceIndex:
         data = h.reader.to_table(columns=["id", "revision"])
         return dict(zip(data.column("id").to_pylist(), data.column("revision").to_pylist(), strict=True))
 
-    def vectors(self, tenant_id: str, ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
-        """Stored vectors by id (for candidates a leg did not return)."""
+    def rows(self, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[Attrs, npt.NDArray[np.float32]]]:
+        """Stored attributes and vectors by id (for candidates no leg returned)."""
         h = self._handle(tenant_id, create=False)
         if h is None or not ids:
             return {}
-        data = h.reader.to_table(columns=["id", "vector"], filter=_in("id", list(ids)))
+        data = h.reader.to_table(columns=["id", "vector", *ATTR_COLUMNS], filter=_in("id", list(ids)))
         vectors = data.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
         matrix = np.asarray(vectors, dtype=np.float32).reshape(-1, self.dimension)
-        return dict(zip(data.column("id").to_pylist(), matrix, strict=True))
+        return dict(zip(data.column("id").to_pylist(), zip(_attrs(data), matrix, strict=True), strict=True))
 
     def vector_search(
         self, tenant_id: str, vector: npt.NDArray[np.float32], k: int, where: str | None
@@ -290,18 +341,24 @@ class LanceIndex:
             "metric": "cosine",
             "nprobes": self.cfg.ann_nprobes,
         }
-        result = h.reader.to_table(columns=["id", "_distance"], nearest=nearest, filter=where, prefilter=True)
+        result = h.reader.to_table(
+            columns=["id", "_distance", *ATTR_COLUMNS], nearest=nearest, filter=where, prefilter=True
+        )
         ids = result.column("id").to_pylist()
         dists = result.column("_distance").to_pylist()
-        return [LegHit(i, 1.0 - float(d)) for i, d in zip(ids, dists, strict=True)]
+        return [LegHit(i, 1.0 - float(d), a) for i, d, a in zip(ids, dists, _attrs(result), strict=True)]
 
     def text_search(self, tenant_id: str, query: str, k: int, where: str | None) -> list[LegHit]:
         h = self._handle(tenant_id, create=False)
         if h is None or not h.has_text_index or not query.strip():
             return []
         result = h.reader.to_table(
-            columns=["id", "_score"], full_text_query=query, filter=where, prefilter=True, limit=k
+            columns=["id", "_score", *ATTR_COLUMNS],
+            full_text_query=query,
+            filter=where,
+            prefilter=True,
+            limit=k,
         )
         ids = result.column("id").to_pylist()
         scores = result.column("_score").to_pylist()
-        return [LegHit(i, float(s)) for i, s in zip(ids, scores, strict=True)]
+        return [LegHit(i, float(s), a) for i, s, a in zip(ids, scores, _attrs(result), strict=True)]

@@ -57,6 +57,7 @@ class TenantStatus:
     pending_index: int
     oldest_pending_ns: int | None
     by_type: dict[str, int]
+    search_index_lag: int = 0
 
 
 class MemoryService:
@@ -552,4 +553,5 @@ class MemoryService:
             pending_index=s["pending"],
             oldest_pending_ns=s["oldest_pending_ns"],
             by_type=s["by_type"],
+            search_index_lag=self.indexer.index.unindexed_rows(tenant_id),
         )

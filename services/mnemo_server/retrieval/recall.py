@@ -30,15 +30,17 @@ from enum import StrEnum
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 
 from mnemo_server.config import LimitsConfig, RankingConfig, RecallConfig
-from mnemo_server.embed.embedder import CachedQueryEmbedder
+from mnemo_server.embed.embedder import CachedQueryEmbedder, Vectors
 from mnemo_server.errors import InvalidArgument
-from mnemo_server.index.lance_index import LanceIndex, LegHit, filter_sql
+from mnemo_server.index.lance_index import Attrs, LanceIndex, LegHit, filter_sql
 from mnemo_server.memory.model import Memory, MemoryFilter
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.ranking.client import RankingClient
 from mnemo_server.retrieval.query_analysis import QueryAnalysis, analyse, has_time_expression, speaker_of
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
+
+Vector = Vectors  # one query vector (a row of Vectors)
 
 
 class Stage(StrEnum):
@@ -96,7 +98,7 @@ class RecallQuery:
 @dataclass
 class _Candidate:
     scores: HitScores
-    memory: Memory | None = None
+    attrs: Attrs
     base: float = 0.0
     score: float = 0.0
 
@@ -184,19 +186,10 @@ class RecallPipeline:
             [] if Stage.FULL_TEXT in off else self.index.text_search(tenant_id, analysis.text, k, where)
         )
         pool = self._fuse(vec_hits, txt_hits)
-        neighbours: dict[str, tuple[str, str]] = {}
-        if Stage.ADJACENCY not in off and pool:
-            neighbours = self._expand(tenant_id, pool, vector)
-        memories = memory_repo.get_many(self.db.reader(), tenant_id, list(pool))
-        for mid, c in list(pool.items()):
-            m = memories.get(mid)
-            if m is None or m.deleted or not q.filter.matches(m):
-                del pool[mid]  # the source of truth says no (deleted, or the index is stale)
-            else:
-                c.memory = m
-        self._signals(pool, neighbours, analysis, off)
-        ranked = sorted(pool.values(), key=lambda c: (-c.score, c.memory.seq if c.memory else 0))
-        hits = [Hit(c.memory, c.score, c.scores) for c in ranked[: q.top_k] if c.memory is not None]
+        links = self._expand(tenant_id, pool, vector) if Stage.ADJACENCY not in off and pool else {}
+        self._signals(pool, links, analysis, off)
+        ranked = sorted(pool.items(), key=lambda kv: (-kv[1].score, kv[1].attrs.seq))
+        hits = self._hydrate(tenant_id, ranked, q)
         result = RecallResult(hits, len(vec_hits), len(txt_hits), 0.0)
         if q.rerank and hits:
             self._rerank(tenant_id, q, result, started)
@@ -210,10 +203,10 @@ class RecallPipeline:
         pool: dict[str, _Candidate] = {}
         best_text = max((h.score for h in txt_hits), default=0.0) or 1.0
         for rank, h in enumerate(vec_hits, start=1):
-            s = pool.setdefault(h.id, _Candidate(HitScores())).scores
+            s = pool.setdefault(h.id, _Candidate(HitScores(), h.attrs)).scores
             s.vector_score, s.vector_rank = h.score, rank
         for rank, h in enumerate(txt_hits, start=1):
-            s = pool.setdefault(h.id, _Candidate(HitScores())).scores
+            s = pool.setdefault(h.id, _Candidate(HitScores(), h.attrs)).scores
             s.text_score, s.text_rank = h.score, rank
         for c in pool.values():
             s = c.scores
@@ -224,21 +217,38 @@ class RecallPipeline:
         return pool
 
     def _expand(
-        self, tenant_id: str, pool: dict[str, _Candidate], vector: object
+        self, tenant_id: str, pool: dict[str, _Candidate], vector: Vector
     ) -> dict[str, tuple[str, str]]:
-        """Add the same-session neighbours of the best candidates; returns prev/next links."""
-        links = memory_repo.session_neighbours(self.db.reader(), tenant_id, list(pool))
-        head = sorted(pool, key=lambda i: -pool[i].base)[: self.cfg.neighbour_head]
-        new = {n for i in head for n in links.get(i, ("", "")) if n and n not in pool}
-        if new:
-            vectors = self.index.vectors(tenant_id, sorted(new))
-            for mid in new:
-                v = vectors.get(mid)
-                cos = float(v @ vector) if v is not None else 0.0  # type: ignore[operator]
-                s = HitScores(vector_score=cos, fused_score=self.cfg.vector_weight * cos)
-                pool[mid] = _Candidate(s, base=s.fused_score, score=s.fused_score)
-            links.update(memory_repo.session_neighbours(self.db.reader(), tenant_id, sorted(new)))
+        """Add the same-session neighbours of the best candidates; returns prev/next links.
+        Only memories with a source session have neighbours (nothing to look up otherwise)."""
+        in_sessions = [i for i, c in pool.items() if c.attrs.session]
+        if not in_sessions:
+            return {}
+        links = memory_repo.session_neighbours(self.db.reader(), tenant_id, in_sessions)
+        head = sorted(in_sessions, key=lambda i: -pool[i].base)[: self.cfg.neighbour_head]
+        new = sorted({n for i in head for n in links.get(i, ("", "")) if n and n not in pool})
+        for mid, (attrs, v) in self.index.rows(tenant_id, new).items():
+            cos = float(v @ vector)
+            s = HitScores(vector_score=cos, fused_score=self.cfg.vector_weight * cos)
+            pool[mid] = _Candidate(s, attrs, base=s.fused_score, score=s.fused_score)
         return links
+
+    def _hydrate(self, tenant_id: str, ranked: list[tuple[str, _Candidate]], q: RecallQuery) -> list[Hit]:
+        """Read the best candidates from DuckDB, the source of truth: a memory deleted or
+        changed since it was indexed (or outside the filter) is dropped, and the next one
+        is read instead."""
+        hits: list[Hit] = []
+        chunk = max(2 * q.top_k, 10)
+        for start in range(0, len(ranked), chunk):
+            part = ranked[start : start + chunk]
+            memories = memory_repo.get_many(self.db.reader(), tenant_id, [mid for mid, _ in part])
+            for mid, c in part:
+                m = memories.get(mid)
+                if m is not None and not m.deleted and q.filter.matches(m):
+                    hits.append(Hit(m, c.score, c.scores))
+                    if len(hits) == q.top_k:
+                        return hits
+        return hits
 
     def _signals(
         self,
@@ -247,16 +257,14 @@ class RecallPipeline:
         a: QueryAnalysis,
         off: Set[Stage],
     ) -> None:
-        members = [c for c in pool.values() if c.memory is not None]
+        members = list(pool.values())
         if Stage.ADJACENCY not in off:
             self._adjacency(pool, links)
         if Stage.SPEAKER not in off and len(a.named_speakers) == 1:
             self._scale(
                 members,
                 "speaker",
-                lambda m: (
-                    1 - self.cfg.speaker_penalty if speaker_of(m.content) != a.named_speakers[0] else 1.0
-                ),
+                lambda m: 1 - self.cfg.speaker_penalty if speaker_of(m.text) != a.named_speakers[0] else 1.0,
             )
         if Stage.DATE not in off and a.dates:
             tau = self.cfg.date_tau_days
@@ -279,7 +287,7 @@ class RecallPipeline:
             self._scale(
                 members,
                 "time_question",
-                lambda m: 1 + self.cfg.time_question_boost if has_time_expression(m.content) else 1.0,
+                lambda m: 1 + self.cfg.time_question_boost if has_time_expression(m.text) else 1.0,
             )
         if Stage.IMPORTANCE not in off:
             self._scale(
@@ -289,10 +297,9 @@ class RecallPipeline:
             self._session_support(members)
 
     @staticmethod
-    def _scale(members: list[_Candidate], name: str, factor_of: Callable[[Memory], float]) -> None:
+    def _scale(members: list[_Candidate], name: str, factor_of: Callable[[Attrs], float]) -> None:
         for c in members:
-            assert c.memory is not None
-            factor = factor_of(c.memory)
+            factor = factor_of(c.attrs)
             if factor != 1.0:
                 c.score *= factor
                 c.scores.signals[name] = factor
@@ -301,7 +308,7 @@ class RecallPipeline:
         """A turn right after a question shares the question's fused score."""
         for mid, c in pool.items():
             prev = pool.get(links.get(mid, ("", ""))[0])
-            if prev is not None and prev.memory is not None and "?" in prev.memory.content:
+            if prev is not None and "?" in prev.attrs.text:
                 bonus = self.cfg.adjacency * prev.base
                 c.score += bonus
                 c.scores.signals["adjacency"] = bonus
@@ -311,13 +318,11 @@ class RecallPipeline:
         top = self.cfg.session_top
         by_session: dict[tuple[str, str], list[float]] = defaultdict(list)
         for c in members:
-            assert c.memory is not None
-            if c.memory.source.session_id:
-                by_session[(c.memory.scope.key, c.memory.source.session_id)].append(c.score)
+            if c.attrs.session:
+                by_session[(c.attrs.scope, c.attrs.session)].append(c.score)
         support = {k: sum(sorted(v, reverse=True)[:top]) / min(len(v), top) for k, v in by_session.items()}
         for c in members:
-            assert c.memory is not None
-            key = (c.memory.scope.key, c.memory.source.session_id)
+            key = (c.attrs.scope, c.attrs.session)
             if key in support:
                 bonus = self.cfg.session_support * support[key]
                 c.score += bonus

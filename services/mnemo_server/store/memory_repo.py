@@ -192,11 +192,16 @@ def get_by_external_id(cur: Cursor, tenant_id: str, external_id: str) -> Memory 
     return None if row is None else _decode(row)
 
 
+def _id_list(ids: Sequence[str]) -> str:
+    """A literal IN list: DuckDB uses the ART index on id for it (for = ANY(?) it scans)."""
+    return ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
+
+
 def get_many(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, Memory]:
     if not ids:
         return {}
     rows = cur.execute(
-        f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ANY(?) AND tenant_id = ?", [list(ids), tenant_id]
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE id IN ({_id_list(ids)}) AND tenant_id = ?", [tenant_id]
     ).fetchall()
     return {r[1]: _decode(r) for r in rows}
 
@@ -420,18 +425,21 @@ def scope_speakers(cur: Cursor, tenant_id: str, f: MemoryFilter, min_count: int 
 
 def session_neighbours(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
     """id -> (previous id, next id) among live memories of the same scope and source session,
-    in insertion order ("" where there is none). Memories without a source session have none."""
+    in insertion order ("" where there is none), for the given ids and their neighbours.
+    Memories without a source session have none."""
     if not ids:
         return {}
+    listed = _id_list(ids)
     rows = cur.execute(
         "WITH wanted AS (SELECT DISTINCT scope_kind, scope_id, source_session_id FROM memories "
-        "  WHERE id = ANY(?) AND tenant_id = ? AND source_session_id <> ''), "
+        f"  WHERE id IN ({listed}) AND tenant_id = ? AND source_session_id <> ''), "
         "ordered AS (SELECT m.id, lag(m.id) OVER w AS prev_id, lead(m.id) OVER w AS next_id FROM memories m "
         "  JOIN wanted USING (scope_kind, scope_id, source_session_id) "
         "  WHERE m.tenant_id = ? AND m.delete_time_ns IS NULL "
         "  WINDOW w AS (PARTITION BY m.scope_kind, m.scope_id, m.source_session_id ORDER BY m.seq)) "
-        "SELECT id, prev_id, next_id FROM ordered WHERE id = ANY(?)",
-        [list(ids), tenant_id, tenant_id, list(ids)],
+        f"SELECT id, prev_id, next_id FROM ordered WHERE id IN ({listed}) OR prev_id IN ({listed}) "
+        f"OR next_id IN ({listed})",
+        [tenant_id, tenant_id],
     ).fetchall()
     return {r[0]: (r[1] or "", r[2] or "") for r in rows}
 
@@ -488,9 +496,15 @@ def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:
         )
 
 
-def reset_index_marks(cur: Cursor) -> None:
-    """Forget what LanceDB holds: everything is re-indexed (full rebuild, re-embed)."""
-    cur.execute("UPDATE memories SET indexed_revision = NULL, indexed_model = NULL")
+def reset_index_marks(cur: Cursor, tenant_id: str | None = None) -> None:
+    """Forget what LanceDB holds (for one tenant, or all): those rows are indexed again."""
+    if tenant_id is None:
+        cur.execute("UPDATE memories SET indexed_revision = NULL, indexed_model = NULL")
+    else:
+        cur.execute(
+            "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL WHERE tenant_id = ?",
+            [tenant_id],
+        )
 
 
 # --- status and retention ----------------------------------------------------------------

@@ -82,6 +82,21 @@ def _metrics_table(columns: dict[str, EvaluationReport]) -> Table:
     return table
 
 
+def _cost_table(latency: dict[str, dict[str, float]], pairs_per_second: dict[str, float]) -> Table:
+    table = Table(title="Rerank cost (onnxruntime, --serve-threads threads)")
+    table.add_column("figure")
+    table.add_column("fp32", justify="right")
+    table.add_column("int8", justify="right")
+    for n in LATENCY_SIZES:
+        table.add_row(
+            f"rerank {n} candidates, median ms", str(latency["fp32"][str(n)]), str(latency["int8"][str(n)])
+        )
+    table.add_row(
+        "scoring pairs/s (50 candidates)", str(pairs_per_second["fp32"]), str(pairs_per_second["int8"])
+    )
+    return table
+
+
 @click.command("finetune-cross-encoder")
 @click.option(
     "--pairs",
@@ -128,7 +143,13 @@ def _metrics_table(columns: dict[str, EvaluationReport]) -> Table:
     help="Share of groups held out.",
 )
 @click.option("--validation-cap", default=150, show_default=True, help="Validation queries per source.")
-@click.option("--threads", default=2, show_default=True, help="torch and onnxruntime threads.")
+@click.option("--threads", default=2, show_default=True, help="torch threads for training.")
+@click.option(
+    "--serve-threads",
+    default=2,
+    show_default=True,
+    help="onnxruntime threads for the latency figures (what the sidecar would use).",
+)
 @click.option(
     "--onnx-cache",
     type=click.Path(file_okay=False, path_type=Path),
@@ -154,6 +175,7 @@ def finetune_cross_encoder(
     validation_fraction: float,
     validation_cap: int,
     threads: int,
+    serve_threads: int,
     onnx_cache: Path | None,
     latency_runs: int,
     json_out: Path | None,
@@ -212,7 +234,7 @@ def finetune_cross_encoder(
     load_average = os.getloadavg()[0]  # other work on the machine inflates the timings
     with console.status("exporting ONNX, measuring int8 quality and rerank latency…"):
         for prec in ("fp32", "int8"):
-            runtime = CrossEncoderRuntime(out_dir, cache, precision=prec, intra_op_threads=threads)
+            runtime = CrossEncoderRuntime(out_dir, cache, precision=prec, intra_op_threads=serve_threads)
             latency[prec] = measure_latency(runtime, validation, LATENCY_SIZES, latency_runs, seed)
             if prec == "int8":
                 results["CE int8"] = evaluate(validation, runtime.score_pairs)
@@ -235,6 +257,7 @@ def finetune_cross_encoder(
             "validation_fraction": validation_fraction,
             "validation_cap": validation_cap,
             "threads": threads,
+            "serve_threads": serve_threads,
         },
         "data": {
             "rows": len(rows),
@@ -265,20 +288,7 @@ def finetune_cross_encoder(
     )
 
     console.print(_metrics_table(results))
-    timing = Table(title="Cost (2 cores unless --threads says otherwise)")
-    timing.add_column("figure")
-    timing.add_column("fp32", justify="right")
-    timing.add_column("int8", justify="right")
-    for n in LATENCY_SIZES:
-        timing.add_row(
-            f"rerank {n} candidates, median ms", str(latency["fp32"][str(n)]), str(latency["int8"][str(n)])
-        )
-    timing.add_row(
-        "scoring pairs/s (50 candidates)",
-        str(summary["scoring_pairs_per_second"]["fp32"]),
-        str(summary["scoring_pairs_per_second"]["int8"]),
-    )
-    console.print(timing)
+    console.print(_cost_table(latency, summary["scoring_pairs_per_second"]))
     console.print(
         f"candidates average {latency['fp32']['50_mean_tokens']} tokens per pair; "
         f"1-min load average when timing began: {load_average:.2f}"

@@ -131,7 +131,12 @@ def _load(base: Path, seed: int) -> tuple[Any, Any, str]:
     kind = base_kind(base)
     torch.manual_seed(seed)  # the new head's initialisation
     with quiet_transformers():
-        model = AutoModelForSequenceClassification.from_pretrained(str(base), num_labels=1)
+        if kind == "cross-encoder":
+            model = AutoModelForSequenceClassification.from_pretrained(str(base))
+            if model.config.num_labels != 1:
+                raise ValueError(f"{base} has {model.config.num_labels} labels; training needs one logit")
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(str(base), num_labels=1)
         tokenizer = AutoTokenizer.from_pretrained(str(base))
     return model, tokenizer, kind
 
@@ -182,13 +187,14 @@ def torch_scorer(model: Any, tokenizer: Any, max_length: int, batch_size: int = 
         )
         lengths = [len(ids) for ids in encoded["input_ids"]]
         order = sorted(range(len(pairs)), key=lambda i: lengths[i])
+        columns = dict(encoded)
         out = np.zeros(len(pairs), dtype=np.float32)
         was_training = model.training
         model.eval()
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 idx = order[start : start + batch_size]
-                logits = model(**_collate(dict(encoded), idx, tokenizer.pad_token_id or 0)).logits
+                logits = model(**_collate(columns, idx, tokenizer.pad_token_id or 0)).logits
                 out[idx] = logits[:, 0].float().numpy()
         model.train(was_training)
         return out
@@ -196,9 +202,16 @@ def torch_scorer(model: Any, tokenizer: Any, max_length: int, batch_size: int = 
     return score
 
 
+def _check_replaceable(out_dir: Path) -> None:
+    """out_dir is replaced wholesale, so it must be absent, empty or an earlier model."""
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD_NAME).exists():
+        raise FileExistsError(f"{out_dir} exists and does not hold a cross-encoder written here")
+
+
 def _write_atomically(out_dir: Path, model: Any, tokenizer: Any, card: dict[str, Any]) -> None:
     """Write into a sibling temp dir, then swap it in: a crash leaves either the old model or
-    the new one, never half of one."""
+    the new one, never half of one. Only an earlier model (or an empty dir) is replaced."""
+    _check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
@@ -207,6 +220,10 @@ def _write_atomically(out_dir: Path, model: Any, tokenizer: Any, card: dict[str,
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
     (tmp / CARD_NAME).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for file in tmp.iterdir():
+        # The weights arrive 0600 (written through a private temp file); the sidecar that
+        # serves the model may run as another user.
+        file.chmod(0o644)
     if out_dir.exists():
         out_dir.rename(old)
     tmp.rename(out_dir)
@@ -269,6 +286,7 @@ def finetune(
     Raises FinetuneStopped if should_stop() turns true; out_dir is then untouched."""
     if not pairs:
         raise ValueError("no training pairs")
+    _check_replaceable(out_dir)  # up front too: a long run must not fail only when saving
     if epochs < 1 or batch_size < 1 or max_length < 8:
         raise ValueError("epochs and batch_size must be positive and max_length at least 8")
     hyper = _Hyper(

@@ -285,7 +285,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("server_version", "embedding_model", "embedding_dimension", "memory_count", "deleted_count", "pending_index_count", "memory_count_by_type", "oldest_pending_index_time", "process_rss_bytes", "data_bytes")
+    __slots__ = ("server_version", "embedding_model", "embedding_dimension", "memory_count", "deleted_count", "pending_index_count", "memory_count_by_type", "oldest_pending_index_time", "process_rss_bytes", "data_bytes", "search_index_lag_rows")
     class MemoryCountByTypeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,7 @@ class GetStatusResponse(_message.Message):
     OLDEST_PENDING_INDEX_TIME_FIELD_NUMBER: _ClassVar[int]
     PROCESS_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_INDEX_LAG_ROWS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     embedding_model: str
     embedding_dimension: int
@@ -313,7 +314,8 @@ class GetStatusResponse(_message.Message):
     oldest_pending_index_time: _timestamp_pb2.Timestamp
     process_rss_bytes: int
     data_bytes: int
-    def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., process_rss_bytes: _Optional[int] = ..., data_bytes: _Optional[int] = ...) -> None: ...
+    search_index_lag_rows: int
+    def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., process_rss_bytes: _Optional[int] = ..., data_bytes: _Optional[int] = ..., search_index_lag_rows: _Optional[int] = ...) -> None: ...
 
 class StartSessionRequest(_message.Message):
     __slots__ = ("session_id", "agent_id", "persona_id", "project_id", "context", "token_budget", "max_memories", "request_id")

@@ -425,6 +425,11 @@ export interface GetStatusResponse {
   processRssBytes: number;
   /** Size of the server's data directory on disk (all tenants). */
   dataBytes: number;
+  /**
+   * Searchable rows not yet folded into the search indices (searched by a slower flat scan
+   * whose BM25 statistics differ slightly until the background optimizer folds them in).
+   */
+  searchIndexLagRows: number;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -3123,6 +3128,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     oldestPendingIndexTime: undefined,
     processRssBytes: 0,
     dataBytes: 0,
+    searchIndexLagRows: 0,
   };
 }
 
@@ -3157,6 +3163,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.dataBytes !== 0) {
       writer.uint32(80).int64(message.dataBytes);
+    }
+    if (message.searchIndexLagRows !== 0) {
+      writer.uint32(88).int64(message.searchIndexLagRows);
     }
     return writer;
   },
@@ -3257,6 +3266,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.dataBytes = longToNumber(reader.int64());
             continue;
           }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.searchIndexLagRows = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3343,6 +3360,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.data_bytes)
         ? globalThis.Number(object.data_bytes)
         : 0,
+      searchIndexLagRows: isSet(object.searchIndexLagRows)
+        ? globalThis.Number(object.searchIndexLagRows)
+        : isSet(object.search_index_lag_rows)
+        ? globalThis.Number(object.search_index_lag_rows)
+        : 0,
     };
   },
 
@@ -3384,6 +3406,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.dataBytes !== 0) {
       obj.dataBytes = Math.round(message.dataBytes);
     }
+    if (message.searchIndexLagRows !== 0) {
+      obj.searchIndexLagRows = Math.round(message.searchIndexLagRows);
+    }
     return obj;
   },
 
@@ -3408,6 +3433,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.oldestPendingIndexTime = object.oldestPendingIndexTime ?? undefined;
     message.processRssBytes = object.processRssBytes ?? 0;
     message.dataBytes = object.dataBytes ?? 0;
+    message.searchIndexLagRows = object.searchIndexLagRows ?? 0;
     return message;
   },
 };

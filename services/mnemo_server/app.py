@@ -15,7 +15,6 @@ from mnemo.v1 import (
     memory_service_pb2_grpc,
     skill_service_pb2_grpc,
 )
-
 from mnemo_server.api.admin_servicer import AdminServicer
 from mnemo_server.api.interceptor import ApiInterceptor
 from mnemo_server.api.learning_servicer import LearningServicer

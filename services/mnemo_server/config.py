@@ -170,7 +170,9 @@ class RankingConfig:
     # Circuit breaker: open after this many consecutive failures, probe again after cooldown.
     breaker_failures: int = 5
     breaker_cooldown_s: float = 5.0
-    # Candidate pool for StartSession.
+    # Candidate pool for StartSession; at most max_scored (best baseline first) go to the
+    # sidecar, which refuses more than its own cap (100 by default).
+    max_scored: int = 100
     pool_recall: int = 50
     pool_pinned: int = 10
     pool_recent: int = 10

@@ -9,9 +9,24 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
+    """In a launched process: SIGTERM ourselves once the launching process is gone, so a
+    crashed `mnemo up` (or eval, bench, test run) leaves no orphan behind."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 @dataclass
@@ -64,7 +79,15 @@ class Launcher:
         full_env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", *argv, "--port-file", str(port_file)],
+                [
+                    sys.executable,
+                    "-m",
+                    *argv,
+                    "--port-file",
+                    str(port_file),
+                    "--parent-pid",
+                    str(os.getpid()),
+                ],
                 env=full_env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

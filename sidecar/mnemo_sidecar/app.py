@@ -11,7 +11,6 @@ from mnemo_server.api.server import GrpcServer
 from mnemo_server.config import ServerConfig
 from mnemo_server.errors import Unauthenticated
 from mnemo_server.tenancy.tenants import Principal
-
 from mnemo_sidecar.api.ranking_servicer import RankingServicer
 from mnemo_sidecar.api.stats import LatencyStats
 from mnemo_sidecar.config import SidecarConfig

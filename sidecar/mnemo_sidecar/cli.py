@@ -12,8 +12,9 @@ from types import FrameType
 from typing import Any
 
 import click
-from mnemo_server.errors import MnemoError
 
+from mnemo_server.errors import MnemoError
+from mnemo_server.launcher import watch_parent
 from mnemo_sidecar import __version__
 from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
 
@@ -46,6 +47,7 @@ def cli(verbose: bool) -> None:
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     help="A Hugging Face-format cross-encoder directory to serve.",
 )
+@click.option("--parent-pid", type=int, hidden=True, help="Exit when this process is gone.")
 def serve(
     config_file: Path | None,
     data_dir: Path | None,
@@ -53,6 +55,7 @@ def serve(
     port: int | None,
     port_file: Path | None,
     cross_encoder: Path | None,
+    parent_pid: int | None,
 ) -> None:
     """Run the sidecar until SIGTERM/SIGINT."""
     from mnemo_sidecar.app import SidecarServer
@@ -76,6 +79,8 @@ def serve(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     bound = app.start()
+    if parent_pid:
+        watch_parent(parent_pid)
     if port_file is not None:
         tmp = port_file.with_suffix(".tmp")
         tmp.write_text(str(bound))
@@ -89,6 +94,7 @@ def serve(
 
 def _stub(address: str) -> Any:
     import grpc
+
     from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 
     return rpb_grpc.RankingServiceStub(grpc.insecure_channel(address))
@@ -100,6 +106,7 @@ def _stub(address: str) -> Any:
 def status(sidecar: str, tenant: str) -> None:
     """Model versions, cold start, health, pair counts and latency for a tenant."""
     from google.protobuf import json_format
+
     from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 
     resp = _stub(sidecar).GetModelStatus(rpb.GetModelStatusRequest(tenant_id=tenant), timeout=10)
@@ -113,6 +120,7 @@ def status(sidecar: str, tenant: str) -> None:
 def train(sidecar: str, tenant: str, force: bool) -> None:
     """Train both models now and stream the progress."""
     from google.protobuf import json_format
+
     from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 
     for event in _stub(sidecar).Train(rpb.TrainRequest(tenant_id=tenant, force=force)):

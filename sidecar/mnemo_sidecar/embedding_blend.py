@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
 from mnemo_server.config import EmbeddingConfig
 from mnemo_server.embed.embedder import Embedder
 from mnemo_server.embed.factory import build_embedder
-
 from mnemo_sidecar.deadlines import Deadline
 
 FIRST_STAGE_WEIGHT = 0.7

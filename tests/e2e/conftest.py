@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from mnemo_server.launcher import LaunchedProcess, Launcher
 
 MNEMO = [sys.executable, "-m", "mnemo_server.cli.main"]

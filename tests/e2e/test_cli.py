@@ -9,9 +9,9 @@ from pathlib import Path
 
 import grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client import MnemoClient
-
 from tests.conftest import ADMIN_KEY, LiveServer
 from tests.e2e.conftest import MNEMO, Proc, base_env
 

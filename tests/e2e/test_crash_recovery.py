@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
-
 from tests.e2e.conftest import Proc, base_env
 
 

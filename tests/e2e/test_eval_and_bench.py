@@ -125,3 +125,53 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
     assert result["training"] and all("reason" in t for t in result["training"])
     assert result["server_rss_mb"] > 50 and result["disk_mb_per_100k"] > 0
     assert "sidecar_killed" in out.stdout  # the tables
+
+
+def test_eval_with_training_sessions_runs_every_phase(tmp_path: Path, model_cache: Path) -> None:
+    """The session-learning measurement end to end on tiny data (the real one takes minutes)."""
+    data = _subset(tmp_path, conv="conv-30", n_queries=12)
+    (tmp_path / "train").mkdir()
+    train = _subset(tmp_path / "train", conv="conv-26", n_queries=30)
+    metrics = tmp_path / "sessions.json"
+    env = base_env(
+        model_cache,
+        MNEMO_SIDECAR_CROSS_ENCODER__MAX_PAIRS="48",
+        MNEMO_SIDECAR_CROSS_ENCODER__EPOCHS="1",
+        MNEMO_SIDECAR_TRAINING__MIN_HELDOUT="4",
+        MNEMO_SIDECAR_RANKER__N_ESTIMATORS="20",
+        MNEMO_SIDECAR_RANKER__MIN_CHILD_SAMPLES="3",
+    )
+    out = subprocess.run(
+        [
+            *MNEMO,
+            "eval",
+            "locomo",
+            "--data",
+            str(data),
+            "--train-sessions",
+            str(train),
+            "--out",
+            str(tmp_path / "run.jsonl"),
+            "--json-out",
+            str(metrics),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(metrics.read_text())
+    phases = doc["phases"]
+    assert list(phases) == ["untrained", "ranker", "recall+cross_encoder_rerank", "ranker+cross_encoder"]
+    assert phases["untrained"]["paths"] == {"baseline": 12}  # no training data: the baseline order
+    assert all(p["metrics"]["overall"]["n"] == 12 for p in phases.values())
+    kinds = [o["model"] for o in doc["training_outcomes"]]
+    assert kinds == ["MODEL_KIND_RANKER", "MODEL_KIND_CROSS_ENCODER", "MODEL_KIND_RANKER"]
+    for o in doc["training_outcomes"]:
+        assert o["heldout_sessions"] >= 4 and o["reason"]
+        # The decision follows the held-back numbers, whichever way it went.
+        against = o.get("current_ndcg") or o["baseline_ndcg"]
+        assert o.get("promoted", False) == (o["candidate_ndcg"] > against)
+    assert doc["train_sessions"] == 30

@@ -8,8 +8,8 @@ import shutil
 import subprocess
 
 import pytest
-from mnemo.v1 import memory_service_pb2 as pb
 
+from mnemo.v1 import memory_service_pb2 as pb
 from tests.conftest import REPO, LiveServer, TenantClient
 
 NODE_DIR = REPO / "clients" / "node"

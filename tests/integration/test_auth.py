@@ -7,13 +7,13 @@ from collections.abc import Callable
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from mnemo.v1 import admin_service_pb2 as admin_pb
 from mnemo.v1 import admin_service_pb2_grpc as admin_grpc
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 from mnemo_server.errors import FailedPrecondition
-
 from tests.conftest import ADMIN_KEY, LiveServer, TenantClient, bearer, error_info
 
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import grpc
 import pytest
 from google.protobuf import field_mask_pb2, struct_pb2, timestamp_pb2
+
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-
 from tests.conftest import TenantClient, error_info
 
 M = memory_pb2.Memory

@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-
 from tests.conftest import LiveServer, TenantClient, provision
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-
 from tests.conftest import TenantClient
 
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import grpc
 import pytest
+
 from mnemo.v1 import common_pb2
 from mnemo.v1 import learning_service_pb2 as pb
 from mnemo.v1 import learning_service_pb2_grpc as pb_grpc
 from mnemo_server.store import learning_repo
-
 from tests.conftest import ADMIN_KEY, LiveServer, TenantClient, bearer, error_info
 
 WORKSPACE = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_WORKSPACE)

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_server.app import Core
 from mnemo_server.embed.embedder import bundled_model_path
 from mnemo_server.errors import EmbeddingModelMismatch
-
 from tests.conftest import LiveServer, TenantClient, make_config, provision
 
 

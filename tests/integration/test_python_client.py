@@ -6,9 +6,9 @@ import time
 
 import grpc
 import pytest
+
 from mnemo_client import MemoryTools, MnemoClient, MnemoError
 from mnemo_client.client import scope
-
 from tests.conftest import LiveServer, TenantClient
 
 

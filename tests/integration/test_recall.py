@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
+
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-
 from tests.conftest import TenantClient
 
 FACTS = [

@@ -10,11 +10,11 @@ from typing import Any
 
 import grpc
 import pytest
+
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-
 from tests.conftest import LiveServer, TenantClient, error_info, provision
 
 FACTS = [
@@ -342,3 +342,82 @@ def test_cold_start_order_equals_the_recall_baseline(
         )
         recalled = [h.memory.id for h in recall.hits]
         assert [m.memory.id for m in r.memories][: len(recalled)] == recalled
+
+
+def test_model_hot_swap_under_load_fails_no_call(
+    start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any]
+) -> None:
+    side = start_sidecar(
+        training={"min_sessions": 8, "min_heldout": 3, "cross_encoder": False, "heldout_fraction": 0.25},
+        ranker={"n_estimators": 30, "min_child_samples": 2},
+    )
+    live = start_server(
+        ranking={
+            "sidecar_address": f"127.0.0.1:{side.port}",
+            "start_session_deadline_ms": 3000,
+            "delivery_interval_s": 0.05,
+            # Fewer than the pool: the sidecar scores the baseline's best 5, the rest stay below.
+            "max_scored": 5,
+        }
+    )
+    t = tenant(live)
+    seed(t)
+    questions = [
+        "who owns billing?",
+        "staging database",
+        "release rollback",
+        "deploy schedule",
+        "feature flags on mobile",
+        "postgres upgrade window",
+        "beta banner in the EU",
+        "ticket tags",
+    ]
+    for i in range(24):  # sessions with feedback: the memory that shares the most words is "used"
+        q = questions[i % len(questions)]
+        r = start(t, f"train-{i}", q, max_memories=8)
+        t.memory().EndSession(
+            pb.EndSessionRequest(
+                session_id=f"train-{i}",
+                feedback=[pb.MemoryFeedback(memory_id=r.memories[0].memory.id, used=True)],
+            ),
+            metadata=t.md,
+            timeout=5,
+        )
+    wait_for(lambda: side.store.counts("acme")[0] == 24)
+
+    errors: list[BaseException] = []
+    paths: list[int] = []
+    stop = threading.Event()
+
+    def hammer(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                r = start(t, f"load-{n}-{i}", questions[i % len(questions)])
+                paths.append(r.ranking.path)
+            except BaseException as exc:
+                errors.append(exc)
+            i += 1
+
+    threads = [threading.Thread(target=hammer, args=(n,)) for n in range(4)]
+    for th in threads:
+        th.start()
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+    for _ in range(3):  # train (and possibly promote) repeatedly while sessions start
+        list(
+            stub.Train(
+                rpb.TrainRequest(tenant_id="acme", models=[rpb.MODEL_KIND_RANKER], force=True), timeout=120
+            )
+        )
+    time.sleep(0.5)
+    stop.set()
+    for th in threads:
+        th.join(10)
+    assert not errors, errors[:3]
+    assert len(paths) > 20
+    status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="acme"), timeout=5)
+    assert len(status.recent_outcomes) == 3
+    if status.ranker.ready:  # a version was promoted: sessions after it used the model
+        assert pb.RANKING_PATH_MODEL in paths
+    server_status = t.memory().GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5)
+    assert server_status.sidecar_circuit == "closed"

@@ -10,13 +10,13 @@ from typing import cast
 
 import grpc
 import pytest
+
 from mnemo.v1 import common_pb2
 from mnemo.v1 import learning_service_pb2 as lpb
 from mnemo.v1 import learning_service_pb2_grpc as lpb_grpc
 from mnemo.v1 import skill_service_pb2 as pb
 from mnemo.v1 import skill_service_pb2_grpc as pb_grpc
 from mnemo_server.store import learning_repo
-
 from tests.conftest import LiveServer, TenantClient, error_info
 
 STEPS = "1. git pull --rebase\n2. make release\n3. push the tag"

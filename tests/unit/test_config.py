@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from mnemo_server.config import Config, load_config
 from mnemo_server.errors import FailedPrecondition
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
 from mnemo_server.errors import DeadlineExceeded
 from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
 from mnemo_sidecar.crossencoder.data import (
@@ -41,7 +42,6 @@ from mnemo_sidecar.crossencoder.finetune import (
 )
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime, model_version
 from mnemo_sidecar.deadlines import Deadline
-
 from tests.conftest import SHARED
 
 RERANK = SHARED / "rerank"

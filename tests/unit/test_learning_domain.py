@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from mnemo_server.config import LimitsConfig
 from mnemo_server.errors import FailedPrecondition, InvalidArgument, NotFound
 from mnemo_server.learning.model import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+
 from mnemo_server.config import LimitsConfig
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.index.lance_index import filter_sql

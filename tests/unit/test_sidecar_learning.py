@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from mnemo_server.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted
 from mnemo_sidecar.config import HealthConfig, RankerConfig, SidecarConfig
 from mnemo_sidecar.deadlines import AdmissionGate, Deadline

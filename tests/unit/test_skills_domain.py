@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from mnemo_server.config import LimitsConfig
 from mnemo_server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from mnemo_server.learning.model import CandidateDraft, LearningKind, SubjectKind

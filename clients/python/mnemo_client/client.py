@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import field_mask_pb2, struct_pb2, timestamp_pb2
+
 from mnemo.v1 import admin_service_pb2 as admin_pb
 from mnemo.v1 import admin_service_pb2_grpc as admin_grpc
 from mnemo.v1 import common_pb2, memory_pb2

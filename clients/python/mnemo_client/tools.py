@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mnemo.v1 import common_pb2, memory_pb2
-
 from mnemo_client.client import MEMORY_TYPES, TYPE_NAMES, MnemoClient, MnemoError
 
 

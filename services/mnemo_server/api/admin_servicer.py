@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import grpc
+
 from mnemo.v1 import admin_service_pb2 as pb
 from mnemo.v1 import admin_service_pb2_grpc as pb_grpc
-
 from mnemo_server.api import convert
 from mnemo_server.api.interceptor import current_principal
 from mnemo_server.errors import InvalidArgument

@@ -8,8 +8,8 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
-from mnemo.v1 import common_pb2, memory_pb2
 
+from mnemo.v1 import common_pb2, memory_pb2
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import (
     IdempotencyKey,

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import grpc
+
 from mnemo.v1 import learning_service_pb2 as pb
 from mnemo.v1 import learning_service_pb2_grpc as pb_grpc
-
 from mnemo_server.api import convert
 from mnemo_server.api.interceptor import current_principal
 from mnemo_server.errors import InvalidArgument

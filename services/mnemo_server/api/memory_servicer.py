@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import grpc
+
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
-
 from mnemo_server import __version__
 from mnemo_server.api import convert, session_convert
 from mnemo_server.api.interceptor import current_principal
@@ -16,6 +16,7 @@ from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.service import MemoryPatch, MemoryService
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
 from mnemo_server.sessions.service import Feedback, SessionService, StartSessionInput
+from mnemo_server.store import session_repo
 from mnemo_server.tenancy.tenants import require_tenant
 
 _STAGES = {
@@ -249,6 +250,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             memory_count_by_type=s.by_type,
             process_rss_bytes=rss_bytes(),
             search_index_lag_rows=s.search_index_lag,
+            ranking_fallbacks=dict(self.sessions.ranking.fallbacks),
+            sidecar_circuit=self.sessions.ranking.breaker.state.value
+            if self.sessions.ranking.enabled
+            else "",
+            feedback_outbox_pending=session_repo.pending_count(self.memories.db.reader()),
             data_bytes=self.data_size.get(),
         )
         if s.oldest_pending_ns is not None:

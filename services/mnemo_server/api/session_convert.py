@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from mnemo.v1 import memory_service_pb2 as pb
-
 from mnemo_server.api import convert
 from mnemo_server.sessions.service import BASELINE, FALLBACK, MODEL, SessionBundle
 from mnemo_server.store.session_repo import SessionRow

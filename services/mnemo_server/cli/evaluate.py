@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import click
-from mnemo.v1 import memory_service_pb2 as pb
-from mnemo_client.client import MnemoClient
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from mnemo.v1 import memory_service_pb2 as pb
+from mnemo_client.client import MnemoClient
 
 # CLI name -> proto enum name (the stubs accept enum names).
 STAGES: dict[str, str] = {

@@ -10,12 +10,12 @@ from typing import Any
 
 import click
 from google.protobuf import json_format
-from mnemo.v1 import memory_pb2
-from mnemo_client.client import MEMORY_TYPES, TYPE_NAMES, MnemoClient, MnemoError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from mnemo.v1 import memory_pb2
+from mnemo_client.client import MEMORY_TYPES, TYPE_NAMES, MnemoClient, MnemoError
 from mnemo_server.cli.common import F
 
 _console = Console(stderr=True)

@@ -13,11 +13,22 @@ import click
 from mnemo_server.app import MnemoServer
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
+from mnemo_server.launcher import watch_parent
 
 log = logging.getLogger(__name__)
 
 
-def run_until_signalled(server: MnemoServer, port_file: Path | None = None) -> None:
+PARENT_PID = click.option(
+    "--parent-pid",
+    type=int,
+    hidden=True,
+    help="Exit when this process is gone (set by the launcher of child processes).",
+)
+
+
+def run_until_signalled(
+    server: MnemoServer, port_file: Path | None = None, parent_pid: int | None = None
+) -> None:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -27,6 +38,8 @@ def run_until_signalled(server: MnemoServer, port_file: Path | None = None) -> N
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     port = server.start()
+    if parent_pid:
+        watch_parent(parent_pid)
     if port_file is not None:
         tmp = port_file.with_suffix(".tmp")
         tmp.write_text(str(port))
@@ -48,12 +61,14 @@ def run_until_signalled(server: MnemoServer, port_file: Path | None = None) -> N
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the bound port here once serving.",
 )
+@PARENT_PID
 def serve(
     config_file: Path | None,
     data_dir: Path | None,
     host: str | None,
     port: int | None,
     port_file: Path | None,
+    parent_pid: int | None,
 ) -> None:
     """Run the memory server (configured by file and MNEMO_* environment variables)."""
     server_overrides: dict[str, object] = {}
@@ -62,7 +77,7 @@ def serve(
     if port is not None:
         server_overrides["port"] = port
     cfg = build_config(config_file, data_dir, server=server_overrides)
-    run_until_signalled(MnemoServer(cfg), port_file)
+    run_until_signalled(MnemoServer(cfg), port_file, parent_pid)
 
 
 def local_config(config_file: Path | None, data_dir: Path, port: int, sidecar_address: str = "") -> Config:
@@ -95,6 +110,7 @@ def local_config(config_file: Path | None, data_dir: Path, port: int, sidecar_ad
 )
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path))
+@PARENT_PID
 def up(
     data_dir: Path,
     port: int,
@@ -103,6 +119,7 @@ def up(
     cross_encoder: Path | None,
     config_file: Path | None,
     port_file: Path | None,
+    parent_pid: int | None,
 ) -> None:
     """Run Mnemo locally: the memory server on 127.0.0.1 and the ranking sidecar as its own
     process, data in a local directory, unauthenticated (local mode). Ctrl-C stops both."""
@@ -120,6 +137,6 @@ def up(
             click.echo(f"mnemo up: sidecar on {address} (log: {sidecar.log})", err=True)
         cfg = local_config(config_file, data_dir, port, address)
         click.echo(f"mnemo up: data in {data_dir.resolve()}, local mode (no API key needed)", err=True)
-        run_until_signalled(MnemoServer(cfg), port_file)
+        run_until_signalled(MnemoServer(cfg), port_file, parent_pid)
     finally:
         launcher.stop()

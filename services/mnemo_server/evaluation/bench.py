@@ -27,12 +27,12 @@ from typing import Any
 
 import grpc
 from grpc import aio
+
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
-
 from mnemo_server.evaluation.synth import memory_text, query_text
 from mnemo_server.launcher import LaunchedProcess
 

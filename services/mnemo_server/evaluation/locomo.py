@@ -22,7 +22,6 @@ from typing import Any
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client.client import MnemoClient
-
 from mnemo_server.evaluation.metrics import Judged, category_label, evaluate
 
 BATCH = 500

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client.client import MnemoClient
-
 from mnemo_server.evaluation.locomo import conversation_scope, judged, load_memories
 from mnemo_server.evaluation.metrics import evaluate
 

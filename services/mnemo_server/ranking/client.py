@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import grpc
+
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
-
 from mnemo_server.config import RankingConfig
 from mnemo_server.ranking.breaker import CircuitBreaker
 

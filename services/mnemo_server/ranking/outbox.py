@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from google.protobuf import timestamp_pb2
-from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo_server.config import RankingConfig
 from mnemo_server.ranking.client import RankingClient
 from mnemo_server.store import session_repo

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
-
 from mnemo_server.config import LimitsConfig, RankingConfig, RecallConfig
 from mnemo_server.embed.embedder import CachedQueryEmbedder, Vectors
 from mnemo_server.errors import InvalidArgument

@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
-
 from mnemo_server.config import LimitsConfig, RankingConfig
 from mnemo_server.errors import AlreadyExists, FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.memory.model import IdempotencyKey, Memory, MemoryFilter, Scope, ScopeKind, now_ns
@@ -296,7 +295,7 @@ class SessionService:
                     baseline_score=c.baseline_score,
                     features=c.features,
                 )
-                for c in pool
+                for c in pool[: self.cfg.max_scored]  # the pool is in baseline order here
             ],
         )
         answer = self.ranking.score(request, budget_s)
@@ -306,15 +305,19 @@ class SessionService:
             return RankDecision(
                 FALLBACK, answer.fallback_reason, predictor=zeros, sidecar_ms=ms, deadline_ms=deadline_ms
             )
-        if answer.value.cold_start or len(answer.value.scores) != len(pool):
+        sent = len(request.candidates)
+        if answer.value.cold_start or len(answer.value.scores) != sent:
             reason = "cold_start" if answer.value.cold_start else "partial_scores"
             return RankDecision(BASELINE, reason, predictor=zeros, sidecar_ms=ms, deadline_ms=deadline_ms)
+        scores = [s.score for s in answer.value.scores]
+        # Candidates beyond what was sent keep the bottom of the predictor's scale.
+        scores += [min(scores)] * (len(pool) - sent)
         return RankDecision(
             MODEL,
             "",
             answer.value.model_version,
             answer.value.predictor_weight,
-            predictor=[s.score for s in answer.value.scores],
+            predictor=scores,
             sidecar_ms=ms,
             deadline_ms=deadline_ms,
         )

@@ -211,9 +211,9 @@ def find_live_duplicates(cur: Cursor, tenant_id: str, hashes: Sequence[str]) -> 
     if not hashes:
         return {}
     rows = cur.execute(
-        f"SELECT {SELECT_COLUMNS} FROM memories WHERE content_hash = ANY(?) AND tenant_id = ? "
-        "AND delete_time_ns IS NULL",
-        [list(set(hashes)), tenant_id],
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE content_hash IN ({_id_list(sorted(set(hashes)))}) "
+        "AND tenant_id = ? AND delete_time_ns IS NULL",
+        [tenant_id],
     ).fetchall()
     out: dict[tuple[str, str], Memory] = {}
     for r in rows:
@@ -227,9 +227,9 @@ def live_by_external_ids(cur: Cursor, tenant_id: str, external_ids: Sequence[str
     if not external_ids:
         return {}
     rows = cur.execute(
-        f"SELECT {SELECT_COLUMNS} FROM memories WHERE external_id = ANY(?) AND tenant_id = ? "
-        "AND delete_time_ns IS NULL",
-        [list(set(external_ids)), tenant_id],
+        f"SELECT {SELECT_COLUMNS} FROM memories WHERE external_id IN ({_id_list(sorted(set(external_ids)))}) "
+        "AND tenant_id = ? AND delete_time_ns IS NULL",
+        [tenant_id],
     ).fetchall()
     return {r[3]: _decode(r) for r in rows}
 
@@ -473,26 +473,29 @@ def needing_index(cur: Cursor, model: str, limit: int, after: tuple[str, str] = 
 def mark_indexed(cur: Cursor, done: Sequence[tuple[str, str, int]], model: str) -> None:
     """done: (tenant, id, revision) now reflected in LanceDB. A row changed since keeps its
     stale marker and is picked up again."""
-    if not done:
-        return
-    with arrow_view(cur, "marks", [{"tenant_id": t, "id": i, "revision": r} for t, i, r in done]):
+    # One UPDATE per (tenant, revision) with a literal id list: it uses the ART index on id,
+    # where a join against the batch would scan the table while holding the write lock.
+    groups: dict[tuple[str, int], list[str]] = {}
+    for t, i, r in done:
+        groups.setdefault((t, r), []).append(i)
+    for (tenant_id, revision), ids in groups.items():
         cur.execute(
-            "UPDATE memories SET indexed_revision = marks.revision, indexed_model = ?, embedding_model = ? "
-            "FROM marks WHERE memories.id = marks.id AND memories.tenant_id = marks.tenant_id "
-            "AND memories.revision = marks.revision AND memories.delete_time_ns IS NULL",
-            [model, model],
+            f"UPDATE memories SET indexed_revision = revision, indexed_model = ?, embedding_model = ? "
+            f"WHERE id IN ({_id_list(ids)}) AND tenant_id = ? AND revision = ? AND delete_time_ns IS NULL",
+            [model, model, tenant_id, revision],
         )
 
 
 def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:
     """Tombstoned rows whose LanceDB row is gone."""
-    if not removed:
-        return
-    with arrow_view(cur, "gone", [{"tenant_id": t, "id": i} for t, i in removed]):
+    by_tenant: dict[str, list[str]] = {}
+    for t, i in removed:
+        by_tenant.setdefault(t, []).append(i)
+    for tenant_id, ids in by_tenant.items():
         cur.execute(
-            "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL FROM gone "
-            "WHERE memories.id = gone.id AND memories.tenant_id = gone.tenant_id "
-            "AND memories.delete_time_ns IS NOT NULL"
+            "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL "
+            f"WHERE id IN ({_id_list(ids)}) AND tenant_id = ? AND delete_time_ns IS NOT NULL",
+            [tenant_id],
         )
 
 

@@ -221,4 +221,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX memories_by_external_id ON memories (external_id);
     CREATE INDEX memories_by_seq ON memories (seq);
     """,
+    # 5: single-column indexes for point lookups (DuckDB does not use a composite key for them)
+    """
+    CREATE INDEX idempotency_by_request_id ON idempotency (request_id);
+    CREATE INDEX sessions_by_id ON sessions (id);
+    CREATE INDEX session_memories_by_session ON session_memories (session_id);
+    CREATE INDEX outbox_by_session ON sidecar_outbox (session_id);
+    """,
 ]

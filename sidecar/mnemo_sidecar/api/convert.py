@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from google.protobuf import timestamp_pb2
+
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo_server.errors import FieldViolation, InvalidArgument
-
 from mnemo_sidecar.learning.health import Health
 from mnemo_sidecar.learning.model import (
     Candidate,

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import grpc
 from google.protobuf import timestamp_pb2
+
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo_server.errors import Unavailable
-
 from mnemo_sidecar.api import convert
 from mnemo_sidecar.api.stats import LatencyStats
 from mnemo_sidecar.deadlines import AdmissionGate, Deadline

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from mnemo_server.errors import DeadlineExceeded
 
+from mnemo_server.errors import DeadlineExceeded
 from mnemo_sidecar.crossencoder.finetune import CARD_NAME, quiet_transformers, read_card
 from mnemo_sidecar.deadlines import Deadline
 

@@ -42,10 +42,11 @@ class HealthTracker:
             ema = self.cfg.alpha * win + (1 - self.cfg.alpha) * ema
         self.store.set_health_state(tenant, ema, since_promotion + 1, since_training + 1)
 
-    def on_promotion(self, tenant: str) -> None:
+    def on_promotion(self, tenant: str, heldout_win_rate: float = 0.5) -> None:
+        """A new model's EMA starts from its win rate on the held-back sessions (the only
+        evidence there is about it yet); live sessions then move it."""
         _, _, since_training = self.store.health_state(tenant)
-        # A new model starts neutral: its weight has to be earned again.
-        self.store.set_health_state(tenant, 0.5, 0, since_training)
+        self.store.set_health_state(tenant, heldout_win_rate, 0, since_training)
 
     def on_training(self, tenant: str) -> None:
         ema, since_promotion, _ = self.store.health_state(tenant)

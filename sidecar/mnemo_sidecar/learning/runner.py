@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from mnemo_server.errors import MnemoError
-
 from mnemo_sidecar.learning.model import ModelKind, TrainingOutcome
 from mnemo_sidecar.learning.trainer import Trainer
 

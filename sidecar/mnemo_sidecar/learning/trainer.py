@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mnemo_server.errors import FailedPrecondition
-
 from mnemo_sidecar.crossencoder.data import LabelledPair
 from mnemo_sidecar.crossencoder.finetune import bundled_base, finetune
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
 from mnemo_sidecar.deadlines import Deadline
 from mnemo_sidecar.engine import RankingEngine
+from mnemo_sidecar.learning.health import win_of
 from mnemo_sidecar.learning.model import FeedbackSession, ModelKind, TrainingOutcome
 from mnemo_sidecar.learning.ndcg import ndcg_at, order_by
 from mnemo_sidecar.learning.pair_store import split_heldout
@@ -72,22 +72,32 @@ def ce_blend_ndcg(ce: CrossEncoderRuntime, sessions: Sequence[FeedbackSession]) 
 def ranker_ndcg(
     model: RankerModel, sessions: Sequence[FeedbackSession], ce_scores: dict[str, dict[str, float]] | None
 ) -> float:
-    values = []
+    return ranker_heldout(model, sessions, ce_scores)[0]
+
+
+def ranker_heldout(
+    model: RankerModel, sessions: Sequence[FeedbackSession], ce_scores: dict[str, dict[str, float]] | None
+) -> tuple[float, float]:
+    """(mean NDCG@10 of the model's order, share of sessions where it beats the baseline)."""
+    values, wins = [], []
     for s in sessions:
         scores = model.score(session_matrix(s, model.feature_names, (ce_scores or {}).get(s.session_id)))
+        rel = _relevance(s)
         v = ndcg_at(
-            order_by(dict(zip((c.candidate.id for c in s.candidates), map(float, scores), strict=True))),
-            _relevance(s),
+            order_by(dict(zip((c.candidate.id for c in s.candidates), map(float, scores), strict=True))), rel
         )
-        if v is not None:
+        b = ndcg_at(order_by({c.candidate.id: c.candidate.baseline_score for c in s.candidates}), rel)
+        if v is not None and b is not None:
             values.append(v)
-    return statistics.fmean(values) if values else 0.0
+            wins.append(win_of(v, b))
+    return (statistics.fmean(values) if values else 0.0), (statistics.fmean(wins) if wins else 0.5)
 
 
 def ce_training_pairs(
-    sessions: Sequence[FeedbackSession], negatives: int, max_pairs: int, seed: int = 0
+    sessions: Sequence[FeedbackSession], hard: int, random_negatives: int, max_pairs: int, seed: int = 0
 ) -> list[LabelledPair]:
-    """Used memories as positives; unused ones as negatives, hardest (best baseline) first."""
+    """Per session: the used memories as positives, the `hard` best-ranked unused candidates
+    and `random_negatives` others as negatives."""
     rng = random.Random(seed)
     pairs: list[LabelledPair] = []
     for s in sessions:
@@ -95,10 +105,7 @@ def ce_training_pairs(
         neg = sorted((c for c in s.candidates if c.relevance <= 0), key=lambda c: -c.candidate.baseline_score)
         if not pos or not neg:
             continue
-        k = negatives * len(pos)
-        hard = neg[: max(1, k - 2)]
-        rest = neg[len(hard) :]
-        chosen = hard + rng.sample(rest, min(len(rest), k - len(hard)))
+        chosen = neg[:hard] + rng.sample(neg[hard:], min(len(neg[hard:]), random_negatives))
         pairs.extend(LabelledPair(s.query, c.candidate.text, min(1.0, c.relevance), "feedback") for c in pos)
         pairs.extend(LabelledPair(s.query, c.candidate.text, 0.0, "feedback") for c in chosen)
     rng.shuffle(pairs)
@@ -158,7 +165,7 @@ class Trainer:
     ) -> TrainingOutcome:
         c = self.cfg.cross_encoder
         kind = ModelKind.CROSS_ENCODER
-        pairs = ce_training_pairs(train, c.negatives_per_positive, c.max_pairs)
+        pairs = ce_training_pairs(train, c.hard_negatives, c.random_negatives, c.max_pairs)
         current, _ = self.engine.cross_encoder(tenant)
         base = current.model_dir if current is not None else (Path(c.path) if c.path else bundled_base())
         version, directory = self.engine.registry.new_version(tenant, kind)
@@ -172,6 +179,7 @@ class Trainer:
             lr=c.learning_rate,
             batch_size=c.batch_size,
             max_length=c.max_length,
+            pos_weight=c.positive_weight,
             threads=self.cfg.training.torch_threads,
             progress=lambda f, msg: progress(kind, "fine-tuning", f, msg),
             should_stop=should_stop,
@@ -224,7 +232,7 @@ class Trainer:
         progress(kind, "training", 0.0, f"lambdarank on {len(train)} sessions")
         model, rows = train_ranker(train, ce_scores, self.cfg.ranker, directory, version)
         seconds = time.perf_counter() - started
-        cand_ndcg = ranker_ndcg(model, held, ce_scores)
+        cand_ndcg, win_rate = ranker_heldout(model, held, ce_scores)
         current = self.engine.ranker(tenant)
         current_ndcg = ranker_ndcg(current.model, held, ce_scores) if current is not None else None
         base_ndcg = baseline_ndcg(held)
@@ -237,7 +245,7 @@ class Trainer:
                 model,
                 f"lambdarank on {len(train)} sessions" + (" + cross-encoder feature" if ce_scores else ""),
             )
-            self.engine.health.on_promotion(tenant)
+            self.engine.health.on_promotion(tenant, win_rate)
         else:
             self.engine.registry.discard(tenant, kind, version)
         progress(kind, "done", 1.0, reason)

@@ -430,9 +430,22 @@ export interface GetStatusResponse {
    * whose BM25 statistics differ slightly until the background optimizer folds them in).
    */
   searchIndexLagRows: number;
+  /**
+   * Sessions ordered by the baseline since the server started, by reason (deadline,
+   * unavailable, circuit_open, cold_start, ...), and the sidecar circuit's state.
+   */
+  rankingFallbacks: { [key: string]: number };
+  sidecarCircuit: string;
+  /** Feedback sessions not yet delivered to the sidecar (all tenants). */
+  feedbackOutboxPending: number;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
+  key: string;
+  value: number;
+}
+
+export interface GetStatusResponse_RankingFallbacksEntry {
   key: string;
   value: number;
 }
@@ -3129,6 +3142,9 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     processRssBytes: 0,
     dataBytes: 0,
     searchIndexLagRows: 0,
+    rankingFallbacks: {},
+    sidecarCircuit: "",
+    feedbackOutboxPending: 0,
   };
 }
 
@@ -3166,6 +3182,15 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.searchIndexLagRows !== 0) {
       writer.uint32(88).int64(message.searchIndexLagRows);
+    }
+    globalThis.Object.entries(message.rankingFallbacks).forEach(([key, value]: [string, number]) => {
+      GetStatusResponse_RankingFallbacksEntry.encode({ key: key as any, value }, writer.uint32(98).fork()).join();
+    });
+    if (message.sidecarCircuit !== "") {
+      writer.uint32(106).string(message.sidecarCircuit);
+    }
+    if (message.feedbackOutboxPending !== 0) {
+      writer.uint32(112).int64(message.feedbackOutboxPending);
     }
     return writer;
   },
@@ -3274,6 +3299,33 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.searchIndexLagRows = longToNumber(reader.int64());
             continue;
           }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            const entry12 = GetStatusResponse_RankingFallbacksEntry.decode(reader, reader.uint32());
+            if (entry12.value !== undefined) {
+              message.rankingFallbacks[entry12.key] = entry12.value;
+            }
+            continue;
+          }
+          case 13: {
+            if (tag !== 106) {
+              break;
+            }
+
+            message.sidecarCircuit = reader.string();
+            continue;
+          }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.feedbackOutboxPending = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3365,6 +3417,43 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.search_index_lag_rows)
         ? globalThis.Number(object.search_index_lag_rows)
         : 0,
+      rankingFallbacks: isObject(object.rankingFallbacks)
+        ? (globalThis.Object.entries(object.rankingFallbacks) as [string, any][]).reduce(
+          (acc: { [key: string]: number }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.Number(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : isObject(object.ranking_fallbacks)
+        ? (globalThis.Object.entries(object.ranking_fallbacks) as [string, any][]).reduce(
+          (acc: { [key: string]: number }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.Number(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
+      sidecarCircuit: isSet(object.sidecarCircuit)
+        ? globalThis.String(object.sidecarCircuit)
+        : isSet(object.sidecar_circuit)
+        ? globalThis.String(object.sidecar_circuit)
+        : "",
+      feedbackOutboxPending: isSet(object.feedbackOutboxPending)
+        ? globalThis.Number(object.feedbackOutboxPending)
+        : isSet(object.feedback_outbox_pending)
+        ? globalThis.Number(object.feedback_outbox_pending)
+        : 0,
     };
   },
 
@@ -3409,6 +3498,21 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.searchIndexLagRows !== 0) {
       obj.searchIndexLagRows = Math.round(message.searchIndexLagRows);
     }
+    if (message.rankingFallbacks) {
+      const entries = globalThis.Object.entries(message.rankingFallbacks) as [string, number][];
+      if (entries.length > 0) {
+        obj.rankingFallbacks = {};
+        entries.forEach(([k, v]) => {
+          obj.rankingFallbacks[k] = Math.round(v);
+        });
+      }
+    }
+    if (message.sidecarCircuit !== "") {
+      obj.sidecarCircuit = message.sidecarCircuit;
+    }
+    if (message.feedbackOutboxPending !== 0) {
+      obj.feedbackOutboxPending = Math.round(message.feedbackOutboxPending);
+    }
     return obj;
   },
 
@@ -3434,6 +3538,17 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.processRssBytes = object.processRssBytes ?? 0;
     message.dataBytes = object.dataBytes ?? 0;
     message.searchIndexLagRows = object.searchIndexLagRows ?? 0;
+    message.rankingFallbacks = (globalThis.Object.entries(object.rankingFallbacks ?? {}) as [string, number][]).reduce(
+      (acc: { [key: string]: number }, [key, value]: [string, number]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.Number(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    message.sidecarCircuit = object.sidecarCircuit ?? "";
+    message.feedbackOutboxPending = object.feedbackOutboxPending ?? 0;
     return message;
   },
 };
@@ -3521,6 +3636,95 @@ export const GetStatusResponse_MemoryCountByTypeEntry: MessageFns<GetStatusRespo
     object: I,
   ): GetStatusResponse_MemoryCountByTypeEntry {
     const message = createBaseGetStatusResponse_MemoryCountByTypeEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? 0;
+    return message;
+  },
+};
+
+function createBaseGetStatusResponse_RankingFallbacksEntry(): GetStatusResponse_RankingFallbacksEntry {
+  return { key: "", value: 0 };
+}
+
+export const GetStatusResponse_RankingFallbacksEntry: MessageFns<GetStatusResponse_RankingFallbacksEntry> = {
+  encode(message: GetStatusResponse_RankingFallbacksEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== 0) {
+      writer.uint32(16).int64(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetStatusResponse_RankingFallbacksEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetStatusResponse_RankingFallbacksEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.value = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetStatusResponse_RankingFallbacksEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.Number(object.value) : 0,
+    };
+  },
+
+  toJSON(message: GetStatusResponse_RankingFallbacksEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== 0) {
+      obj.value = Math.round(message.value);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetStatusResponse_RankingFallbacksEntry>, I>>(
+    base?: I,
+  ): GetStatusResponse_RankingFallbacksEntry {
+    return GetStatusResponse_RankingFallbacksEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetStatusResponse_RankingFallbacksEntry>, I>>(
+    object: I,
+  ): GetStatusResponse_RankingFallbacksEntry {
+    const message = createBaseGetStatusResponse_RankingFallbacksEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? 0;
     return message;

@@ -1,0 +1,58 @@
+"""TLS is a configuration switch: with a certificate configured the server speaks only TLS."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from mnemo_client import MnemoClient, MnemoError
+from tests.conftest import ADMIN_KEY, LiveServer
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+def test_tls_server_accepts_tls_clients_only(
+    start_server: Callable[..., LiveServer], certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    live = start_server(server={"tls_cert_file": str(cert), "tls_key_file": str(key)})
+    port = live.address.rsplit(":", 1)[1]
+    with MnemoClient(f"localhost:{port}", ADMIN_KEY, root_certificates=cert.read_bytes(), timeout_s=10) as c:
+        assert c.create_tenant("secure").id == "secure"
+    with MnemoClient(f"127.0.0.1:{port}", ADMIN_KEY, timeout_s=2) as plain, pytest.raises(MnemoError) as err:
+        plain.create_tenant("nope")
+    assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

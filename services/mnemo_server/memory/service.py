@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mnemo_server.config import CapsConfig, IndexConfig
 from mnemo_server.errors import AlreadyExists, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.index.indexer import IndexWorker
+from mnemo_server.memory.live_counts import LiveCounts
 from mnemo_server.memory.model import (
     CreateResult,
     IdempotencyKey,
@@ -78,6 +81,18 @@ class MemoryService:
         self.index_cfg = index_cfg
         self.embedding_model = embedding_model
         self.clock = clock
+        self.live_counts = LiveCounts()
+
+    @contextmanager
+    def _write(self, tenant_id: str) -> Iterator[Cursor]:
+        """A write transaction; if it fails, the tenant's cached live counts are dropped
+        (they may have been changed by the part that rolled back)."""
+        try:
+            with self.db.transaction() as cur:
+                yield cur
+        except BaseException:
+            self.live_counts.forget(tenant_id)
+            raise
 
     # --- create ------------------------------------------------------------------------
 
@@ -131,7 +146,7 @@ class MemoryService:
         raise_if(violations)
 
         now = self.clock()
-        with self.db.transaction() as cur:
+        with self._write(tenant_id) as cur:
             replay = idempotency_repo.lookup(cur, tenant_id, key)
             if replay is not None:
                 stored = memory_repo.get_many(cur, tenant_id, replay["ids"])
@@ -239,38 +254,39 @@ class MemoryService:
             ],
             now,
         )
-        pruned = self._enforce_caps(cur, tenant_id, {(m.scope, m.type) for m, _ in to_insert}, now)
+        pruned = self._enforce_caps(cur, tenant_id, [m for m, _ in to_insert], now)
         return results, [m.id for m, _ in to_insert], pruned
 
     def _cap_for(self, mtype: MemoryType) -> int:
         cap: int = getattr(self.caps, mtype.value)
         return cap
 
-    def _enforce_caps(
-        self,
-        cur: Cursor,
-        tenant_id: str,
-        groups: set[tuple[Scope, MemoryType]],
-        now: int,
-    ) -> list[str]:
+    def _enforce_caps(self, cur: Cursor, tenant_id: str, inserted: list[Memory], now: int) -> list[str]:
+        """Prune the oldest unpinned memories of every (scope, type) the insert pushed over its cap."""
+        groups: dict[tuple[str, str, MemoryType], tuple[Scope, int]] = {}
+        for m in inserted:
+            k = self.live_counts.key(tenant_id, m.scope, m.type)
+            scope, n = groups.get(k, (m.scope, 0))
+            groups[k] = (scope, n + 1)
         pruned: list[str] = []
-        for scope, mtype in sorted(groups, key=lambda g: (g[0].key, g[1].value)):
+        for key in sorted(groups):
+            scope, n = groups[key]
+            mtype = key[2]
+            live = self.live_counts.after_insert(
+                key, n, partial(memory_repo.count_live_in, cur, tenant_id, scope, mtype)
+            )
             cap = self._cap_for(mtype)
-            if cap <= 0:
+            if cap <= 0 or live <= cap:
                 continue
-            excess = memory_repo.count_live_in(cur, tenant_id, scope, mtype) - cap
-            if excess > 0:
-                victims = memory_repo.oldest_unpinned(cur, tenant_id, scope, mtype, excess)
-                memory_repo.tombstone(cur, tenant_id, victims, now)
-                memory_repo.record_history(
-                    cur,
-                    [
-                        (tenant_id, v, "prune", "mnemo", f"{mtype.value} cap {cap} reached", {})
-                        for v in victims
-                    ],
-                    now,
-                )
-                pruned.extend(victims)
+            victims = memory_repo.oldest_unpinned(cur, tenant_id, scope, mtype, live - cap)
+            memory_repo.tombstone(cur, tenant_id, victims, now)
+            memory_repo.record_history(
+                cur,
+                [(tenant_id, v, "prune", "mnemo", f"{mtype.value} cap {cap} reached", {}) for v in victims],
+                now,
+            )
+            self.live_counts.removed(key, len(victims))
+            pruned.extend(victims)
         return pruned
 
     # --- read --------------------------------------------------------------------------
@@ -323,7 +339,7 @@ class MemoryService:
             raise InvalidArgument("memory.id", "is required")
         changes = self._changes(patch, paths)
         now = self.clock()
-        with self.db.transaction() as cur:
+        with self._write(tenant_id) as cur:
             replay = idempotency_repo.lookup(cur, tenant_id, key)
             if replay is None:
                 current = memory_repo.get(cur, tenant_id, memory_id)
@@ -392,13 +408,14 @@ class MemoryService:
         if not memory_id:
             raise InvalidArgument("id", "is required")
         now = self.clock()
-        with self.db.transaction() as cur:
+        with self._write(tenant_id) as cur:
             replay = idempotency_repo.lookup(cur, tenant_id, key)
             if replay is None:
                 current = memory_repo.get(cur, tenant_id, memory_id)
                 if current is None or current.deleted:
                     raise NotFound("memory", memory_id)
                 memory_repo.tombstone(cur, tenant_id, [memory_id], now)
+                self.live_counts.removed(self.live_counts.key(tenant_id, current.scope, current.type), 1)
                 memory_repo.record_history(cur, [(tenant_id, memory_id, "delete", "api", "", {})], now)
                 idempotency_repo.record(cur, tenant_id, key, {"ids": [memory_id]}, now)
         self.indexer.submit(tenant_id, [memory_id])
@@ -419,12 +436,13 @@ class MemoryService:
         if not force:
             return memory_repo.count(self.db.reader(), tenant_id, f, include_deleted=False)
         now = self.clock()
-        with self.db.transaction() as cur:
+        with self._write(tenant_id) as cur:
             replay = idempotency_repo.lookup(cur, tenant_id, key)
             if replay is not None:
                 return int(replay["count"])
             ids = memory_repo.live_ids_matching(cur, tenant_id, f)
             memory_repo.tombstone(cur, tenant_id, ids, now)
+            self.live_counts.forget(tenant_id)
             memory_repo.record_history(cur, [(tenant_id, i, "delete", "api", "purge", {}) for i in ids], now)
             idempotency_repo.record(cur, tenant_id, key, {"count": len(ids)}, now)
         self.indexer.submit(tenant_id, ids)
@@ -500,7 +518,7 @@ class MemoryService:
         raise_if(violations)
         now = self.clock()
         imported: list[str] = []
-        with self.db.transaction() as cur:
+        with self._write(tenant_id) as cur:
             existing = memory_repo.get_many(cur, tenant_id, [m.id for m in memories])
             normalized = {m.id: normalize_content(m.content) for m in memories}
             dups = memory_repo.find_live_duplicates(cur, tenant_id, [n.hash for n in normalized.values()])
@@ -542,6 +560,7 @@ class MemoryService:
                 cur, [(tenant_id, m.id, "import", "api", "", {}) for m, _ in rows], now
             )
             imported = [m.id for m, _ in rows]
+            self.live_counts.forget(tenant_id)
         self.indexer.submit(tenant_id, imported)
         return len(imported), len(memories) - len(imported)
 

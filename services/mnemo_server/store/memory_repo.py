@@ -68,6 +68,26 @@ def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]]) -> Iterator[N
         cur.unregister(name)
 
 
+# Up to this many rows a parameterised VALUES list is cheaper than registering an Arrow table
+# (about 1 ms against 1.7 ms for one row into an indexed table); beyond it Arrow wins by far.
+_VALUES_MAX_ROWS = 50
+
+
+def insert_rows(cur: Cursor, table: str, rows: list[dict[str, Any]]) -> None:
+    """Insert dicts (all with the same keys) in one statement."""
+    cols = list(rows[0])
+    names = ", ".join(cols)
+    if len(rows) <= _VALUES_MAX_ROWS:
+        one = "(" + ", ".join("?" * len(cols)) + ")"
+        cur.execute(
+            f"INSERT INTO {table} ({names}) VALUES {', '.join([one] * len(rows))}",
+            [r[c] for r in rows for c in cols],
+        )
+        return
+    with arrow_view(cur, f"new_{table}", rows):
+        cur.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM new_{table}")
+
+
 def _decode(row: Sequence[Any]) -> Memory:
     (
         tenant_id,
@@ -167,13 +187,9 @@ def next_seqs(cur: Cursor, n: int) -> list[int]:
 
 
 def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]]) -> None:
-    """Insert (memory, normalized_content) pairs in one statement through Arrow."""
-    if not rows:
-        return
-    values = [_row_values(m, normalized) for m, normalized in rows]
-    cols = ", ".join(values[0].keys())
-    with arrow_view(cur, "new_memories", values):
-        cur.execute(f"INSERT INTO memories ({cols}) SELECT {cols} FROM new_memories")
+    """Insert (memory, normalized_content) pairs in one statement."""
+    if rows:
+        insert_rows(cur, "memories", [_row_values(m, normalized) for m, normalized in rows])
 
 
 def get(cur: Cursor, tenant_id: str, memory_id: str) -> Memory | None:
@@ -393,8 +409,7 @@ def record_history(
         for t, m, a, actor, reason, details in entries
     ]
     if values:
-        with arrow_view(cur, "new_history", values):
-            cur.execute("INSERT INTO memory_history SELECT * FROM new_history")
+        insert_rows(cur, "memory_history", values)
 
 
 def history(cur: Cursor, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:

@@ -228,4 +228,9 @@ MIGRATIONS: list[str] = [
     CREATE INDEX session_memories_by_session ON session_memories (session_id);
     CREATE INDEX outbox_by_session ON sidecar_outbox (session_id);
     """,
+    # 6: the seq index is not needed (seq grows with insertion, so zone maps prune range scans)
+    # and every index costs each insert
+    """
+    DROP INDEX memories_by_seq;
+    """,
 ]

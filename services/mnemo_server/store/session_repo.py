@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnemo_server.store.database import Cursor
-from mnemo_server.store.memory_repo import arrow_view
+from mnemo_server.store.memory_repo import arrow_view, insert_rows
 
 
 @dataclass
@@ -111,9 +111,7 @@ def insert_session(cur: Cursor, s: SessionRow, members: Sequence[SessionMemoryRo
         for m in members
     ]
     if rows:
-        cols = ", ".join(rows[0])
-        with arrow_view(cur, "new_session_memories", rows):
-            cur.execute(f"INSERT INTO session_memories ({cols}) SELECT {cols} FROM new_session_memories")
+        insert_rows(cur, "session_memories", rows)
 
 
 def get_session(cur: Cursor, tenant_id: str, session_id: str) -> SessionRow | None:

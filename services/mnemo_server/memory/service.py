@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from mnemo_server.config import CapsConfig, IndexConfig

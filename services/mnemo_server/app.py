@@ -86,7 +86,7 @@ class Core:
     def __init__(self, config: Config, *, accept_model_change: bool = False):
         self.config = config
         self.paths = DataPaths(config.data_dir)
-        self.db = Database(self.paths.duckdb)
+        self.db = Database(self.paths.duckdb, memory_limit=config.storage.duckdb_memory_limit)
         try:
             models = self.paths.models(config)
             self.embedder = build_embedder(config.embedding, models)
@@ -142,13 +142,14 @@ class Core:
             self.index.text_search(tenant_id, "warm", 1, None)
 
     def optimize_dirty(self, *, force: bool = False) -> list[str]:
-        """Fold new rows into the search indices of tenants whose writes have settled (or
-        that have many rows waiting). Returns the tenants optimized."""
-        cfg = self.config.index
-        due = self.indexer.take_dirty(cfg.optimize_quiet_s, cfg.optimize_max_lag_rows, force)
-        for tenant_id in due:
+        """Compact tenants with many small fragments; fold new rows into the indices of
+        tenants whose writes settled (or waited too long). Returns the tenants optimized."""
+        work = self.indexer.take_maintenance(self.config.index, force)
+        for tenant_id in work.compact:
+            self.index.compact(tenant_id)
+        for tenant_id in work.optimize:
             self.index.optimize(tenant_id)
-        return due
+        return work.optimize
 
     def search_index_lag(self, tenant_id: str) -> int:
         return self.index.unindexed_rows(tenant_id)

@@ -45,6 +45,8 @@ class AuthConfig:
 @dataclass(frozen=True)
 class StorageConfig:
     data_dir: str = "./mnemo-data"
+    # DuckDB's buffer pool would otherwise grow to 80% of RAM; the store needs far less.
+    duckdb_memory_limit: str = "512MB"
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,18 @@ class IndexConfig:
     max_batch: int = 64
     # How long the worker waits to fill a micro-batch.
     batch_wait_ms: float = 5.0
-    # Background compaction / index refresh of LanceDB tables: checked this often, run for a
-    # tenant once its writes have been quiet for optimize_quiet_s, or sooner when this many
-    # rows wait outside the indices (they are searched flat meanwhile).
-    optimize_interval_s: float = 2.0
+    # Background maintenance of LanceDB tables, checked this often: small fragments are
+    # compacted once compact_after_writes index batches accumulated (cheap); rows are folded
+    # into the indices once a tenant's writes have been quiet for optimize_quiet_s, or when
+    # optimize_max_lag_rows wait (searched flat meanwhile), or every optimize_max_interval_s.
+    optimize_interval_s: float = 1.0
+    compact_after_writes: int = 8
     optimize_quiet_s: float = 1.0
-    optimize_max_lag_rows: int = 5_000
+    optimize_max_lag_rows: int = 2_000
+    optimize_max_interval_s: float = 60.0
+    # LanceDB caches per tenant table (the ANN and FTS indices live here when warm).
+    index_cache_mb: int = 256
+    metadata_cache_mb: int = 64
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

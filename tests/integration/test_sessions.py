@@ -15,6 +15,7 @@ from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
+from mnemo_sidecar.config import SidecarConfig
 from tests.conftest import LiveServer, TenantClient, error_info, provision
 
 FACTS = [
@@ -299,8 +300,9 @@ def test_sidecar_answers_deadline_exceeded_rather_than_late(start_sidecar: Calla
         stub.Rerank(rpb.RerankRequest(tenant_id="t", query="new query", candidates=fresh), timeout=0.02)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert error_info(err.value)[0] in {"SIDECAR_DEADLINE", ""}  # the sidecar's own, or the transport's
+    too_many = (cands * 10)[: SidecarConfig().inference.max_candidates + 1]
     with pytest.raises(grpc.RpcError) as err:
-        stub.Rerank(rpb.RerankRequest(tenant_id="t", query="q", candidates=cands * 2), timeout=5)
+        stub.Rerank(rpb.RerankRequest(tenant_id="t", query="q", candidates=too_many), timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(err.value)[1] == ["candidates"]
     status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="t"), timeout=5)
     assert status.cold_start and not status.cross_encoder.ready and "embedding blend" in status.note

@@ -29,14 +29,30 @@ Key = tuple[str, str]  # (tenant_id, memory_id)
 
 
 @dataclass
+class Dirty:
+    """A tenant's index writes since its last maintenance."""
+
+    first_write: float
+    last_write: float
+    rows: int = 0
+    writes_since_compaction: int = 0
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    compact: list[str]
+    optimize: list[str]
+
+
+@dataclass
 class IndexerStats:
     indexed: int = 0
     removed: int = 0
     failed_batches: int = 0
     batches: int = 0
     last_error: str = ""
-    # tenant -> (monotonic time of the last index write, rows written since the last optimize)
-    dirty_tenants: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # tenants with index writes not yet folded in by maintenance
+    dirty_tenants: dict[str, Dirty] = field(default_factory=dict)
 
 
 class IndexWorker:
@@ -210,24 +226,33 @@ class IndexWorker:
         self.stats.indexed += len(live)
         self.stats.removed += len(gone)
         self.stats.batches += 1
-        with self._dirty_lock:
-            _, written = self.stats.dirty_tenants.get(tenant_id, (0.0, 0))
-            self.stats.dirty_tenants[tenant_id] = (time.monotonic(), written + len(live) + len(gone))
-        self._notify([(tenant_id, i) for i in ids])
-
-    def take_dirty(self, quiet_s: float, max_rows: int, force: bool = False) -> list[str]:
-        """Tenants whose index writes have been quiet for quiet_s (or that wrote max_rows
-        since their last optimize); they are no longer dirty once taken."""
         now = time.monotonic()
         with self._dirty_lock:
-            due = [
-                t
-                for t, (last, rows) in self.stats.dirty_tenants.items()
-                if force or now - last >= quiet_s or rows >= max_rows
-            ]
-            for t in due:
-                del self.stats.dirty_tenants[t]
-        return due
+            d = self.stats.dirty_tenants.setdefault(tenant_id, Dirty(now, now))
+            d.last_write = now
+            d.rows += len(live) + len(gone)
+            d.writes_since_compaction += 1
+        self._notify([(tenant_id, i) for i in ids])
+
+    def take_maintenance(self, cfg: IndexConfig, force: bool = False) -> Maintenance:
+        """Which tenants need compaction (many small fragments) and which a full optimize
+        (writes quiet, many rows outside the indices, or too long since)."""
+        now = time.monotonic()
+        compact, optimize = [], []
+        with self._dirty_lock:
+            for tenant_id, d in list(self.stats.dirty_tenants.items()):
+                if (
+                    force
+                    or now - d.last_write >= cfg.optimize_quiet_s
+                    or d.rows >= cfg.optimize_max_lag_rows
+                    or now - d.first_write >= cfg.optimize_max_interval_s
+                ):
+                    optimize.append(tenant_id)
+                    del self.stats.dirty_tenants[tenant_id]
+                elif d.writes_since_compaction >= cfg.compact_after_writes:
+                    compact.append(tenant_id)
+                    d.writes_since_compaction = 0
+        return Maintenance(compact, optimize)
 
     # --- reconciliation ----------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from mnemo_server.memory.model import Memory, MemoryFilter
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.ranking.client import RankingClient
 from mnemo_server.retrieval.query_analysis import QueryAnalysis, analyse, has_time_expression, speaker_of
+from mnemo_server.retrieval.scoring import minmax
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
 
@@ -104,11 +105,6 @@ class _Candidate:
 
 def _day(ns: int) -> dt.date:
     return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).date()
-
-
-def _minmax(values: list[float]) -> list[float]:
-    lo, hi = min(values), max(values)
-    return [0.5] * len(values) if hi - lo < 1e-12 else [(v - lo) / (hi - lo) for v in values]
 
 
 class RecallPipeline:
@@ -355,8 +351,8 @@ class RecallPipeline:
         if answer.value is None or len(answer.value.scores) != len(head):
             result.rerank_fallback_reason = answer.fallback_reason or "partial_scores"
             return
-        ce = _minmax([s.score for s in answer.value.scores])
-        fused = _minmax([h.score for h in head])
+        ce = minmax([s.score for s in answer.value.scores])
+        fused = minmax([h.score for h in head])
         for h, c, f in zip(head, ce, fused, strict=True):
             h.scores.signals["rerank"] = c
             h.score = 0.5 * c + 0.5 * f

@@ -24,6 +24,7 @@ from mnemo_server.memory.model import IdempotencyKey, Memory, MemoryFilter, Scop
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.ranking.client import RankingClient
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery
+from mnemo_server.retrieval.scoring import minmax
 from mnemo_server.sessions.continuity import content_tokens, overlap_relevance
 from mnemo_server.sessions.features import Candidate, compute_features
 from mnemo_server.sessions.packing import pack, render
@@ -81,13 +82,6 @@ class Feedback:
     memory_id: str
     relevance: float
     used: bool
-
-
-def _minmax(values: Sequence[float]) -> list[float]:
-    if not values:
-        return []
-    lo, hi = min(values), max(values)
-    return [0.5] * len(values) if hi - lo < 1e-12 else [(v - lo) / (hi - lo) for v in values]
 
 
 class SessionService:
@@ -197,9 +191,9 @@ class SessionService:
         path, reason, version, weight = decision.path, decision.reason, decision.version, decision.weight
         sidecar_ms, deadline_ms, predictor = decision.sidecar_ms, decision.deadline_ms, decision.predictor
 
-        base_norm = _minmax([c.baseline_score for c in pool])
+        base_norm = minmax([c.baseline_score for c in pool])
         if path == MODEL:
-            pred_norm = _minmax(predictor)
+            pred_norm = minmax(predictor)
             final = [weight * p + (1 - weight) * b for p, b in zip(pred_norm, base_norm, strict=True)]
         else:
             final = [c.baseline_score for c in pool]

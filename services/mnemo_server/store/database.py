@@ -8,6 +8,7 @@ model or network call (Signet's rule: fetch and embed outside, then commit).
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ Cursor = duckdb.DuckDBPyConnection
 
 
 class Database:
-    def __init__(self, path: Path, *, read_only: bool = False):
+    def __init__(self, path: Path, *, read_only: bool = False, memory_limit: str = ""):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -36,6 +37,14 @@ class Database:
                     reason="DATA_DIR_LOCKED",
                 ) from None
             raise
+        if memory_limit:
+            if not re.fullmatch(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", memory_limit):
+                self._conn.close()
+                raise FailedPrecondition(
+                    f"storage.duckdb_memory_limit {memory_limit!r} is not a size like '512MB'",
+                    reason="BAD_CONFIG",
+                )
+            self._conn.execute(f"SET memory_limit = '{memory_limit}'")
         self._write_lock = threading.Lock()
         self._local = threading.local()
         self._cursors: list[Cursor] = []

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mnemo_server.errors import FailedPrecondition
+from mnemo_server.retrieval.scoring import minmax
 from mnemo_sidecar.crossencoder.data import LabelledPair
 from mnemo_sidecar.crossencoder.finetune import bundled_base, finetune
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
@@ -28,11 +29,6 @@ from mnemo_sidecar.ranker.model import RankerModel, session_matrix, train_ranker
 
 Progress = Callable[[ModelKind, str, float, str], None]
 ShouldStop = Callable[[], bool]
-
-
-def _minmax(values: Sequence[float]) -> list[float]:
-    lo, hi = min(values), max(values)
-    return [0.5] * len(values) if hi - lo < 1e-12 else [(v - lo) / (hi - lo) for v in values]
 
 
 def _relevance(s: FeedbackSession) -> dict[str, float]:
@@ -56,8 +52,8 @@ def ce_blend_ndcg(ce: CrossEncoderRuntime, sessions: Sequence[FeedbackSession]) 
         blended = [
             0.5 * a + 0.5 * b
             for a, b in zip(
-                _minmax([float(x) for x in logits]),
-                _minmax([c.candidate.baseline_score for c in s.candidates]),
+                minmax([float(x) for x in logits]),
+                minmax([c.candidate.baseline_score for c in s.candidates]),
                 strict=True,
             )
         ]
@@ -190,26 +186,17 @@ class Trainer:
         cand_ndcg = ce_blend_ndcg(candidate, held)
         current_ndcg = ce_blend_ndcg(current, held) if current is not None else None
         base_ndcg = baseline_ndcg(held)
-        promoted, reason = self._decide(cand_ndcg, current_ndcg, base_ndcg)
-        if promoted:
-            self.engine.registry.promote(
-                tenant, kind, version, candidate, f"fine-tuned from {base.name} on {len(train)} sessions"
-            )
-        else:
-            self.engine.registry.discard(tenant, kind, version)
-        progress(kind, "done", 1.0, reason)
-        return TrainingOutcome(
+        return self._conclude(
+            tenant,
             kind,
             version,
-            promoted,
+            candidate,
+            f"fine-tuned from {base.name} on {len(train)} sessions",
+            (cand_ndcg, current_ndcg, base_ndcg),
             len(held),
-            cand_ndcg,
-            current_ndcg or 0.0,
-            base_ndcg,
-            reason,
             seconds,
             len(pairs),
-            time.time_ns(),
+            progress,
         )
 
     def _train_ranker(
@@ -236,16 +223,41 @@ class Trainer:
         current = self.engine.ranker(tenant)
         current_ndcg = ranker_ndcg(current.model, held, ce_scores) if current is not None else None
         base_ndcg = baseline_ndcg(held)
-        promoted, reason = self._decide(cand_ndcg, current_ndcg, base_ndcg)
-        if promoted:
-            self.engine.registry.promote(
-                tenant,
-                kind,
-                version,
-                model,
-                f"lambdarank on {len(train)} sessions" + (" + cross-encoder feature" if ce_scores else ""),
-            )
+        source = f"lambdarank on {len(train)} sessions" + (" + cross-encoder feature" if ce_scores else "")
+        outcome = self._conclude(
+            tenant,
+            kind,
+            version,
+            model,
+            source,
+            (cand_ndcg, current_ndcg, base_ndcg),
+            len(held),
+            seconds,
+            rows,
+            progress,
+        )
+        if outcome.promoted:
             self.engine.health.on_promotion(tenant, win_rate)
+        return outcome
+
+    def _conclude(
+        self,
+        tenant: str,
+        kind: ModelKind,
+        version: str,
+        model: object,
+        source: str,
+        ndcg: tuple[float, float | None, float],
+        heldout: int,
+        seconds: float,
+        pairs: int,
+        progress: Progress,
+    ) -> TrainingOutcome:
+        """Promote the candidate (atomically, hot-swapped) or discard it, and say why."""
+        candidate, current, baseline = ndcg
+        promoted, reason = self._decide(candidate, current, baseline)
+        if promoted:
+            self.engine.registry.promote(tenant, kind, version, model, source)
         else:
             self.engine.registry.discard(tenant, kind, version)
         progress(kind, "done", 1.0, reason)
@@ -253,12 +265,12 @@ class Trainer:
             kind,
             version,
             promoted,
-            len(held),
-            cand_ndcg,
-            current_ndcg or 0.0,
-            base_ndcg,
+            heldout,
+            candidate,
+            current or 0.0,
+            baseline,
             reason,
             seconds,
-            rows,
+            pairs,
             time.time_ns(),
         )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnemo_server.store.database import Cursor
-from mnemo_server.store.memory_repo import arrow_view, insert_rows
+from mnemo_server.store.memory_repo import arrow_view, id_list, insert_rows
 
 
 @dataclass
@@ -175,8 +175,8 @@ def touch_memories(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int)
     if ids:
         cur.execute(
             "UPDATE memories SET access_count = access_count + 1, last_access_ns = ? "
-            "WHERE id = ANY(?) AND tenant_id = ?",
-            [now_ns, list(ids), tenant_id],
+            f"WHERE id IN ({id_list(ids)}) AND tenant_id = ?",
+            [now_ns, tenant_id],
         )
 
 
@@ -184,7 +184,7 @@ def access_counts(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, 
     if not ids:
         return {}
     rows = cur.execute(
-        "SELECT id, access_count FROM memories WHERE id = ANY(?) AND tenant_id = ?", [list(ids), tenant_id]
+        f"SELECT id, access_count FROM memories WHERE id IN ({id_list(ids)}) AND tenant_id = ?", [tenant_id]
     ).fetchall()
     return {r[0]: int(r[1]) for r in rows}
 

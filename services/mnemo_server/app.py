@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,11 +145,15 @@ class Core:
     def optimize_dirty(self, *, force: bool = False) -> list[str]:
         """Compact tenants with many small fragments; fold new rows into the indices of
         tenants whose writes settled (or waited too long). Returns the tenants optimized."""
-        work = self.indexer.take_maintenance(self.config.index, force)
+        work = self.indexer.maintenance.take(force)
         for tenant_id in work.compact:
             self.index.compact(tenant_id)
         for tenant_id in work.optimize:
-            self.index.optimize(tenant_id)
+            started = time.monotonic()
+            done = self.index.optimize(tenant_id)
+            took = time.monotonic() - started
+            self.indexer.maintenance.optimized(tenant_id, took)
+            log.debug("optimized %s in %.2f s: %s", tenant_id, took, done)
         return work.optimize
 
     def search_index_lag(self, tenant_id: str) -> int:

@@ -69,6 +69,8 @@ class OnnxEmbedder:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1
+        # Idle pool threads would spin between calls, burning a core the server needs.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self._session = ort.InferenceSession(str(onnx_file), opts, providers=["CPUExecutionProvider"])
         self._batch_size = batch_size

@@ -15,11 +15,12 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mnemo_server.config import IndexConfig
 from mnemo_server.embed.embedder import Embedder
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
+from mnemo_server.index.maintenance import MaintenanceSchedule
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
 
@@ -29,30 +30,12 @@ Key = tuple[str, str]  # (tenant_id, memory_id)
 
 
 @dataclass
-class Dirty:
-    """A tenant's index writes since its last maintenance."""
-
-    first_write: float
-    last_write: float
-    rows: int = 0
-    writes_since_compaction: int = 0
-
-
-@dataclass(frozen=True)
-class Maintenance:
-    compact: list[str]
-    optimize: list[str]
-
-
-@dataclass
 class IndexerStats:
     indexed: int = 0
     removed: int = 0
     failed_batches: int = 0
     batches: int = 0
     last_error: str = ""
-    # tenants with index writes not yet folded in by maintenance
-    dirty_tenants: dict[str, Dirty] = field(default_factory=dict)
 
 
 class IndexWorker:
@@ -71,7 +54,7 @@ class IndexWorker:
         self._busy = 0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._dirty_lock = threading.Lock()
+        self.maintenance = MaintenanceSchedule(cfg)
 
     # --- producer side -----------------------------------------------------------------
 
@@ -226,33 +209,8 @@ class IndexWorker:
         self.stats.indexed += len(live)
         self.stats.removed += len(gone)
         self.stats.batches += 1
-        now = time.monotonic()
-        with self._dirty_lock:
-            d = self.stats.dirty_tenants.setdefault(tenant_id, Dirty(now, now))
-            d.last_write = now
-            d.rows += len(live) + len(gone)
-            d.writes_since_compaction += 1
+        self.maintenance.wrote(tenant_id, len(live) + len(gone))
         self._notify([(tenant_id, i) for i in ids])
-
-    def take_maintenance(self, cfg: IndexConfig, force: bool = False) -> Maintenance:
-        """Which tenants need compaction (many small fragments) and which a full optimize
-        (writes quiet, many rows outside the indices, or too long since)."""
-        now = time.monotonic()
-        compact, optimize = [], []
-        with self._dirty_lock:
-            for tenant_id, d in list(self.stats.dirty_tenants.items()):
-                if (
-                    force
-                    or now - d.last_write >= cfg.optimize_quiet_s
-                    or d.rows >= cfg.optimize_max_lag_rows
-                    or now - d.first_write >= cfg.optimize_max_interval_s
-                ):
-                    optimize.append(tenant_id)
-                    del self.stats.dirty_tenants[tenant_id]
-                elif d.writes_since_compaction >= cfg.compact_after_writes:
-                    compact.append(tenant_id)
-                    d.writes_since_compaction = 0
-        return Maintenance(compact, optimize)
 
     # --- reconciliation ----------------------------------------------------------------
 

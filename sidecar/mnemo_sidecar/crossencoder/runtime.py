@@ -252,6 +252,8 @@ class CrossEncoderRuntime:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1
+        # Idle pool threads would spin between calls, burning a core the server needs.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         file = "model.int8.onnx" if self.precision == "int8" else "model.onnx"
         self.onnx_file = self.export_dir / file

@@ -65,6 +65,8 @@ class RankerModel:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
+        # Idle pool threads would spin between calls, burning a core the server needs.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sess = ort.InferenceSession(str(directory / "ranker.onnx"), opts, providers=["CPUExecutionProvider"])
         return cls(meta["version"], tuple(meta["feature_names"]), bool(meta["uses_ce"]), directory, sess)
 

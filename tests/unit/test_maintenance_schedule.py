@@ -78,3 +78,9 @@ def test_an_expensive_optimize_holds_the_next_one_back_in_proportion() -> None:
     clock.now += 1.0
     assert s.take().optimize == ["other"]  # the hold is per tenant
     assert s.take(force=True).optimize == ["t"]  # shutdown does not wait
+    s.optimized("t", 2.0)
+    s.wrote("t", 99)
+    clock.now += 1.0
+    assert s.take().optimize == []
+    s.wrote("t", 1)  # a backlog of max_lag_rows outweighs the hold
+    assert s.take().optimize == ["t"]

@@ -205,7 +205,7 @@ class MnemoServer:
                 self.core.memories,
                 self.core.recall,
                 self.core.embedder.dimension,
-                DataDirSize(config.data_dir),
+                DataDirSize(config.data_dir, exclude=(self.core.paths.models(config),)),
                 self.core.sessions,
             ),
             "mnemo.v1.MemoryService",

@@ -109,19 +109,20 @@ class IndexConfig:
     # How long the worker waits to fill a micro-batch.
     batch_wait_ms: float = 5.0
     # Background maintenance of LanceDB tables, checked this often: small fragments are
-    # compacted once compact_after_writes index batches accumulated (cheap); rows are folded
-    # into the indices once a tenant's writes have been quiet for optimize_quiet_s, or when
-    # optimize_max_lag_rows wait (searched flat meanwhile), or every optimize_max_interval_s.
+    # compacted once compact_after_writes index batches accumulated (cheap). Rows are folded
+    # into the indices (optimize) once a tenant's writes have been quiet for optimize_quiet_s,
+    # optimize_lag_rows wait outside the indices, or every optimize_max_interval_s; but an
+    # optimize costs time in proportion to the whole table (~0.8 s of CPU at 100k rows), so
+    # after one the next waits until optimizing has used at most optimize_time_share of the
+    # tenant's time. Rows outside the indices are searched flat (~11 us each per full-text
+    # query), so optimize_max_lag_rows of them trigger an optimize at once.
     optimize_interval_s: float = 1.0
     compact_after_writes: int = 8
     optimize_quiet_s: float = 1.0
+    optimize_lag_rows: int = 200
     optimize_max_lag_rows: int = 2_000
     optimize_max_interval_s: float = 60.0
-    # An optimize costs time in proportion to the whole table (~0.8 s of CPU at 100k rows)
-    # while what it saves grows with the few rows outside the indices, so after one the next
-    # waits until optimizing has used at most this share of the tenant's time (forced ones,
-    # e.g. at shutdown, do not wait).
-    optimize_time_share: float = 0.05
+    optimize_time_share: float = 0.1
     # LanceDB caches per tenant table (the ANN and FTS indices live here when warm).
     index_cache_mb: int = 256
     metadata_cache_mb: int = 64

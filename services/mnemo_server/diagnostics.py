@@ -19,7 +19,8 @@ def rss_bytes(pid: int | str = "self") -> int:
     return 0
 
 
-def dir_bytes(path: Path) -> int:
+def dir_bytes(path: Path, exclude: frozenset[Path] = frozenset()) -> int:
+    """Bytes of the files under path, skipping the directories in exclude (resolved paths)."""
     total = 0
     stack = [str(path)]
     while stack:
@@ -27,7 +28,8 @@ def dir_bytes(path: Path) -> int:
             with os.scandir(stack.pop()) as entries:
                 for e in entries:
                     if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
+                        if not exclude or Path(e.path).resolve() not in exclude:
+                            stack.append(e.path)
                     elif e.is_file(follow_symlinks=False):
                         total += e.stat(follow_symlinks=False).st_size
         except OSError:
@@ -38,8 +40,10 @@ def dir_bytes(path: Path) -> int:
 class DataDirSize:
     """dir_bytes with a short cache: LanceDB keeps many files and status may be polled."""
 
-    def __init__(self, path: Path, ttl_s: float = 10.0):
+    def __init__(self, path: Path, ttl_s: float = 10.0, exclude: tuple[Path, ...] = ()):
         self.path = path
+        # The model cache is not data: it would add ~140 MB to every per-memory figure.
+        self.exclude = frozenset(p.resolve() for p in exclude)
         self.ttl_s = ttl_s
         self._value = 0
         self._at = -1e9
@@ -48,6 +52,6 @@ class DataDirSize:
     def get(self) -> int:
         with self._lock:
             if time.monotonic() - self._at > self.ttl_s:
-                self._value = dir_bytes(self.path)
+                self._value = dir_bytes(self.path, self.exclude)
                 self._at = time.monotonic()
             return self._value

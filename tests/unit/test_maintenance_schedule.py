@@ -84,3 +84,18 @@ def test_an_expensive_optimize_holds_the_next_one_back_in_proportion() -> None:
     assert s.take().optimize == []
     s.wrote("t", 1)  # a backlog of max_lag_rows outweighs the hold
     assert s.take().optimize == ["t"]
+
+
+def test_some_rows_waiting_trigger_an_optimize_when_the_share_allows() -> None:
+    clock = Clock()
+    s = MaintenanceSchedule(IndexConfig(optimize_lag_rows=50, optimize_time_share=0.5), clock)
+    s.wrote("t", 49)
+    assert s.take().optimize == []
+    s.wrote("t", 1)
+    assert s.take().optimize == ["t"]
+    s.optimized("t", 3.0)  # at a 50 % share the next waits 3 s
+    s.wrote("t", 50)
+    clock.now += 2.9
+    assert s.take().optimize == []
+    clock.now += 0.2
+    assert s.take().optimize == ["t"]

@@ -1,12 +1,12 @@
 """When each tenant's LanceDB table gets its background maintenance.
 
 Every index write appends a small fragment and leaves its rows outside the indices (searched
-flat until folded in). Compaction merges fragments and is cheap, so it runs every few
-writes. An optimize folds the rows into the indices but costs time in proportion to the whole
-table (~0.8 s of CPU at 100k rows), so it runs when writes settle, when many rows wait, or
-when they have waited long — and never so often that it takes more than a set share of the
-time: under steady writes it would otherwise run every second and eat a core. Only a
-backlog of rows outside the indices overrides that share.
+flat until folded in: ~11 us per row and full-text query). Compaction merges fragments and
+is cheap, so it runs every few writes. An optimize folds the rows into the indices but costs
+time in proportion to the whole table (~0.8 s of CPU at 100k rows), so it runs when writes
+settle, when some rows wait, or when they have waited long, and never so often that it
+takes more than a set share of the time: under steady writes it would otherwise run every
+second and eat a core. Only a large backlog of rows outside the indices overrides that share.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class MaintenanceSchedule:
                 behind = d.rows >= cfg.optimize_max_lag_rows
                 due = (
                     now - d.last_write >= cfg.optimize_quiet_s
+                    or d.rows >= cfg.optimize_lag_rows
                     or now - d.first_write >= cfg.optimize_max_interval_s
                 )
                 if force or behind or (due and now >= self._optimize_not_before.get(tenant_id, 0.0)):

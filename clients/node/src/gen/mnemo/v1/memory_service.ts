@@ -423,7 +423,7 @@ export interface GetStatusResponse {
     | undefined;
   /** Server process resident memory (all tenants), for capacity planning. */
   processRssBytes: number;
-  /** Size of the server's data directory on disk (all tenants). */
+  /** Size of the server's stored data on disk (all tenants; the model cache not counted). */
   dataBytes: number;
   /**
    * Searchable rows not yet folded into the search indices (searched by a slower flat scan

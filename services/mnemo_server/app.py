@@ -150,7 +150,7 @@ class Core:
             self.index.compact(tenant_id)
         for tenant_id in work.optimize:
             started = time.monotonic()
-            done = self.index.optimize(tenant_id)
+            done = self.index.optimize(tenant_id, merge_deltas=tenant_id not in work.backlog_only)
             took = time.monotonic() - started
             self.indexer.maintenance.optimized(tenant_id, took)
             log.debug("optimized %s in %.2f s: %s", tenant_id, took, done)

@@ -102,6 +102,9 @@ class IndexConfig:
     ann_min_rows: int = 20_000
     # IVF partitions searched per query once the ANN index exists.
     ann_nprobes: int = 20
+    # Each optimize adds a delta to the ANN index; past this many they are merged (when
+    # writes allow: not while a backlog is being folded in).
+    ann_max_deltas: int = 6
     # Old LanceDB versions are deleted this long after they are superseded.
     keep_versions_s: float = 60.0
     # Largest micro-batch the index worker embeds at once.

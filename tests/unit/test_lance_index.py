@@ -85,3 +85,34 @@ def test_compaction_and_optimize_keep_search_exact(index: LanceIndex) -> None:
     index.optimize(TENANT)
     _check(index, expected, set(deleted))
     assert index.unindexed_rows(TENANT) == 0
+
+
+def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) -> None:
+    import threading
+
+    index = LanceIndex(
+        tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64, ann_max_deltas=2)
+    )
+    rng = np.random.default_rng(11)
+    vectors = {i: _unit(rng) for i in range(700)}
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(300)])
+    assert "ann_index" in index.optimize(TENANT)
+
+    # Backlog-only optimizes add a delta each and do not merge.
+    for start in range(300, 500, 50):
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 50)])
+        assert "merged_vector_deltas" not in index.optimize(TENANT, merge_deltas=False)
+    assert index.vector_deltas(TENANT) == 5
+
+    # The merge runs outside the table lock: writes made meanwhile must all survive.
+    writer = threading.Thread(
+        target=lambda: [index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}")]) for i in range(500, 700)]
+    )
+    writer.start()
+    done = index.optimize(TENANT)
+    writer.join()
+    assert done["merged_vector_deltas"] == 5
+    index.optimize(TENANT, merge_deltas=False)
+    assert index.vector_deltas(TENANT) <= 2
+    _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in (0, 299, 300, 499, 500, 699)}, set())
+    assert index.count(TENANT) == 700

@@ -82,8 +82,9 @@ def test_an_expensive_optimize_holds_the_next_one_back_in_proportion() -> None:
     s.wrote("t", 99)
     clock.now += 1.0
     assert s.take().optimize == []
-    s.wrote("t", 1)  # a backlog of max_lag_rows outweighs the hold
-    assert s.take().optimize == ["t"]
+    s.wrote("t", 1)  # a backlog of max_lag_rows outweighs the hold (without the extras)
+    work = s.take()
+    assert work.optimize == ["t"] and work.backlog_only == {"t"}
 
 
 def test_some_rows_waiting_trigger_an_optimize_when_the_share_allows() -> None:
@@ -98,4 +99,5 @@ def test_some_rows_waiting_trigger_an_optimize_when_the_share_allows() -> None:
     clock.now += 2.9
     assert s.take().optimize == []
     clock.now += 0.2
-    assert s.take().optimize == ["t"]
+    work = s.take()
+    assert work.optimize == ["t"] and not work.backlog_only

@@ -107,6 +107,9 @@ class Bench:
         self.md: Metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        # Request and session ids must not collide with an earlier run against the same
+        # server (the content is seeded, so it repeats; the ids must not).
+        self.run_id = os.urandom(4).hex()
         self.counter = 0
         self.sessions = 0
         self._lags: list[float] = []
@@ -148,7 +151,7 @@ class Bench:
                 n, batch = queue.get_nowait()
                 req = pb.BatchCreateMemoriesRequest(
                     requests=[pb.CreateMemoryRequest(memory=m) for m in batch],
-                    request_id=f"bench-load-{cfg.seed}-{n}",
+                    request_id=f"bench-load-{self.run_id}-{n}",
                 )
                 await stub.BatchCreateMemories(req, metadata=self.md, timeout=300)
                 done += len(batch)
@@ -176,7 +179,7 @@ class Bench:
             question = query_text(self.rng)
             m = _SUBJECT.search(question)
             subject = m.group(1).lower() if m else ""
-            sid = f"bench-train-{self.cfg.seed}-{i}"
+            sid = f"bench-train-{self.run_id}-{i}"
             resp = await stub.StartSession(
                 pb.StartSessionRequest(
                     session_id=sid,
@@ -232,7 +235,7 @@ class Bench:
 
         async def start_session() -> None:
             self.sessions += 1
-            sid = f"bench-{cfg.seed}-{self.sessions}-{self.rng.random():.12f}"
+            sid = f"bench-{self.run_id}-{self.sessions}"
             resp = await stub.StartSession(
                 pb.StartSessionRequest(
                     session_id=sid,

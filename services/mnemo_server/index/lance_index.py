@@ -274,9 +274,10 @@ class LanceIndex:
             h.refresh()
         return int(metrics.fragments_removed)
 
-    def optimize(self, tenant_id: str) -> dict[str, Any]:
+    def optimize(self, tenant_id: str, *, merge_deltas: bool = True) -> dict[str, Any]:
         """Compact small fragments, fold new rows into the indices, add the ANN index once
-        the table is large, drop versions nobody reads any more. Returns what was done."""
+        the table is large, drop versions nobody reads any more, and (merge_deltas) merge
+        the ANN index's deltas once there are many. Returns what was done."""
         from lancedb.index import Bitmap, BTree, HnswSq
 
         h = self._handle(tenant_id, create=False)
@@ -304,7 +305,26 @@ class LanceIndex:
             table.optimize(cleanup_older_than=timedelta(seconds=self.cfg.keep_versions_s))
             h.refresh()
             done["rows"] = rows
+            deltas = self._vector_deltas(h)
+        if merge_deltas and deltas > self.cfg.ann_max_deltas:
+            # Every optimize folds the new rows into a delta of the ANN index and a search
+            # probes each delta: after a 100k bulk load, 45 deltas made it 27 ms instead of 6.
+            # Merging them rebuilds the graphs (~40 s of CPU at 100k rows), so it runs outside
+            # the table lock: indexing goes on, Lance rebases the merge onto newer appends.
+            h.reader.optimize.optimize_indices(index_names=["vector_idx"], num_indices_to_merge=deltas)
+            with h.lock:
+                h.table.checkout_latest()
+                h.refresh()
+            done["merged_vector_deltas"] = deltas
         return done
+
+    @staticmethod
+    def _vector_deltas(h: _Handle) -> int:
+        return next((len(d.segments) for d in h.reader.describe_indices() if d.name == "vector_idx"), 0)
+
+    def vector_deltas(self, tenant_id: str) -> int:
+        h = self._handle(tenant_id, create=False)
+        return 0 if h is None else self._vector_deltas(h)
 
     def stats(self, tenant_id: str) -> dict[str, Any]:
         h = self._handle(tenant_id, create=False)

@@ -33,6 +33,9 @@ class Dirty:
 class Maintenance:
     compact: list[str]
     optimize: list[str]
+    # Of those, the ones optimized only because a backlog forced it: no expensive extras
+    # (merging ANN deltas) for them, the next regular optimize does those.
+    backlog_only: frozenset[str] = frozenset()
 
 
 class MaintenanceSchedule:
@@ -60,7 +63,9 @@ class MaintenanceSchedule:
         """The tenants to compact and those to optimize now (force: every dirty tenant, at
         once, e.g. before shutdown)."""
         cfg, now = self.cfg, self.clock()
-        compact, optimize = [], []
+        compact: list[str] = []
+        optimize: list[str] = []
+        backlog_only: set[str] = set()
         with self._lock:
             for tenant_id, d in list(self._dirty.items()):
                 # Many rows outside the indices make every search pay more than an optimize
@@ -71,13 +76,16 @@ class MaintenanceSchedule:
                     or d.rows >= cfg.optimize_lag_rows
                     or now - d.first_write >= cfg.optimize_max_interval_s
                 )
-                if force or behind or (due and now >= self._optimize_not_before.get(tenant_id, 0.0)):
+                allowed = due and now >= self._optimize_not_before.get(tenant_id, 0.0)
+                if force or behind or allowed:
                     optimize.append(tenant_id)
                     del self._dirty[tenant_id]
+                    if not (force or allowed):
+                        backlog_only.add(tenant_id)
                 elif d.writes_since_compaction >= cfg.compact_after_writes:
                     compact.append(tenant_id)
                     d.writes_since_compaction = 0
-        return Maintenance(compact, optimize)
+        return Maintenance(compact, optimize, frozenset(backlog_only))
 
     def optimized(self, tenant_id: str, seconds: float) -> None:
         """Record how long a tenant's optimize took; the next one waits in proportion."""

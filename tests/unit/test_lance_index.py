@@ -94,25 +94,25 @@ def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) 
         tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64, ann_max_deltas=2)
     )
     rng = np.random.default_rng(11)
-    vectors = {i: _unit(rng) for i in range(700)}
-    index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(300)])
+    vectors = {i: _unit(rng) for i in range(900)}
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])
     assert "ann_index" in index.optimize(TENANT)
 
-    # Backlog-only optimizes add a delta each and do not merge.
-    for start in range(300, 500, 50):
-        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 50)])
+    # Backlog-only optimizes add a small delta each and do not merge.
+    for start in range(600, 700, 25):
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 25)])
         assert "merged_vector_deltas" not in index.optimize(TENANT, merge_deltas=False)
     assert index.vector_deltas(TENANT) == 5
 
     # The merge runs outside the table lock: writes made meanwhile must all survive.
     writer = threading.Thread(
-        target=lambda: [index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}")]) for i in range(500, 700)]
+        target=lambda: [index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}")]) for i in range(700, 900)]
     )
     writer.start()
     done = index.optimize(TENANT)
     writer.join()
-    assert done["merged_vector_deltas"] == 4  # all but the base
+    assert done["merged_vector_deltas"] == 4  # the small ones, not the base
     index.optimize(TENANT, merge_deltas=False)
     assert index.vector_deltas(TENANT) <= 3
-    _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in (0, 299, 300, 499, 500, 699)}, set())
-    assert index.count(TENANT) == 700
+    _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in (0, 599, 600, 699, 700, 899)}, set())
+    assert index.count(TENANT) == 900

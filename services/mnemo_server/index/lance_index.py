@@ -307,24 +307,40 @@ class LanceIndex:
             h.refresh()
             done["rows"] = rows
             deltas = self._vector_deltas(h)
-        if merge_deltas and deltas > self.cfg.ann_max_deltas:
+        tail = self._small_newest_deltas(h) if merge_deltas and deltas > self.cfg.ann_max_deltas else 0
+        if tail > 1:
             # Every optimize folds the new rows into a delta of the ANN index and a search
             # probes each delta: after a 100k bulk load, 45 deltas made it 27 ms instead of 6.
-            # The newest deltas are merged into one, the oldest (the large base) is kept: the
-            # cost is that of the rows since the base (~0.4 ms each), and it runs outside the
-            # table lock: indexing goes on, Lance rebases the merge onto newer appends.
+            # The newest small deltas are merged into one, large ones are kept (merging them
+            # again and again would rebuild most of the index each time, ~0.4 ms per row).
+            # It runs outside the table lock: indexing goes on, Lance rebases the merge
+            # onto newer appends.
             started = time.monotonic()
-            h.reader.optimize.optimize_indices(index_names=["vector_idx"], num_indices_to_merge=deltas - 1)
+            h.reader.optimize.optimize_indices(index_names=["vector_idx"], num_indices_to_merge=tail)
             with h.lock:
                 h.table.checkout_latest()
                 h.refresh()
-            done["merged_vector_deltas"] = deltas - 1
+            done["merged_vector_deltas"] = tail
             done["merge_s"] = time.monotonic() - started
         return done
 
     @staticmethod
     def _vector_deltas(h: _Handle) -> int:
         return next((len(d.segments) for d in h.reader.describe_indices() if d.name == "vector_idx"), 0)
+
+    @staticmethod
+    def _small_newest_deltas(h: _Handle) -> int:
+        """How many of the newest ANN deltas are each under a tenth of the index's size."""
+        segments: list[Any] = next(
+            (list(d.segments) for d in h.reader.describe_indices() if d.name == "vector_idx"), []
+        )
+        total = sum(seg.size_bytes for seg in segments) or 1
+        count = 0
+        for seg in sorted(segments, key=lambda seg: seg.created_at, reverse=True):
+            if seg.size_bytes >= total / 10:
+                break
+            count += 1
+        return count
 
     def vector_deltas(self, tenant_id: str) -> int:
         h = self._handle(tenant_id, create=False)

@@ -325,15 +325,18 @@ class LanceIndex:
         return done
 
     @staticmethod
-    def _vector_deltas(h: _Handle) -> int:
-        return next((len(d.segments) for d in h.reader.describe_indices() if d.name == "vector_idx"), 0)
+    def _vector_segments(h: _Handle) -> list[Any]:
+        """The ANN index's deltas (each optimize that adds rows adds one)."""
+        return next((list(d.segments) for d in h.reader.describe_indices() if d.name == "vector_idx"), [])
 
-    @staticmethod
-    def _small_newest_deltas(h: _Handle) -> int:
+    @classmethod
+    def _vector_deltas(cls, h: _Handle) -> int:
+        return len(cls._vector_segments(h))
+
+    @classmethod
+    def _small_newest_deltas(cls, h: _Handle) -> int:
         """How many of the newest ANN deltas are each under a tenth of the index's size."""
-        segments: list[Any] = next(
-            (list(d.segments) for d in h.reader.describe_indices() if d.name == "vector_idx"), []
-        )
+        segments = cls._vector_segments(h)
         total = sum(seg.size_bytes for seg in segments) or 1
         count = 0
         for seg in sorted(segments, key=lambda seg: seg.created_at, reverse=True):

@@ -13,6 +13,14 @@ from tests.e2e.conftest import MNEMO, base_env
 LOCOMO = SHARED / "eval" / "locomo"
 
 
+def _mnemo(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the mnemo CLI as a user would; it must succeed."""
+    cmd = [*MNEMO, *args]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
 def _subset(tmp: Path, conv: str = "conv-26", n_queries: int = 40) -> Path:
     """A small LoCoMo-format directory: one conversation, some of its queries."""
     out = tmp / "locomo-subset"
@@ -27,15 +35,10 @@ def _subset(tmp: Path, conv: str = "conv-26", n_queries: int = 40) -> Path:
 def test_eval_locomo_agrees_with_reference_scorer(tmp_path: Path, model_cache: Path) -> None:
     data = _subset(tmp_path)
     run, metrics = tmp_path / "run.jsonl", tmp_path / "metrics.json"
-    out = subprocess.run(
-        [*MNEMO, "eval", "locomo", "--data", str(data), "--out", str(run), "--json-out", str(metrics)],
-        env=base_env(model_cache),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    _mnemo(
+        ["eval", "locomo", "--data", str(data), "--out", str(run), "--json-out", str(metrics)],
+        base_env(model_cache),
     )
-    assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(x) for x in run.read_text().splitlines()]
     assert len(lines) == 40 and all(len(x["ranked_memory_ids"]) >= 10 for x in lines)
     assert all(i.startswith("conv-26:") for x in lines for i in x["ranked_memory_ids"])
@@ -57,52 +60,19 @@ def test_eval_stage_switches_change_the_result(tmp_path: Path, model_cache: Path
     data = _subset(tmp_path, n_queries=20)
     results = {}
     for stage in ("vector", "full_text"):
-        out = subprocess.run(
-            [
-                *MNEMO,
-                "eval",
-                "locomo",
-                "--data",
-                str(data),
-                "--out",
-                str(tmp_path / f"{stage}.jsonl"),
-                "--disable-stage",
-                stage,
-            ],
-            env=base_env(model_cache),
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
+        run = tmp_path / f"{stage}.jsonl"
+        _mnemo(
+            ["eval", "locomo", "--data", str(data), "--out", str(run), "--disable-stage", stage],
+            base_env(model_cache),
         )
-        assert out.returncode == 0, out.stderr[-3000:]
-        results[stage] = (tmp_path / f"{stage}.jsonl").read_text()
+        results[stage] = run.read_text()
     assert results["vector"] != results["full_text"]
 
 
 def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -> None:
     out_json = tmp_path / "bench.json"
-    out = subprocess.run(
-        [
-            *MNEMO,
-            "bench",
-            "--quick",
-            "--memories",
-            "600",
-            "--duration",
-            "3",
-            "--train-sessions",
-            "12",
-            "--json-out",
-            str(out_json),
-        ],
-        env=base_env(model_cache),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    args = ["bench", "--quick", "--memories", "600", "--duration", "3", "--train-sessions", "12"]
+    out = _mnemo([*args, "--json-out", str(out_json)], base_env(model_cache), timeout=900)
     result = json.loads(out_json.read_text())
     assert result["memories"] == 600 and result["concurrency"] == 4
     assert result["load"]["memories_per_s"] > 0 and result["load"]["searchable_after_s"] > 0
@@ -141,27 +111,9 @@ def test_eval_with_training_sessions_runs_every_phase(tmp_path: Path, model_cach
         MNEMO_SIDECAR_RANKER__N_ESTIMATORS="20",
         MNEMO_SIDECAR_RANKER__MIN_CHILD_SAMPLES="3",
     )
-    out = subprocess.run(
-        [
-            *MNEMO,
-            "eval",
-            "locomo",
-            "--data",
-            str(data),
-            "--train-sessions",
-            str(train),
-            "--out",
-            str(tmp_path / "run.jsonl"),
-            "--json-out",
-            str(metrics),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "run.jsonl"
+    args = ["eval", "locomo", "--data", str(data), "--train-sessions", str(train), "--out", str(run)]
+    _mnemo([*args, "--json-out", str(metrics)], env, timeout=900)
     doc = json.loads(metrics.read_text())
     phases = doc["phases"]
     assert list(phases) == ["untrained", "ranker", "recall+cross_encoder_rerank", "ranker+cross_encoder"]

@@ -98,21 +98,31 @@ def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) 
     index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])
     assert "ann_index" in index.optimize(TENANT)
 
-    # Backlog-only optimizes add a small delta each and do not merge.
-    for start in range(600, 700, 25):
-        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 25)])
-        assert "merged_vector_deltas" not in index.optimize(TENANT, merge_deltas=False)
-    assert index.vector_deltas(TENANT) == 5
+    def small_deltas(rows: range) -> None:
+        """Backlog-only optimizes add a small delta each and do not merge."""
+        for start in range(rows.start, rows.stop, 25):
+            index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 25)])
+            assert "merged_vector_deltas" not in index.optimize(TENANT, merge_deltas=False)
 
-    # The merge runs outside the table lock: writes made meanwhile must all survive.
-    writer = threading.Thread(
-        target=lambda: [index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}")]) for i in range(700, 900)]
-    )
+    small_deltas(range(600, 700))
+    assert index.vector_deltas(TENANT) == 5
+    assert index.optimize(TENANT)["merged_vector_deltas"] == 4  # the small ones, not the base
+    assert index.vector_deltas(TENANT) == 2
+
+    # The merge runs outside the table lock: writes made meanwhile must all survive. (How
+    # many deltas it merges then depends on how many of them arrive before it starts.)
+    small_deltas(range(700, 800))
+
+    def write_one_by_one() -> None:
+        for i in range(800, 900):
+            index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}")])
+
+    writer = threading.Thread(target=write_one_by_one)
     writer.start()
     done = index.optimize(TENANT)
     writer.join()
-    assert done["merged_vector_deltas"] == 4  # the small ones, not the base
+    assert done["merged_vector_deltas"] >= 4
     index.optimize(TENANT, merge_deltas=False)
-    assert index.vector_deltas(TENANT) <= 3
+    assert index.vector_deltas(TENANT) <= 4
     _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in (0, 599, 600, 699, 700, 899)}, set())
     assert index.count(TENANT) == 900

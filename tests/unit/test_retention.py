@@ -6,37 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from mnemo_server.config import RetentionConfig
-from mnemo_server.memory.model import IdempotencyKey, Memory, MemoryType, Scope
+from mnemo_server.memory.model import IdempotencyKey
 from mnemo_server.store import idempotency_repo, memory_repo
 from mnemo_server.store.database import Database
 from mnemo_server.workers.retention import RetentionWorker
+from tests.unit.stored import stored_memory
 
 DAY = 86_400 * 1_000_000_000
-
-
-def _memory(i: int, created: int) -> Memory:
-    return Memory(
-        id=f"m{i}",
-        tenant_id="t",
-        scope=Scope.workspace(),
-        type=MemoryType.SEMANTIC,
-        category="general",
-        content=f"memory {i}",
-        content_hash=f"h{i}",
-        seq=i,
-        revision=1,
-        create_time_ns=created,
-        update_time_ns=created,
-        event_time_ns=created,
-        embedding_model="m",
-    )
 
 
 def test_sweep_purges_only_expired_and_unindexed_tombstones(tmp_path: Path) -> None:
     db = Database(tmp_path / "d.duckdb")
     now = 100 * DAY
     with db.transaction() as cur:
-        memory_repo.insert_many(cur, [(_memory(i, 0), f"memory {i}") for i in range(4)])
+        memory_repo.insert_many(cur, [(stored_memory(i, 0), f"memory {i}") for i in range(4)])
         memory_repo.tombstone(cur, "t", ["m0", "m1"], now - 40 * DAY)  # past the 30-day window
         memory_repo.tombstone(cur, "t", ["m2"], now - 5 * DAY)  # still inside it
         # m1 is still in the search index: it must not be purged before the index row is gone.

@@ -11,9 +11,10 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -21,6 +22,17 @@ from mnemo_server.errors import FailedPrecondition
 from mnemo_server.store.schema import MIGRATIONS
 
 Cursor = duckdb.DuckDBPyConnection
+
+
+def fetch_one(cur: Cursor, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
+    """The first row of a query, or None. Always reads the whole result: a DuckDB result
+    left unread (what fetchone() does, even to a one-row result) keeps its transaction open
+    until the cursor runs its next query. On an idle thread's cursor that is forever, and
+    one open transaction stops both the WAL checkpoint and the clean-up of old row versions
+    for everybody: updates and reads then slow down without bound (the bench's StartSession
+    p50 went 0.3 -> 2 s over three minutes)."""
+    rows = cur.execute(sql, params).fetchall()
+    return rows[0] if rows else None
 
 
 class Database:
@@ -55,12 +67,12 @@ class Database:
 
     def _migrate(self) -> None:
         con = self._conn
-        has_meta = con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'store_meta'"
-        ).fetchone()
+        has_meta = fetch_one(
+            con, "SELECT count(*) FROM information_schema.tables WHERE table_name = 'store_meta'"
+        )
         version = 0
         if has_meta and has_meta[0]:
-            row = con.execute("SELECT value FROM store_meta WHERE key = 'schema_version'").fetchone()
+            row = fetch_one(con, "SELECT value FROM store_meta WHERE key = 'schema_version'")
             version = int(row[0]) if row else 0
         if version > len(MIGRATIONS):
             raise FailedPrecondition(
@@ -103,7 +115,7 @@ class Database:
             cur.execute("COMMIT")
 
     def get_meta(self, key: str) -> str | None:
-        row = self.reader().execute("SELECT value FROM store_meta WHERE key = ?", [key]).fetchone()
+        row = fetch_one(self.reader(), "SELECT value FROM store_meta WHERE key = ?", [key])
         return None if row is None else str(row[0])
 
     def set_meta(self, cur: Cursor, key: str, value: str) -> None:

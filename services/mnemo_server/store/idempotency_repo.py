@@ -8,7 +8,7 @@ from typing import Any
 
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import IdempotencyKey
-from mnemo_server.store.database import Cursor
+from mnemo_server.store.database import Cursor, fetch_one
 
 
 def lookup(cur: Cursor, tenant_id: str, key: IdempotencyKey | None) -> dict[str, Any] | None:
@@ -16,10 +16,11 @@ def lookup(cur: Cursor, tenant_id: str, key: IdempotencyKey | None) -> dict[str,
     request is the caller's bug: INVALID_ARGUMENT."""
     if key is None:
         return None
-    row = cur.execute(
+    row = fetch_one(
+        cur,
         "SELECT method, fingerprint, result FROM idempotency WHERE tenant_id = ? AND request_id = ?",
         [tenant_id, key.request_id],
-    ).fetchone()
+    )
     if row is None:
         return None
     method, fingerprint, result = row

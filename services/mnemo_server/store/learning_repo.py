@@ -18,7 +18,7 @@ from mnemo_server.learning.model import (
     SubjectKind,
 )
 from mnemo_server.memory.model import Scope, ScopeKind, Source
-from mnemo_server.store.database import Cursor
+from mnemo_server.store.database import Cursor, fetch_one
 
 # A page position: (create_time_ns, id) of the last row of the previous page.
 PagePosition = tuple[int, str]
@@ -125,10 +125,11 @@ def insert_candidate(cur: Cursor, c: LearningCandidate) -> None:
 
 
 def get_candidate(cur: Cursor, tenant_id: str, candidate_id: str) -> LearningCandidate | None:
-    row = cur.execute(
+    row = fetch_one(
+        cur,
         f"SELECT {_CANDIDATE_COLUMNS} FROM learning_candidates WHERE tenant_id = ? AND id = ?",
         [tenant_id, candidate_id],
-    ).fetchone()
+    )
     return None if row is None else _decode_candidate(row)
 
 
@@ -220,9 +221,11 @@ def insert_learning(cur: Cursor, lr: Learning) -> None:
 
 
 def get_learning(cur: Cursor, tenant_id: str, learning_id: str) -> Learning | None:
-    row = cur.execute(
-        f"SELECT {_LEARNING_COLUMNS} FROM learnings WHERE tenant_id = ? AND id = ?", [tenant_id, learning_id]
-    ).fetchone()
+    row = fetch_one(
+        cur,
+        f"SELECT {_LEARNING_COLUMNS} FROM learnings WHERE tenant_id = ? AND id = ?",
+        [tenant_id, learning_id],
+    )
     return None if row is None else _decode_learning(row)
 
 

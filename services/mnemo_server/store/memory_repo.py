@@ -21,7 +21,7 @@ from mnemo_server.memory.model import (
     TimeRange,
 )
 from mnemo_server.retrieval.query_analysis import speaker_of
-from mnemo_server.store.database import Cursor
+from mnemo_server.store.database import Cursor, fetch_one
 
 # Column order shared by SELECTs and the row decoder.
 _COLUMNS = (
@@ -193,18 +193,19 @@ def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]]) -> None:
 
 
 def get(cur: Cursor, tenant_id: str, memory_id: str) -> Memory | None:
-    row = cur.execute(
-        f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ? AND tenant_id = ?", [memory_id, tenant_id]
-    ).fetchone()
+    row = fetch_one(
+        cur, f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ? AND tenant_id = ?", [memory_id, tenant_id]
+    )
     return None if row is None else _decode(row)
 
 
 def get_by_external_id(cur: Cursor, tenant_id: str, external_id: str) -> Memory | None:
-    row = cur.execute(
+    row = fetch_one(
+        cur,
         f"SELECT {SELECT_COLUMNS} FROM memories WHERE external_id = ? AND tenant_id = ? "
         "AND delete_time_ns IS NULL",
         [external_id, tenant_id],
-    ).fetchone()
+    )
     return None if row is None else _decode(row)
 
 
@@ -322,7 +323,7 @@ def scan(
 
 def count(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool) -> int:
     where = _filter_where(tenant_id, f, include_deleted=include_deleted)
-    row = cur.execute(f"SELECT count(*) FROM memories WHERE {where.sql()}", where.params).fetchone()
+    row = fetch_one(cur, f"SELECT count(*) FROM memories WHERE {where.sql()}", where.params)
     return int(row[0]) if row else 0
 
 
@@ -334,11 +335,12 @@ def live_ids_matching(cur: Cursor, tenant_id: str, f: MemoryFilter) -> list[str]
 
 
 def count_live_in(cur: Cursor, tenant_id: str, scope: Scope, mtype: MemoryType) -> int:
-    row = cur.execute(
+    row = fetch_one(
+        cur,
         "SELECT count(*) FROM memories WHERE tenant_id = ? AND scope_kind = ? AND scope_id = ? "
         "AND type = ? AND delete_time_ns IS NULL",
         [tenant_id, scope.kind.value, scope.id, mtype.value],
-    ).fetchone()
+    )
     return int(row[0]) if row else 0
 
 
@@ -537,13 +539,14 @@ def tenant_stats(cur: Cursor, tenant_id: str, model: str) -> dict[str, Any]:
         "delete_time_ns IS NULL AND (indexed_revision IS DISTINCT FROM revision "
         "OR indexed_model IS DISTINCT FROM ?)"
     )
-    row = cur.execute(
+    row = fetch_one(
+        cur,
         "SELECT count(*) FILTER (WHERE delete_time_ns IS NULL),"
         " count(*) FILTER (WHERE delete_time_ns IS NOT NULL),"
         f" count(*) FILTER (WHERE {behind}), min(update_time_ns) FILTER (WHERE {behind})"
         " FROM memories WHERE tenant_id = ?",
         [model, model, tenant_id],
-    ).fetchone()
+    )
     by_type = dict(
         cur.execute(
             "SELECT type, count(*) FROM memories WHERE tenant_id = ? AND delete_time_ns IS NULL "

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mnemo_server.store.database import Cursor
+from mnemo_server.store.database import Cursor, fetch_one
 from mnemo_server.store.memory_repo import arrow_view, id_list, insert_rows
 
 
@@ -115,9 +115,11 @@ def insert_session(cur: Cursor, s: SessionRow, members: Sequence[SessionMemoryRo
 
 
 def get_session(cur: Cursor, tenant_id: str, session_id: str) -> SessionRow | None:
-    row = cur.execute(
-        f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE tenant_id = ? AND id = ?", [tenant_id, session_id]
-    ).fetchone()
+    row = fetch_one(
+        cur,
+        f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE tenant_id = ? AND id = ?",
+        [tenant_id, session_id],
+    )
     if row is None:
         return None
     values: list[Any] = list(row)
@@ -238,5 +240,5 @@ def mark_failed(cur: Cursor, tenant_id: str, session_id: str, next_attempt_ns: i
 
 
 def pending_count(cur: Cursor) -> int:
-    row = cur.execute("SELECT count(*) FROM sidecar_outbox WHERE delivered_ns IS NULL").fetchone()
+    row = fetch_one(cur, "SELECT count(*) FROM sidecar_outbox WHERE delivered_ns IS NULL")
     return int(row[0]) if row else 0

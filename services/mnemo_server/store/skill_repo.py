@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mnemo_server.skills.model import Skill, SkillState
-from mnemo_server.store.database import Cursor
+from mnemo_server.store.database import Cursor, fetch_one
 from mnemo_server.store.learning_repo import PagePosition, newest_first_page
 
 _COLUMNS = (
@@ -62,16 +62,16 @@ def insert_skill(cur: Cursor, s: Skill) -> None:
 
 
 def get_skill(cur: Cursor, tenant_id: str, skill_id: str) -> Skill | None:
-    row = cur.execute(
-        f"SELECT {_COLUMNS} FROM skills WHERE tenant_id = ? AND id = ?", [tenant_id, skill_id]
-    ).fetchone()
+    row = fetch_one(
+        cur, f"SELECT {_COLUMNS} FROM skills WHERE tenant_id = ? AND id = ?", [tenant_id, skill_id]
+    )
     return None if row is None else _decode(row)
 
 
 def get_skill_by_name(cur: Cursor, tenant_id: str, name: str) -> Skill | None:
-    row = cur.execute(
-        f"SELECT {_COLUMNS} FROM skills WHERE tenant_id = ? AND name = ? LIMIT 1", [tenant_id, name]
-    ).fetchone()
+    row = fetch_one(
+        cur, f"SELECT {_COLUMNS} FROM skills WHERE tenant_id = ? AND name = ? LIMIT 1", [tenant_id, name]
+    )
     return None if row is None else _decode(row)
 
 

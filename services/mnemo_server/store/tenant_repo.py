@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mnemo_server.store.database import Cursor
+from mnemo_server.store.database import Cursor, fetch_one
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,7 @@ def insert_tenant(cur: Cursor, t: TenantRow) -> None:
 
 
 def get_tenant(cur: Cursor, tenant_id: str) -> TenantRow | None:
-    row = cur.execute(
-        "SELECT id, display_name, create_time_ns FROM tenants WHERE id = ?", [tenant_id]
-    ).fetchone()
+    row = fetch_one(cur, "SELECT id, display_name, create_time_ns FROM tenants WHERE id = ?", [tenant_id])
     return None if row is None else TenantRow(*row)
 
 
@@ -54,7 +52,7 @@ _KEY_COLUMNS = "id, tenant_id, secret_hash, description, create_time_ns, revoke_
 
 
 def get_key(cur: Cursor, key_id: str) -> ApiKeyRow | None:
-    row = cur.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = ?", [key_id]).fetchone()
+    row = fetch_one(cur, f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = ?", [key_id])
     return None if row is None else ApiKeyRow(*row)
 
 

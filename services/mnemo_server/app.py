@@ -135,10 +135,11 @@ class Core:
             raise
 
     def warm_up(self) -> None:
-        """Pay one-time costs (onnxruntime's first run, opening each tenant's LanceDB table)
-        before SERVING, so the first real call is as fast as the rest."""
+        """Pay one-time costs (onnxruntime's first run, opening each tenant's LanceDB table,
+        loading its attribute cache) before SERVING, so the first real call is as fast as the rest."""
         vector = self.recall.embedder.embed_one("warm-up query")
         for tenant_id in self.index.tenants():
+            self.index.load_attrs(tenant_id)
             self.index.vector_search(tenant_id, vector, 1, None)
             self.index.text_search(tenant_id, "warm", 1, None)
 

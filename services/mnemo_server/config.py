@@ -129,6 +129,9 @@ class IndexConfig:
     # LanceDB caches per tenant table (the ANN and FTS indices live here when warm).
     index_cache_mb: int = 256
     metadata_cache_mb: int = 64
+    # Per tenant, the attributes Recall's signals read (text, scope, session, times) of up
+    # to this many rows stay in memory (~0.5 KB each), so searches fetch only ids and scores.
+    attrs_cache_rows: int = 200_000
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

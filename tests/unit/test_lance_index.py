@@ -126,3 +126,36 @@ def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) 
     assert index.vector_deltas(TENANT) <= 4
     _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in (0, 599, 600, 699, 700, 899)}, set())
     assert index.count(TENANT) == 900
+
+
+@pytest.mark.parametrize("cache_rows", [200_000, 3], ids=["cached", "over_the_cap"])
+def test_hit_attributes_follow_updates_deletes_and_restarts(tmp_path: Path, cache_rows: int) -> None:
+    """Searches read hit attributes from the in-memory cache the index's own writes keep;
+    what is not cached (past the cap, or after a restart) is read from the table. Either
+    way a hit carries its current text, and a deleted row never comes back."""
+    cfg = IndexConfig(attrs_cache_rows=cache_rows)
+    rng = np.random.default_rng(3)
+    vectors = {i: _unit(rng) for i in range(8)}
+    index = LanceIndex(tmp_path / "lance", DIM, cfg)
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"first{i}") for i in range(8)])
+    index.upsert(TENANT, [_row(2, vectors[2], word="second2", revision=2)])
+    index.delete(TENANT, ["m5"])
+
+    def check(ix: LanceIndex) -> None:
+        top = ix.vector_search(TENANT, vectors[2], 8, None)
+        assert top[0].id == "m2" and "second2" in top[0].attrs.text
+        assert "m5" not in {h.id for h in top}
+        assert len(top) == 7
+        text = ix.text_search(TENANT, "second2", 5, None)
+        assert [(h.id, h.attrs.text) for h in text] == [("m2", "memory number 2 about second2")]
+        assert ix.text_search(TENANT, "first5", 5, None) == []
+        rows = ix.rows(TENANT, ["m2", "m5", "m7"])
+        assert sorted(rows) == ["m2", "m7"] and "second2" in rows["m2"][0].text
+        assert {h.id: h.attrs.seq for h in top} == {f"m{i}": i for i in range(8) if i != 5}
+
+    check(index)
+    assert index.load_attrs(TENANT) == min(7, cache_rows)  # m5 left the cache with its row
+    restarted = LanceIndex(tmp_path / "lance", DIM, cfg)
+    check(restarted)  # cold cache: attributes come from the table
+    assert restarted.load_attrs(TENANT) == min(7, cache_rows)
+    check(restarted)

@@ -17,6 +17,7 @@ from mnemo.v1 import (
     skill_service_pb2_grpc,
 )
 from mnemo_server.api.admin_servicer import AdminServicer
+from mnemo_server.api.compute_gate import ComputeGate
 from mnemo_server.api.interceptor import ApiInterceptor
 from mnemo_server.api.learning_servicer import LearningServicer
 from mnemo_server.api.memory_servicer import MemoryServicer
@@ -201,7 +202,9 @@ class MnemoServer:
         self.config = config
         self.core = Core(config)
         self.scheduler = Scheduler()
-        self.grpc = GrpcServer(config.server, ApiInterceptor(self._authenticate))
+        self.grpc = GrpcServer(
+            config.server, ApiInterceptor(self._authenticate, ComputeGate(config.server.compute_slots))
+        )
         self.grpc.add(
             memory_service_pb2_grpc.add_MemoryServiceServicer_to_server,
             MemoryServicer(

@@ -27,6 +27,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     max_workers: int = 32
+    # Recall and StartSession (CPU-bound) running at once; more wait their turn within their
+    # deadline. 2 x cores suits a small machine; 0 removes the limit.
+    compute_slots: int = 4
     # Seconds in-flight calls get to finish on SIGTERM.
     shutdown_grace_s: float = 5.0
     tls_cert_file: str = ""

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from mnemo_server.api.compute_gate import COMPUTE_METHODS, ComputeGate
 from mnemo_server.api.errors import internal_status, to_rpc_status
 from mnemo_server.errors import MnemoError, Unauthenticated
 from mnemo_server.tenancy.tenants import Principal
@@ -59,8 +60,9 @@ def _fail(context: grpc.ServicerContext, exc: BaseException, method: str) -> Non
 
 
 class ApiInterceptor(grpc.ServerInterceptor):
-    def __init__(self, authenticate: Callable[[str], Principal]):
+    def __init__(self, authenticate: Callable[[str], Principal], gate: ComputeGate | None = None):
         self._authenticate = authenticate
+        self._gate = gate or ComputeGate(0)
         # Handlers still running (a call cancelled by its client keeps its thread until it
         # returns): shutdown waits for them before closing the stores under their feet.
         self._active = 0
@@ -126,6 +128,7 @@ class ApiInterceptor(grpc.ServerInterceptor):
             )
 
         behavior = handler.unary_unary or handler.stream_unary
+        gated = method in COMPUTE_METHODS
 
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
             with self._in_flight():
@@ -135,7 +138,10 @@ class ApiInterceptor(grpc.ServerInterceptor):
             try:
                 token = _PRINCIPAL.set(principal())
                 try:
-                    return behavior(request, context)
+                    if not gated:
+                        return behavior(request, context)
+                    with self._gate.slot(context.time_remaining()):
+                        return behavior(request, context)
                 finally:
                     _PRINCIPAL.reset(token)
             except Exception as exc:

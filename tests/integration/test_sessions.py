@@ -55,6 +55,26 @@ def tenant(live: LiveServer, name: str = "acme") -> TenantClient:
     return TenantClient(provision(live, name), live.channel())
 
 
+def test_calls_without_a_deadline_queue_for_the_compute_gate(start_server: Callable[..., LiveServer]) -> None:
+    """Recall and StartSession pass the compute gate; calls with no deadline at all (what
+    grpc.aio clients send by default) that find every slot taken must wait, not fail."""
+    live = start_server(server={"compute_slots": 1})
+    t = tenant(live)
+    seed(t)
+    stub = t.memory()
+
+    def recall(i: int) -> int:
+        return len(stub.Recall(pb.RecallRequest(query=f"deploy pipeline {i}"), metadata=t.md).hits)
+
+    def session(i: int) -> int:
+        req = pb.StartSessionRequest(session_id=f"no-deadline-{i}", project_id="p", context="deploy")
+        return len(stub.StartSession(req, metadata=t.md).memories)
+
+    with futures.ThreadPoolExecutor(8) as pool:
+        counts = list(pool.map(lambda i: (recall if i % 2 else session)(i), range(24)))
+    assert all(n > 0 for n in counts)
+
+
 def test_bundle_without_sidecar_is_baseline_packed_and_recorded(
     server: LiveServer, tenant_a: TenantClient
 ) -> None:

@@ -65,6 +65,20 @@ def test_slots_bound_concurrency_and_survive_errors() -> None:
         assert gate._free is not None and gate._free.acquire(timeout=0)
 
 
+def test_a_call_without_deadline_waits_for_its_turn() -> None:
+    """gRPC gives a call without a deadline ~1.8e19 s of time remaining."""
+    gate = ComputeGate(1)
+    with gate.slot(1.8e19):
+        pass
+    done = threading.Event()
+    with gate.slot(1.8e19):
+        waiter = threading.Thread(target=lambda: [gate.slot(1.8e19).__enter__(), done.set()])
+        waiter.start()
+        assert not done.wait(0.1)  # queued behind the holder
+    assert done.wait(5)  # admitted once the slot is free
+    waiter.join()
+
+
 def test_zero_slots_means_no_limit() -> None:
     gate = ComputeGate(0)
     with gate.slot(0), gate.slot(0), gate.slot(None):

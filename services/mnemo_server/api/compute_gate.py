@@ -35,7 +35,9 @@ class ComputeGate:
         if self._free is None:
             yield
             return
-        if not self._free.acquire(timeout=None if timeout_s is None else max(timeout_s, 0.0)):
+        # A call without a deadline reports ~1.8e19 s remaining, past what a lock wait takes.
+        timeout = None if timeout_s is None else min(max(timeout_s, 0.0), threading.TIMEOUT_MAX)
+        if not self._free.acquire(timeout=timeout):
             raise DeadlineExceeded(
                 "the deadline passed while the call waited for a free compute slot",
                 reason="QUEUED_PAST_DEADLINE",

@@ -11,6 +11,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,3 +145,19 @@ class Launcher:
         self.processes.clear()
         if not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def stopped_after(launcher: Launcher | None, say: Callable[[str], object]) -> Iterator[None]:
+    """Stop the launched processes when the body ends. If it failed, keep their directory:
+    the errors a client sees name incident ids whose details are only in those logs."""
+    try:
+        yield
+    except BaseException:
+        if launcher is not None and launcher.processes:
+            launcher.keep = True
+            say(f"failed; the launched processes' logs and data are kept in {launcher.root}")
+        raise
+    finally:
+        if launcher is not None:
+            launcher.stop()

@@ -114,7 +114,7 @@ def bench(
     """Load-test a server over gRPC: throughput, latency, RSS, disk, and StartSession with the
     sidecar running, stopped and killed."""
     from mnemo_server.evaluation.bench import BenchConfig, run_bench
-    from mnemo_server.launcher import Launcher
+    from mnemo_server.launcher import Launcher, stopped_after
 
     if quick:
         memories, duration = min(memories, 2_000), min(duration, 5.0)
@@ -129,7 +129,7 @@ def bench(
     console = Console(stderr=True)
     launcher = None if server else Launcher()
     sidecar = None
-    try:
+    with stopped_after(launcher, console.print):
         if launcher is not None:
             console.print("starting a fresh server" + ("" if no_sidecar else " and sidecar") + " ...")
             env = {"MNEMO_RANKING__START_SESSION_DEADLINE_MS": str(session_deadline_ms)}
@@ -158,9 +158,6 @@ def bench(
                     say=bar.console.print,
                 )
             )
-    finally:
-        if launcher is not None:
-            launcher.stop()
     print_tables(result)
     click.echo(json.dumps(result, indent=1))
     if json_out:

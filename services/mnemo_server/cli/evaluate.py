@@ -87,13 +87,13 @@ def locomo(
         )
         return
     from mnemo_server.evaluation.locomo import evaluate_locomo, read_dataset
-    from mnemo_server.launcher import Launcher
+    from mnemo_server.launcher import Launcher, stopped_after
 
     if top_k < 10:
         raise click.BadParameter("must be at least 10", param_hint="--top-k")
     console = Console(stderr=True)
     launcher = None if server else Launcher(keep=keep_data)
-    try:
+    with stopped_after(launcher, console.print):
         if launcher is not None:
             console.print("starting a fresh server ...")
             server = launcher.start_server().address
@@ -121,9 +121,6 @@ def locomo(
                 on_load=lambda n: bar.update(load_task, completed=n),
                 on_query=lambda n: bar.update(query_task, completed=n),
             )
-    finally:
-        if launcher is not None:
-            launcher.stop()
     table = Table(
         title=f"LoCoMo retrieval ({result.n_queries} queries, {result.n_memories} memories"
         + (f"; disabled: {', '.join(disabled)}" if disabled else "")
@@ -157,13 +154,13 @@ def _locomo_sessions(
 ) -> None:
     from mnemo_server.evaluation.locomo import read_dataset, write_run
     from mnemo_server.evaluation.session_eval import SidecarControl, evaluate_with_training
-    from mnemo_server.launcher import Launcher
+    from mnemo_server.launcher import Launcher, stopped_after
 
     if (server is None) != (sidecar is None):
         raise click.UsageError("--server and --sidecar go together (or neither: both are started)")
     console = Console(stderr=True)
     launcher = None if server else Launcher(keep=keep_data)
-    try:
+    with stopped_after(launcher, console.print):
         if launcher is not None:
             console.print("starting a fresh sidecar and server ...")
             side = launcher.start_sidecar(
@@ -191,9 +188,6 @@ def _locomo_sessions(
                 train_queries,
                 console.print,
             )
-    finally:
-        if launcher is not None:
-            launcher.stop()
     names = ["Recall@1", "Recall@5", "Recall@10", "MRR@10", "NDCG@10"]
     table = Table(
         title=f"LoCoMo through StartSession: {len(data_queries)} queries, trained on "

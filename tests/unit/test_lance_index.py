@@ -117,10 +117,28 @@ def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) 
         for i in range(800, 900):
             index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}")])
 
+    # Searches go on throughout: maintenance must never hold the dataset object they read.
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def search() -> None:
+        while not stop.is_set():
+            try:
+                index.vector_search(TENANT, vectors[3], 5, None)
+                index.text_search(TENANT, "w3", 5, None)
+            except BaseException as exc:  # any failure is the finding
+                failures.append(exc)
+
     writer = threading.Thread(target=write_one_by_one)
+    searcher = threading.Thread(target=search)
+    searcher.start()
     writer.start()
     done = index.optimize(TENANT)
     writer.join()
+    index.compact(TENANT)
+    stop.set()
+    searcher.join()
+    assert failures == []
     assert done["merged_vector_deltas"] >= 4
     index.optimize(TENANT, merge_deltas=False)
     assert index.vector_deltas(TENANT) <= 4

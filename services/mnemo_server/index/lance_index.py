@@ -144,6 +144,14 @@ class _Handle:
 
         self.reader = lance.dataset(self.uri, session=self.session)
 
+    def for_maintenance(self) -> Any:
+        """A dataset object of its own for compaction and index merges: they borrow the
+        object they run on mutably (for seconds), and a search on that same object then fails
+        ("Already mutably borrowed"). Same session, so the caches stay shared."""
+        import lance
+
+        return lance.dataset(self.uri, session=self.session)
+
 
 class LanceIndex:
     def __init__(self, path: Path, dimension: int, cfg: IndexConfig):
@@ -291,7 +299,7 @@ class LanceIndex:
         if h is None:
             return 0
         with h.lock:
-            metrics = h.reader.optimize.compact_files(
+            metrics = h.for_maintenance().optimize.compact_files(
                 target_rows_per_fragment=1 << 20, defer_index_remap=True
             )
             h.table.checkout_latest()
@@ -339,7 +347,9 @@ class LanceIndex:
             # It runs outside the table lock: indexing goes on, Lance rebases the merge
             # onto newer appends.
             started = time.monotonic()
-            h.reader.optimize.optimize_indices(index_names=["vector_idx"], num_indices_to_merge=tail)
+            h.for_maintenance().optimize.optimize_indices(
+                index_names=["vector_idx"], num_indices_to_merge=tail
+            )
             with h.lock:
                 h.table.checkout_latest()
                 h.refresh()

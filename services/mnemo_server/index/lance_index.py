@@ -24,6 +24,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from mnemo_server.config import IndexConfig
+from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
 from mnemo_server.memory.model import MemoryFilter
 
 log = logging.getLogger(__name__)
@@ -48,35 +49,11 @@ class IndexRow:
     seq: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Attrs:
-    """What Recall's signals read, carried in the index so ranking needs no extra lookup
-    (DuckDB still has the last word on every hit that is returned)."""
-
-    text: str
-    scope: str
-    session: str
-    event_time_ns: int
-    importance: float
-    seq: int
-
-
-ATTR_COLUMNS = ["text", "scope", "session", "event_time_ns", "importance", "seq"]
-
-
 @dataclass(frozen=True)
 class LegHit:
     id: str
     score: float  # higher is better: cosine similarity or BM25
     attrs: Attrs
-
-
-def _attrs(table: pa.Table) -> list[Attrs]:
-    text, scope, session, event_time_ns, importance, seq = (table.column(c).to_pylist() for c in ATTR_COLUMNS)
-    # Scopes and sessions repeat across many rows: one string each (the attribute cache).
-    scope = [sys.intern(x) for x in scope]
-    session = [sys.intern(x) for x in session]
-    return [Attrs(*row) for row in zip(text, scope, session, event_time_ns, importance, seq, strict=True)]
 
 
 def _row_attrs(r: IndexRow) -> Attrs:
@@ -129,12 +106,11 @@ class _Handle:
     uri: str
     reader: Any
     session: Any
+    # Hit attributes by id, kept by this process's writes: searches read only ids and
+    # scores from LanceDB; what is missing is read from the table.
+    attrs: AttrsCache
     lock: threading.Lock = field(default_factory=threading.Lock)
     has_text_index: bool = False
-    # id -> Attrs of the table's rows, kept by this process's own writes: the searches then
-    # read only ids and scores from LanceDB (fetching the attribute columns of the hits
-    # cost ~2 ms per leg at 100k rows). Missing entries are read from the table.
-    attrs: dict[str, Attrs] = field(default_factory=dict)
 
     def refresh(self) -> None:
         """Read the newest version. Through the same Lance session: its index cache is what
@@ -210,7 +186,13 @@ class LanceIndex:
                 metadata_cache_size_bytes=self.cfg.metadata_cache_mb << 20,
             )
             uri = table.to_lance().uri
-            handle = _Handle(table, uri, lance.dataset(uri, session=session), session)
+            handle = _Handle(
+                table,
+                uri,
+                lance.dataset(uri, session=session),
+                session,
+                AttrsCache(self.cfg.attrs_cache_rows),
+            )
             handle.has_text_index = "text_idx" in self._index_names(table)
             self._handles[name] = handle
             return handle
@@ -260,7 +242,7 @@ class LanceIndex:
         )
         with h.lock:
             h.table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(data)
-            self._remember(h, [(r.id, _row_attrs(r)) for r in rows], overwrite=True)
+            h.attrs.remember([(r.id, _row_attrs(r)) for r in rows], overwrite=True)
             if not h.has_text_index:
                 from lancedb.index import FTS
 
@@ -275,8 +257,7 @@ class LanceIndex:
         with h.lock:
             for start in range(0, len(ids), 500):
                 h.table.delete(_in("id", ids[start : start + 500]))
-            for i in ids:
-                h.attrs.pop(i, None)
+            h.attrs.forget(ids)
             h.refresh()
 
     def drop_all(self) -> None:
@@ -461,19 +442,7 @@ class LanceIndex:
         scores = result.column("_score").to_pylist()
         return self._leg_hits(h, ids, [float(s) for s in scores])
 
-    # --- the attribute cache ------------------------------------------------------------
-
-    def _remember(self, h: _Handle, entries: Sequence[tuple[str, Attrs]], *, overwrite: bool) -> None:
-        """Writes overwrite; reads only fill gaps (a read from an older snapshot racing a
-        write must not put the older text back). Past the cap, only known ids are updated."""
-        room = self.cfg.attrs_cache_rows - len(h.attrs)
-        for mid, a in entries:
-            if mid in h.attrs:
-                if overwrite:
-                    h.attrs[mid] = a
-            elif room > 0:
-                h.attrs[mid] = a
-                room -= 1
+    # --- hit attributes -----------------------------------------------------------------
 
     def load_attrs(self, tenant_id: str) -> int:
         """Fill the attribute cache from the table (at start-up: ~0.7 s per 100k rows, paid
@@ -482,18 +451,17 @@ class LanceIndex:
         if h is None:
             return 0
         data = h.reader.to_table(columns=["id", *ATTR_COLUMNS], limit=self.cfg.attrs_cache_rows)
-        self._remember(
-            h, list(zip(data.column("id").to_pylist(), _attrs(data), strict=True)), overwrite=False
+        h.attrs.remember(
+            list(zip(data.column("id").to_pylist(), read_attrs(data), strict=True)), overwrite=False
         )
         return len(h.attrs)
 
     def _attrs_of(self, h: _Handle, ids: Sequence[str]) -> dict[str, Attrs]:
-        found = {i: a for i in ids if (a := h.attrs.get(i)) is not None}
-        missing = [i for i in ids if i not in found]
+        found, missing = h.attrs.lookup(ids)
         if missing:
             data = h.reader.to_table(columns=["id", *ATTR_COLUMNS], filter=_in("id", missing))
-            read = list(zip(data.column("id").to_pylist(), _attrs(data), strict=True))
-            self._remember(h, read, overwrite=False)
+            read = list(zip(data.column("id").to_pylist(), read_attrs(data), strict=True))
+            h.attrs.remember(read, overwrite=False)
             found.update(read)
         return found
 

@@ -31,7 +31,8 @@ from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo_server.config import LimitsConfig, RankingConfig, RecallConfig
 from mnemo_server.embed.embedder import CachedQueryEmbedder, Vectors
 from mnemo_server.errors import InvalidArgument
-from mnemo_server.index.lance_index import Attrs, LanceIndex, LegHit, filter_sql
+from mnemo_server.index.attrs import Attrs
+from mnemo_server.index.lance_index import LanceIndex, LegHit, filter_sql
 from mnemo_server.memory.model import Memory, MemoryFilter
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.ranking.client import RankingClient

@@ -318,8 +318,8 @@ class LanceIndex:
             table.optimize(cleanup_older_than=timedelta(seconds=self.cfg.keep_versions_s))
             h.refresh()
             done["rows"] = rows
-            deltas = self._vector_deltas(h)
-        tail = self._small_newest_deltas(h) if merge_deltas and deltas > self.cfg.ann_max_deltas else 0
+            segments = self._vector_segments(h)
+        tail = self._small_newest(segments) if merge_deltas and len(segments) > self.cfg.ann_max_deltas else 0
         if tail > 1:
             # Every optimize folds the new rows into a delta of the ANN index and a search
             # probes each delta: after a 100k bulk load, 45 deltas made it 27 ms instead of 6.
@@ -343,14 +343,9 @@ class LanceIndex:
         """The ANN index's deltas (each optimize that adds rows adds one)."""
         return next((list(d.segments) for d in h.reader.describe_indices() if d.name == "vector_idx"), [])
 
-    @classmethod
-    def _vector_deltas(cls, h: _Handle) -> int:
-        return len(cls._vector_segments(h))
-
-    @classmethod
-    def _small_newest_deltas(cls, h: _Handle) -> int:
+    @staticmethod
+    def _small_newest(segments: list[Any]) -> int:
         """How many of the newest ANN deltas are each under a tenth of the index's size."""
-        segments = cls._vector_segments(h)
         total = sum(seg.size_bytes for seg in segments) or 1
         count = 0
         for seg in sorted(segments, key=lambda seg: seg.created_at, reverse=True):
@@ -361,7 +356,7 @@ class LanceIndex:
 
     def vector_deltas(self, tenant_id: str) -> int:
         h = self._handle(tenant_id, create=False)
-        return 0 if h is None else self._vector_deltas(h)
+        return 0 if h is None else len(self._vector_segments(h))
 
     def stats(self, tenant_id: str) -> dict[str, Any]:
         h = self._handle(tenant_id, create=False)

@@ -214,6 +214,55 @@ def test_cold_start_then_feedback_reaches_the_sidecar(
     assert side.store.counts("tenant-a") == (0, 0)
 
 
+def test_training_pairs_carry_query_and_neighbour_features(
+    start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any]
+) -> None:
+    """A chat's turns, in order: the answer follows the question, and the features the
+    sidecar learns from say so (through Recall's neighbours, the outbox and the pair store)."""
+    side = start_sidecar()
+    live = start_server(ranking={"sidecar_address": f"127.0.0.1:{side.port}", "delivery_interval_s": 0.05})
+    t = tenant(live)
+    scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p")
+    turns = [
+        "Mel: How was the weekend?",
+        "Ann: Quiet, I mostly read",
+        "Mel: Which city did you visit in spring?",
+        "Ann: We went to Lisbon and loved the trams",
+        "Mel: Lovely, I should go there too",
+    ]
+    reqs = [
+        pb.CreateMemoryRequest(
+            memory=memory_pb2.Memory(content=c, scope=scope, source=common_pb2.Source(session_id="chat-1"))
+        )
+        for c in turns
+    ]
+    created = t.memory().BatchCreateMemories(
+        pb.BatchCreateMemoriesRequest(requests=reqs, wait_for_index=True), metadata=t.md, timeout=60
+    )
+    ids = [r.memory.id for r in created.results]
+    r = start(t, "s1", "Which city did Ann visit in spring?")
+    t.memory().EndSession(
+        pb.EndSessionRequest(session_id="s1", feedback=[pb.MemoryFeedback(memory_id=ids[3], used=True)]),
+        metadata=t.md,
+        timeout=5,
+    )
+    wait_for(lambda: side.store.counts("acme")[0] == 1)
+    (stored,) = side.store.sessions("acme")
+    features = {
+        c.candidate.id: dict(zip(stored.feature_names, c.candidate.features, strict=True))
+        for c in stored.candidates
+    }
+    assert set(features) == {m.memory.id for m in r.memories} == set(ids)
+    question, answer, last = features[ids[2]], features[ids[3]], features[ids[4]]
+    assert question["has_question"] == 1.0 and answer["has_question"] == 0.0
+    assert answer["prev_has_question"] == 1.0 and question["next_has_question"] == 0.0
+    assert features[ids[1]]["next_has_question"] == 1.0
+    # The answer shares no term with the query ("Ann" is its speaker prefix, not its text).
+    assert answer["prev_query_overlap"] == question["query_overlap"] > 0.0 == answer["query_overlap"]
+    assert answer["prev_baseline_rel"] == question["baseline_rel"] > 0.0
+    assert last["next_baseline_rel"] == 0.0 and features[ids[0]]["prev_baseline_rel"] == 0.0
+
+
 def test_feedback_survives_sidecar_and_server_restarts(
     start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any], tmp_path: Any
 ) -> None:

@@ -451,6 +451,11 @@ class LanceIndex:
         )
         return len(h.attrs)
 
+    def attrs(self, tenant_id: str, ids: Sequence[str]) -> dict[str, Attrs]:
+        """Indexed attributes by id (from the cache when there); ids not indexed are absent."""
+        h = self._handle(tenant_id, create=False)
+        return {} if h is None or not ids else self._attrs_of(h, ids)
+
     def _attrs_of(self, h: _Handle, ids: Sequence[str]) -> dict[str, Attrs]:
         found, missing = h.attrs.lookup(ids)
         if missing:

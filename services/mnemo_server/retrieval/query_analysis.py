@@ -76,6 +76,25 @@ def body_of(content: str) -> str:
     return content[m.end() :] if m else content
 
 
+# Function words a query shares with almost any text: they say nothing about relevance.
+_STOP_WORDS = frozenset(
+    re.findall(
+        r"\w+",
+        "the and for with was were been are did does what when where who why how which that this its his "
+        "her their she they you your our about from have has had not just really very can could would "
+        "should will than then there",
+    )
+)
+
+
+def content_terms(text: str) -> frozenset[str]:
+    """A text's content words, cut to 5 letters (a crude stem: "painting" and "painted" meet),
+    without function words and words of 1-2 letters."""
+    return frozenset(
+        w[:5] for w in re.findall(r"[a-z0-9']+", text.lower()) if len(w) > 2 and w not in _STOP_WORDS
+    )
+
+
 def has_time_expression(content: str) -> bool:
     return TIME_EXPRESSION.search(body_of(content)) is not None
 

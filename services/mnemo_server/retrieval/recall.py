@@ -23,7 +23,7 @@ import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Set
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -82,6 +82,9 @@ class RecallResult:
     took_ms: float
     reranked: bool = False
     rerank_fallback_reason: str = ""
+    # Hit id -> (previous, next) memory of its source session ("" where none), as the
+    # adjacency stage found them; hits without a source session are absent.
+    neighbours: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,10 @@ class RecallPipeline:
             q.caller_remaining_s,
         )
 
+    def indexed_texts(self, tenant_id: str, ids: Sequence[str]) -> dict[str, str]:
+        """Memory texts as indexed (for signals only: hits themselves are read from DuckDB)."""
+        return {i: a.text for i, a in self.index.attrs(tenant_id, ids).items()}
+
     def speakers(self, tenant_id: str, f: MemoryFilter) -> list[str]:
         key = (tenant_id, MemoryFilter(scopes=f.scopes))
         now = time.monotonic()
@@ -187,6 +194,7 @@ class RecallPipeline:
         ranked = sorted(pool.items(), key=lambda kv: (-kv[1].score, kv[1].attrs.seq))
         hits = self._hydrate(tenant_id, ranked, q)
         result = RecallResult(hits, len(vec_hits), len(txt_hits), 0.0)
+        result.neighbours = {h.memory.id: links[h.memory.id] for h in hits if h.memory.id in links}
         if q.rerank and hits:
             self._rerank(tenant_id, q, result, started)
         if q.explain:

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from mnemo_server.memory.model import Memory, MemoryType, ScopeKind
+from mnemo_server.retrieval.query_analysis import body_of, content_terms
 from mnemo_server.retrieval.recall import HitScores
 
 NS_PER_DAY = 86_400 * 1_000_000_000
@@ -40,6 +41,16 @@ BASE_FEATURES: tuple[str, ...] = (
     "origin_recall",
     "origin_pinned",
     "origin_recent",
+    # Against the session's opening context and the memory's neighbours in its source
+    # session (an answer often follows a question, and a question seldom holds the answer).
+    "has_question",
+    "query_overlap",
+    "baseline_rel",
+    "prev_has_question",
+    "prev_query_overlap",
+    "prev_baseline_rel",
+    "next_has_question",
+    "next_baseline_rel",
 )
 
 
@@ -52,6 +63,9 @@ class Candidate:
     baseline_score: float = 0.0
     baseline_rank: int = 0
     access_count: int = 0
+    # The previous and next memory of its source session ("" when none or unknown).
+    prev_id: str = ""
+    next_id: str = ""
     features: list[float] = field(default_factory=list)
 
 
@@ -63,10 +77,52 @@ def signal_names(candidates: list[Candidate]) -> list[str]:
     return [f"sig_{n}" for n in sorted(names)]
 
 
-def compute_features(candidates: list[Candidate], now_ns: int) -> list[str]:
-    """Fill each candidate's features; returns the feature names (same order)."""
+@dataclass(frozen=True)
+class _Context:
+    """What the query-and-neighbour features of one pool compare against."""
+
+    terms: frozenset[str]
+    texts: dict[str, str]  # id -> text, pool members and their neighbours
+    baseline: dict[str, float]  # id -> baseline score / best baseline score, pool members
+    cache: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def question_and_overlap(self, memory_id: str) -> tuple[float, float]:
+        """(has a question mark, share of the query's terms it contains); 0s when unknown."""
+        if memory_id not in self.cache:
+            body = body_of(self.texts.get(memory_id, ""))
+            overlap = len(self.terms & content_terms(body)) / len(self.terms) if self.terms else 0.0
+            self.cache[memory_id] = (1.0 if "?" in body else 0.0, overlap)
+        return self.cache[memory_id]
+
+    def row(self, c: Candidate) -> list[float]:
+        has_q, overlap = self.question_and_overlap(c.memory.id)
+        prev_q, prev_overlap = self.question_and_overlap(c.prev_id) if c.prev_id else (0.0, 0.0)
+        next_q = self.question_and_overlap(c.next_id)[0] if c.next_id else 0.0
+        return [
+            has_q,
+            overlap,
+            self.baseline[c.memory.id],
+            prev_q,
+            prev_overlap,
+            self.baseline.get(c.prev_id, 0.0),
+            next_q,
+            self.baseline.get(c.next_id, 0.0),
+        ]
+
+
+def compute_features(
+    candidates: list[Candidate], now_ns: int, query: str = "", neighbour_texts: dict[str, str] | None = None
+) -> list[str]:
+    """Fill each candidate's features; returns the feature names (same order).
+    neighbour_texts: the texts of candidates' neighbours outside the pool."""
     sig_names = signal_names(candidates)
     best_text = max((c.scores.text_score for c in candidates if c.scores), default=0.0) or 1.0
+    best_base = max((c.baseline_score for c in candidates), default=0.0) or 1.0
+    ctx = _Context(
+        content_terms(query),
+        {**(neighbour_texts or {}), **{c.memory.id: c.memory.content for c in candidates}},
+        {c.memory.id: c.baseline_score / best_base for c in candidates},
+    )
     for c in candidates:
         m, s = c.memory, c.scores
         row = [
@@ -91,6 +147,7 @@ def compute_features(candidates: list[Candidate], now_ns: int) -> list[str]:
             float("recall" in c.origins),
             float("pinned" in c.origins),
             float("recent" in c.origins),
+            *ctx.row(c),
             *((s.signals.get(n[4:], 0.0) if s else 0.0) for n in sig_names),
         ]
         c.features = row

@@ -146,7 +146,10 @@ class SessionService:
                 tenant_id, RecallQuery(req.context, min(self.cfg.pool_recall, self.limits.max_top_k), f)
             )
             for h in result.hits:
-                by_id[h.memory.id] = Candidate(h.memory, {"recall"}, h.scores, h.score)
+                prev_id, next_id = result.neighbours.get(h.memory.id, ("", ""))
+                by_id[h.memory.id] = Candidate(
+                    h.memory, {"recall"}, h.scores, h.score, prev_id=prev_id, next_id=next_id
+                )
         cur = self.db.reader()
         pinned = memory_repo.list_page(
             cur,
@@ -185,7 +188,8 @@ class SessionService:
         pool.sort(key=lambda c: -c.baseline_score)
         for rank, c in enumerate(pool, start=1):
             c.baseline_rank = rank
-        names = compute_features(pool, now)
+        outside = sorted({n for c in pool for n in (c.prev_id, c.next_id) if n} - {c.memory.id for c in pool})
+        names = compute_features(pool, now, req.context, self.recall.indexed_texts(tenant_id, outside))
 
         decision = self._rank(tenant_id, req, pool, names, started, caller_remaining_s)
         path, reason, version, weight = decision.path, decision.reason, decision.version, decision.weight

@@ -14,6 +14,7 @@ from mnemo_server.app import MnemoServer
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
 from mnemo_server.launcher import watch_parent
+from mnemo_server.process_memory import limit_malloc_arenas
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def serve(
     if port is not None:
         server_overrides["port"] = port
     cfg = build_config(config_file, data_dir, server=server_overrides)
+    limit_malloc_arenas(cfg.server.malloc_arenas)  # before the server's threads exist
     run_until_signalled(MnemoServer(cfg), port_file, parent_pid)
 
 

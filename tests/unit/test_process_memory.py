@@ -1,0 +1,55 @@
+"""The malloc arena cap `mnemo serve` sets: threads that allocate at once share the capped
+arenas instead of getting one each. Run in child processes (the cap is process-wide)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mnemo_server.process_memory import limit_malloc_arenas
+
+# Eight threads allocate at the same time, then glibc's malloc_info counts the heaps.
+PROBE = """
+import ctypes, ctypes.util, os, sys, tempfile, threading
+import numpy as np
+from mnemo_server.process_memory import limit_malloc_arenas
+capped = limit_malloc_arenas(int(sys.argv[1]))
+barrier, keep = threading.Barrier(8), []
+def work():
+    barrier.wait()
+    for _ in range(200):
+        keep.append(np.ones(2000))  # 16 KB each: malloc, not mmap
+threads = [threading.Thread(target=work) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.fdopen.restype = ctypes.c_void_p
+with tempfile.TemporaryFile() as f:
+    fp = ctypes.c_void_p(libc.fdopen(os.dup(f.fileno()), b"w"))
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    f.seek(0)
+    print(capped, f.read().decode().count("<heap nr="))
+"""
+
+
+def heaps(arenas: int) -> tuple[bool, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(arenas)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    return out[0] == "True", int(out[1])
+
+
+def test_zero_keeps_the_default() -> None:
+    assert limit_malloc_arenas(0) is False
+    assert limit_malloc_arenas(-1) is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_cap_limits_the_heaps_of_concurrent_threads() -> None:
+    capped, default_heaps = heaps(0)
+    assert not capped and default_heaps > 2  # glibc gives the threads arenas of their own
+    assert heaps(2) == (True, 2)
+    assert heaps(1) == (True, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -261,6 +262,19 @@ def test_training_pairs_carry_query_and_neighbour_features(
     assert answer["prev_query_overlap"] == question["query_overlap"] > 0.0 == answer["query_overlap"]
     assert answer["prev_baseline_rel"] == question["baseline_rel"] > 0.0
     assert last["next_baseline_rel"] == 0.0 and features[ids[0]]["prev_baseline_rel"] == 0.0
+    assert {f["access_log"] for f in features.values()} == {0.0}
+
+    # A second session sees the first one's injections counted.
+    r2 = start(t, "s2", "Which city did Ann visit in spring?")
+    t.memory().EndSession(pb.EndSessionRequest(session_id="s2"), metadata=t.md, timeout=5)
+    wait_for(lambda: side.store.counts("acme")[0] == 2)
+    second = side.store.sessions("acme")[1]
+    access = {
+        c.candidate.id: c.candidate.features[second.feature_names.index("access_log")]
+        for c in second.candidates
+    }
+    assert access == {m.memory.id: pytest.approx(math.log1p(1)) for m in r.memories}
+    assert {m.memory.id for m in r2.memories} == set(ids)
 
 
 def test_feedback_survives_sidecar_and_server_restarts(

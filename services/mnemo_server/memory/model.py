@@ -111,6 +111,8 @@ class Memory:
     # Internal: global insertion order (adjacency, stable paging) and change counter.
     seq: int = 0
     revision: int = 0
+    # Internal: how many sessions it was injected into (a ranker feature).
+    access_count: int = 0
 
     @property
     def deleted(self) -> bool:

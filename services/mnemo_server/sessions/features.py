@@ -62,7 +62,6 @@ class Candidate:
     recall_score: float = 0.0
     baseline_score: float = 0.0
     baseline_rank: int = 0
-    access_count: int = 0
     # The previous and next memory of its source session ("" when none or unknown).
     prev_id: str = ""
     next_id: str = ""
@@ -140,7 +139,7 @@ def compute_features(
             math.log1p(max(0, now_ns - m.create_time_ns) / NS_PER_DAY),
             math.log1p(max(0, now_ns - m.event_time_ns) / NS_PER_DAY),
             math.log1p(len(m.content)),
-            math.log1p(c.access_count),
+            math.log1p(m.access_count),
             1.0 if _DECISION.search(m.content) else 0.0,
             *(float(m.type is t) for t in MemoryType),
             *(float(m.scope.kind is k) for k in ScopeKind),

@@ -180,10 +180,8 @@ class SessionService:
         scopes = self.visible_scopes(req)
         pool = self._pool(tenant_id, req, scopes)
         now = self.clock()
-        counts = session_repo.access_counts(self.db.reader(), tenant_id, [c.memory.id for c in pool])
         # Baseline: recall's own order; pinned/recent-only candidates after it, by importance.
         for c in pool:
-            c.access_count = counts.get(c.memory.id, 0)
             c.baseline_score = c.recall_score if "recall" in c.origins else 0.01 * c.memory.importance
         pool.sort(key=lambda c: -c.baseline_score)
         for rank, c in enumerate(pool, start=1):

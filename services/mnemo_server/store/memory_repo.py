@@ -53,6 +53,7 @@ _COLUMNS = (
     "embedding_model",
     "indexed_revision",
     "indexed_model",
+    "access_count",
 )
 SELECT_COLUMNS = ", ".join(_COLUMNS)
 
@@ -118,6 +119,7 @@ def _decode(row: Sequence[Any]) -> Memory:
         embedding_model,
         indexed_revision,
         indexed_model,
+        access_count,
     ) = row
     return Memory(
         id=mid,
@@ -143,6 +145,7 @@ def _decode(row: Sequence[Any]) -> Memory:
         revision=revision,
         embedding_model=embedding_model,
         indexed=(indexed_revision == revision and indexed_model == embedding_model),
+        access_count=access_count,
     )
 
 

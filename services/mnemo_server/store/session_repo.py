@@ -182,15 +182,6 @@ def touch_memories(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int)
         )
 
 
-def access_counts(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, int]:
-    if not ids:
-        return {}
-    rows = cur.execute(
-        f"SELECT id, access_count FROM memories WHERE id IN ({id_list(ids)}) AND tenant_id = ?", [tenant_id]
-    ).fetchall()
-    return {r[0]: int(r[1]) for r in rows}
-
-
 # --- outbox --------------------------------------------------------------------------
 
 

@@ -32,9 +32,9 @@ class ServerConfig:
     compute_slots: int = 4
     # Seconds in-flight calls get to finish on SIGTERM.
     shutdown_grace_s: float = 5.0
-    # glibc malloc arenas for `mnemo serve` (resident memory after bulk loads; see
-    # process_memory.py); 0 keeps glibc's default of 8 per core.
-    malloc_arenas: int = 2
+    # Cap on glibc malloc arenas for `mnemo serve`: less resident memory after bulk loads,
+    # at a throughput cost (figures in process_memory.py); 0 keeps glibc's 8 per core.
+    malloc_arenas: int = 0
     tls_cert_file: str = ""
     tls_key_file: str = ""
 

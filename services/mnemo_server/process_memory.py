@@ -3,10 +3,13 @@
 glibc gives every thread that allocates concurrently an arena of its own, up to 8 per core,
 and memory freed into one arena is not reused by another. The server runs ~40 threads
 (gRPC workers, index worker, maintenance, onnxruntime, LanceDB, DuckDB), so after a bulk
-load much of its resident memory is free space spread over arenas. Capping them costs
-little on a small machine: after loading 30k memories and a minute of mixed load, RSS was
-1.48 GB with the default and 1.24 GB with 2 arenas (65 vs 62 operations/s, within run-to-run
-variation)."""
+load part of its resident memory is free space spread over arenas. Capping them trades
+throughput for memory, so it is off by default. Measured on 2 cores, C 8 mixed load:
+- 2 arenas: peak RSS of the 100k bench 2.12 -> 1.82 GB, but on settled 100k data 10-15 %
+  fewer operations/s (47 vs 56 and 56 vs 62 in alternating runs); 30k after a load
+  1.48 -> 1.24 GB.
+- 4 arenas: on settled 100k data the same throughput within noise (64 / 63 vs 64 / 68
+  ops/s) for 30 MB less; 30k right after a load 70 MB less (1.22 vs 1.29 GB)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ throughput for memory, so it is off by default. Measured on 2 cores, C 8 mixed l
   fewer operations/s (47 vs 56 and 56 vs 62 in alternating runs); 30k after a load
   1.48 -> 1.24 GB.
 - 4 arenas: on settled 100k data the same throughput within noise (64 / 63 vs 64 / 68
-  ops/s) for 30 MB less; 30k right after a load 70 MB less (1.22 vs 1.29 GB)."""
+  ops/s) for 30 MB less; the minute right after a 30k load 70 MB less (1.22 vs 1.29 GB)
+  but 58 vs 71 ops/s (one run each)."""
 
 from __future__ import annotations
 

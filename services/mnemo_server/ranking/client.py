@@ -16,7 +16,7 @@ import grpc
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo_server.config import RankingConfig
-from mnemo_server.ranking.breaker import CircuitBreaker
+from mnemo_server.ranking.breaker import BreakerState, CircuitBreaker
 
 T = TypeVar("T")
 # Below this there is no point sending a call at all.
@@ -78,7 +78,10 @@ class RankingClient:
         if not self.enabled:
             return self._fallback("no_sidecar", started)
         if budget_s < MIN_BUDGET_S:
-            return self._fallback("no_time", started)
+            # With the circuit open no call would go out even with time left: that is the
+            # reason worth counting (a probe is not taken here, so none is left dangling).
+            reason = "circuit_open" if self.breaker.state is BreakerState.OPEN else "no_time"
+            return self._fallback(reason, started)
         if not self.breaker.allow():
             return self._fallback("circuit_open", started)
         try:

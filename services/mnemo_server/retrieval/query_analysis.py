@@ -76,23 +76,28 @@ def body_of(content: str) -> str:
     return content[m.end() :] if m else content
 
 
-# Function words a query shares with almost any text: they say nothing about relevance.
-_STOP_WORDS = frozenset(
+_TOKEN = re.compile(r"[a-z0-9]+")
+# Function words: a query or a transcript shares them with almost any text, so they say
+# nothing about relevance.
+STOP_WORDS = frozenset(
     re.findall(
         r"\w+",
-        "the and for with was were been are did does what when where who why how which that this its his "
-        "her their she they you your our about from have has had not just really very can could would "
-        "should will than then there",
+        "a about after all also an and any are as at be been but by can could did do does for from had "
+        "has have he her him his how i if in into is it its just me my no not of on or our really she "
+        "should so than that the their them then there they this to up us very was we were what when "
+        "where which who why will with would you your",
     )
 )
 
 
+def content_words(text: str) -> set[str]:
+    """A text's lower-cased words without function words and single characters."""
+    return {t for t in _TOKEN.findall(text.lower()) if t not in STOP_WORDS and len(t) > 1}
+
+
 def content_terms(text: str) -> frozenset[str]:
-    """A text's content words, cut to 5 letters (a crude stem: "painting" and "painted" meet),
-    without function words and words of 1-2 letters."""
-    return frozenset(
-        w[:5] for w in re.findall(r"[a-z0-9']+", text.lower()) if len(w) > 2 and w not in _STOP_WORDS
-    )
+    """Content words of 3+ letters cut to 5 (a crude stem: "painting" and "painted" meet)."""
+    return frozenset(w[:5] for w in content_words(text) if len(w) > 2)
 
 
 def has_time_expression(content: str) -> bool:

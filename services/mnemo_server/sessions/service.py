@@ -23,9 +23,10 @@ from mnemo_server.errors import AlreadyExists, FailedPrecondition, FieldViolatio
 from mnemo_server.memory.model import IdempotencyKey, Memory, MemoryFilter, Scope, ScopeKind, now_ns
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.ranking.client import RankingClient
+from mnemo_server.retrieval.query_analysis import content_words
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery
 from mnemo_server.retrieval.scoring import minmax
-from mnemo_server.sessions.continuity import content_tokens, overlap_relevance
+from mnemo_server.sessions.continuity import overlap_relevance
 from mnemo_server.sessions.features import Candidate, compute_features
 from mnemo_server.sessions.packing import pack, render
 from mnemo_server.store import idempotency_repo, memory_repo, session_repo
@@ -371,7 +372,7 @@ class SessionService:
             if fb.memory_id not in known:
                 raise InvalidArgument(f"feedback[{i}].memory_id", "was not a candidate of this session")
             given[fb.memory_id] = 1.0 if fb.used and fb.relevance == 0 else fb.relevance
-        words = content_tokens(transcript) if transcript else set()
+        words = content_words(transcript) if transcript else set()
         continuity: dict[str, tuple[float, str]] = {}
         for m in members:
             mem = texts.get(m.memory_id)

@@ -27,12 +27,15 @@ class Attrs:
 ATTR_COLUMNS = ["text", "scope", "session", "event_time_ns", "importance", "seq"]
 
 
-def read_attrs(table: pa.Table) -> list[Attrs]:
+def read_attrs(table: pa.Table) -> list[tuple[str, Attrs]]:
+    """(id, Attrs) of each row of a table read with the "id" column and ATTR_COLUMNS."""
+    ids = table.column("id").to_pylist()
     text, scope, session, event_time_ns, importance, seq = (table.column(c).to_pylist() for c in ATTR_COLUMNS)
     # Scopes and sessions repeat across many rows: one string object each.
     scope = [sys.intern(x) for x in scope]
     session = [sys.intern(x) for x in session]
-    return [Attrs(*row) for row in zip(text, scope, session, event_time_ns, importance, seq, strict=True)]
+    rows = zip(text, scope, session, event_time_ns, importance, seq, strict=True)
+    return [(i, Attrs(*row)) for i, row in zip(ids, rows, strict=True)]
 
 
 class AttrsCache:

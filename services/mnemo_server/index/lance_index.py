@@ -446,9 +446,7 @@ class LanceIndex:
         if h is None:
             return 0
         data = h.reader.to_table(columns=["id", *ATTR_COLUMNS], limit=self.cfg.attrs_cache_rows)
-        h.attrs.remember(
-            list(zip(data.column("id").to_pylist(), read_attrs(data), strict=True)), overwrite=False
-        )
+        h.attrs.remember(read_attrs(data), overwrite=False)
         return len(h.attrs)
 
     def attrs(self, tenant_id: str, ids: Sequence[str]) -> dict[str, Attrs]:
@@ -460,7 +458,7 @@ class LanceIndex:
         found, missing = h.attrs.lookup(ids)
         if missing:
             data = h.reader.to_table(columns=["id", *ATTR_COLUMNS], filter=_in("id", missing))
-            read = list(zip(data.column("id").to_pylist(), read_attrs(data), strict=True))
+            read = read_attrs(data)
             h.attrs.remember(read, overwrite=False)
             found.update(read)
         return found

@@ -72,6 +72,10 @@ class RankerConfig:
     min_child_samples: int = 50
     colsample_bytree: float = 0.8
     reg_lambda: float = 5.0
+    # Once a ranker has earned promotion on the held-back sessions, fit it again on all of
+    # them before serving: with a few hundred sessions every one counts (on LoCoMo, 221
+    # sessions instead of 177 lifted the test split's NDCG@10 by about 0.01).
+    refit_on_all: bool = True
 
 
 @dataclass(frozen=True)

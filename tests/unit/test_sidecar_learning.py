@@ -12,8 +12,14 @@ from mnemo_server.errors import DeadlineExceeded, FailedPrecondition, ResourceEx
 from mnemo_sidecar.config import HealthConfig, RankerConfig, SidecarConfig
 from mnemo_sidecar.deadlines import AdmissionGate, Deadline
 from mnemo_sidecar.engine import RankingEngine
-from mnemo_sidecar.learning.health import HealthTracker
-from mnemo_sidecar.learning.model import Candidate, FeedbackCandidate, FeedbackSession, ModelKind
+from mnemo_sidecar.learning.health import HealthTracker, decided_win_rate, win_of
+from mnemo_sidecar.learning.model import (
+    Candidate,
+    FeedbackCandidate,
+    FeedbackSession,
+    ModelKind,
+    TrainingOutcome,
+)
 from mnemo_sidecar.learning.ndcg import ndcg_at
 from mnemo_sidecar.learning.pair_store import PairStore, split_heldout
 from mnemo_sidecar.learning.registry import ModelRegistry
@@ -90,6 +96,23 @@ def test_health_ema_floor_and_drift(tmp_path: Path) -> None:
     assert snap.drift and snap.window_win_rate == 0.0 and snap.predictor_weight == pytest.approx(0.1)
 
 
+def test_ties_are_no_evidence_for_the_health_weight(tmp_path: Path) -> None:
+    assert win_of(0.8, 0.5) == 1.0 and win_of(0.5, 0.8) == 0.0 and win_of(0.7, 0.7) is None
+    # One win and one loss of prior: nothing decided is 0.5, three wins of three 0.8.
+    assert decided_win_rate([None, None]) == 0.5
+    assert decided_win_rate([1.0, None, 1.0, 1.0, None]) == pytest.approx(0.8)
+    store = PairStore(tmp_path / "p.sqlite")
+    health = HealthTracker(store, HealthConfig(early_sessions=0))
+    health.on_promotion("t", 0.8)
+    rng = random.Random(0)
+    for i in range(30):  # thirty sessions where the two orders score the same
+        store.add_session("t", synthetic_session(i, rng), 0.6, 0.6, win_of(0.6, 0.6))
+        health.record("t", win_of(0.6, 0.6))
+    snap = health.snapshot("t", has_model=True)
+    assert snap.win_ema == pytest.approx(0.8) and snap.predictor_weight == pytest.approx(0.8)
+    assert not snap.drift and snap.window_win_rate == 0.5  # no decided session in the window yet
+
+
 def test_registry_promotes_atomically_and_reloads(tmp_path: Path) -> None:
     reg = ModelRegistry(tmp_path)
     assert reg.current("t", ModelKind.RANKER, lambda d: d.name) is None
@@ -143,6 +166,55 @@ def test_trainer_promotes_only_when_better(tmp_path: Path) -> None:
     )
     assert good.promoted and good.candidate_ndcg > good.baseline_ndcg + 0.3
     assert engine.ranker("good") is not None and store.outcomes("good")[0].promoted
+
+
+def test_promoted_ranker_is_refit_on_every_session_and_judged_on_unseen_ones(tmp_path: Path) -> None:
+    cfg = SidecarConfig().replace(
+        storage={"data_dir": str(tmp_path)},
+        training={"min_sessions": 20, "cross_encoder": False, "heldout_fraction": 0.25, "min_heldout": 5},
+        ranker={"n_estimators": 60, "min_child_samples": 5},
+    )
+    store = PairStore(tmp_path / "p.sqlite")
+    engine = RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    rng = random.Random(3)
+    first = [synthetic_session(i, rng) for i in range(40)]
+    for s in first:
+        store.add_session("t", s, None, None, None)
+
+    def train() -> TrainingOutcome:
+        [out] = Trainer(engine).train(
+            "t", {ModelKind.RANKER}, force=False, progress=lambda *a: None, should_stop=lambda: False
+        )
+        return out
+
+    out = train()
+    served = engine.ranker("t")
+    assert out.promoted and out.heldout_sessions == 10 and served is not None
+    assert served.source.endswith("refit on 40")
+    assert served.model.trained_sessions == {s.session_id for s in first}
+    # Straight away again: every held-back session is known to the served model, so the
+    # comparison is on all of them and the reason says that this favours the current version.
+    at_once = train()
+    assert at_once.heldout_sessions == 10 and at_once.reason.endswith("which favours it)")
+    # Ten new sessions: the next candidate is held back on those, which the served model has
+    # not seen, rather than on older ones it was refit on.
+    for s in (synthetic_session(i, rng) for i in range(40, 50)):
+        store.add_session("t", s, None, None, None)
+    again = train()
+    assert again.heldout_sessions == 12 - 2  # the newest 12 held back; 2 of them the served model saw
+    assert "favours" not in again.reason
+    # Without the refit the served model is the one judged on the held-back sessions.
+    plain = RankingEngine(
+        cfg.replace(ranker={"refit_on_all": False}),
+        store,
+        ModelRegistry(tmp_path / "models-plain"),
+        HealthTracker(store, cfg.health),
+    )
+    [kept] = Trainer(plain).train(
+        "t", {ModelKind.RANKER}, force=False, progress=lambda *a: None, should_stop=lambda: False
+    )
+    model = plain.ranker("t")
+    assert kept.promoted and model is not None and len(model.model.trained_sessions) == 50 - 12
 
 
 def test_deadline_and_admission_gate() -> None:

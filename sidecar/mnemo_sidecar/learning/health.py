@@ -1,10 +1,15 @@
 """Predictor health (Signet): per session, NDCG@10 of the predictor's order vs the
 baseline's on the feedback; an EMA of wins (alpha 0.1) sets the weight the predictor gets
 when fused with the baseline. Early after a promotion the baseline keeps a floor; when the
-win rate over a window drops below the threshold the predictor is flagged as drifting."""
+win rate over a window drops below the threshold the predictor is flagged as drifting.
+
+A session where both orders score the same NDCG is no evidence either way and moves
+nothing: most sessions tie (the useful memories sit in both top tens), and counting ties
+as half a win pulled every predictor's weight towards 0.5 whatever its record."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mnemo_sidecar.config import HealthConfig
@@ -22,12 +27,20 @@ class Health:
     window_baseline_ndcg: float
 
 
-def win_of(predictor_ndcg: float, baseline_ndcg: float, tolerance: float = 1e-9) -> float:
+def win_of(predictor_ndcg: float, baseline_ndcg: float, tolerance: float = 1e-9) -> float | None:
+    """1 for a win, 0 for a loss, None for a tie."""
     if predictor_ndcg > baseline_ndcg + tolerance:
         return 1.0
     if predictor_ndcg < baseline_ndcg - tolerance:
         return 0.0
-    return 0.5
+    return None
+
+
+def decided_win_rate(wins: Sequence[float | None]) -> float:
+    """Share of the decided sessions won, with one win and one loss of prior (Laplace), so a
+    handful of sessions cannot set the weight to 0 or 1 and none at all gives 0.5."""
+    decided = [w for w in wins if w is not None]
+    return (sum(decided) + 1.0) / (len(decided) + 2.0)
 
 
 class HealthTracker:
@@ -36,7 +49,8 @@ class HealthTracker:
         self.cfg = cfg
 
     def record(self, tenant: str, win: float | None) -> None:
-        """After a session was stored; win is None when no predictor could be compared."""
+        """After a session was stored; win is None when no predictor could be compared or
+        the two orders tied."""
         ema, since_promotion, since_training = self.store.health_state(tenant)
         if win is not None:
             ema = self.cfg.alpha * win + (1 - self.cfg.alpha) * ema

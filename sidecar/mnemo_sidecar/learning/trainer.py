@@ -21,7 +21,7 @@ from mnemo_sidecar.crossencoder.finetune import bundled_base, finetune
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
 from mnemo_sidecar.deadlines import Deadline
 from mnemo_sidecar.engine import RankingEngine
-from mnemo_sidecar.learning.health import win_of
+from mnemo_sidecar.learning.health import decided_win_rate, win_of
 from mnemo_sidecar.learning.model import FeedbackSession, ModelKind, TrainingOutcome
 from mnemo_sidecar.learning.ndcg import ndcg_at, order_by
 from mnemo_sidecar.learning.pair_store import split_heldout
@@ -74,8 +74,10 @@ def ranker_ndcg(
 def ranker_heldout(
     model: RankerModel, sessions: Sequence[FeedbackSession], ce_scores: dict[str, dict[str, float]] | None
 ) -> tuple[float, float]:
-    """(mean NDCG@10 of the model's order, share of sessions where it beats the baseline)."""
-    values, wins = [], []
+    """(mean NDCG@10 of the model's order, its win rate against the baseline over the
+    sessions where the two differ)."""
+    values: list[float] = []
+    wins: list[float | None] = []
     for s in sessions:
         scores = model.score(session_matrix(s, model.feature_names, (ce_scores or {}).get(s.session_id)))
         rel = _relevance(s)
@@ -86,7 +88,7 @@ def ranker_heldout(
         if v is not None and b is not None:
             values.append(v)
             wins.append(win_of(v, b))
-    return (statistics.fmean(values) if values else 0.0), (statistics.fmean(wins) if wins else 0.5)
+    return (statistics.fmean(values) if values else 0.0), decided_win_rate(wins)
 
 
 def ce_training_pairs(
@@ -190,7 +192,7 @@ class Trainer:
             tenant,
             kind,
             version,
-            candidate,
+            lambda: candidate,
             f"fine-tuned from {base.name} on {len(train)} sessions",
             (cand_ndcg, current_ndcg, base_ndcg),
             len(held),
@@ -219,45 +221,75 @@ class Trainer:
         progress(kind, "training", 0.0, f"lambdarank on {len(train)} sessions")
         model, rows = train_ranker(train, ce_scores, self.cfg.ranker, directory, version)
         seconds = time.perf_counter() - started
-        cand_ndcg, win_rate = ranker_heldout(model, held, ce_scores)
         current = self.engine.ranker(tenant)
-        current_ndcg = ranker_ndcg(current.model, held, ce_scores) if current is not None else None
-        base_ndcg = baseline_ndcg(held)
+        judged, caveat = self._unseen_by(current.model if current is not None else None, held)
+        cand_ndcg, win_rate = ranker_heldout(model, judged, ce_scores)
+        current_ndcg = ranker_ndcg(current.model, judged, ce_scores) if current is not None else None
+        base_ndcg = baseline_ndcg(judged)
         source = f"lambdarank on {len(train)} sessions" + (" + cross-encoder feature" if ce_scores else "")
+
+        def refit() -> RankerModel:
+            """The promoted model is fitted again on every session before it is served."""
+            if not self.cfg.ranker.refit_on_all:
+                return model
+            progress(kind, "refitting", 0.0, f"lambdarank on all {len(train) + len(held)} sessions")
+            return train_ranker([*train, *held], ce_scores, self.cfg.ranker, directory, version)[0]
+
         outcome = self._conclude(
             tenant,
             kind,
             version,
-            model,
-            source,
+            refit,
+            source + (f", refit on {len(train) + len(held)}" if self.cfg.ranker.refit_on_all else ""),
             (cand_ndcg, current_ndcg, base_ndcg),
-            len(held),
+            len(judged),
             seconds,
             rows,
             progress,
+            caveat,
         )
         if outcome.promoted:
             self.engine.health.on_promotion(tenant, win_rate)
         return outcome
+
+    def _unseen_by(
+        self, current: RankerModel | None, held: list[FeedbackSession]
+    ) -> tuple[list[FeedbackSession], str]:
+        """The held-back sessions the current model was not fitted on (a refit model has seen
+        the older ones; judged on those it would win by memory), and a caveat for the reason.
+        If too few are left, all of them: the comparison then favours the current model,
+        which errs on keeping it."""
+        if current is None:
+            return held, ""
+        unseen = [s for s in held if s.session_id not in current.trained_sessions]
+        if len(unseen) >= self.cfg.training.min_heldout:
+            return unseen, ""
+        return held, (
+            f" (only {len(unseen)} held-back sessions are new to the current version; judged on all"
+            f" {len(held)}, which favours it)"
+        )
 
     def _conclude(
         self,
         tenant: str,
         kind: ModelKind,
         version: str,
-        model: object,
+        promotable: Callable[[], object],
         source: str,
         ndcg: tuple[float, float | None, float],
         heldout: int,
         seconds: float,
         pairs: int,
         progress: Progress,
+        caveat: str = "",
     ) -> TrainingOutcome:
-        """Promote the candidate (atomically, hot-swapped) or discard it, and say why."""
+        """Promote the candidate (atomically, hot-swapped) or discard it, and say why.
+        `promotable` gives the model to serve; it is only called for a promotion."""
         candidate, current, baseline = ndcg
         promoted, reason = self._decide(candidate, current, baseline)
+        reason += caveat
         if promoted:
-            self.engine.registry.promote(tenant, kind, version, model, source)
+            self.engine.registry.promote(tenant, kind, version, promotable(), source)
         else:
             self.engine.registry.discard(tenant, kind, version)
         progress(kind, "done", 1.0, reason)

@@ -56,6 +56,9 @@ class RankerModel:
     uses_ce: bool
     path: Path
     _session: object
+    # The sessions it was fitted on, so a later candidate is compared with it only on
+    # sessions neither has seen.
+    trained_sessions: frozenset[str] = frozenset()
 
     @classmethod
     def load(cls, directory: Path, threads: int = 1) -> RankerModel:
@@ -68,7 +71,14 @@ class RankerModel:
         # Idle pool threads would spin between calls, burning a core the server needs.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sess = ort.InferenceSession(str(directory / "ranker.onnx"), opts, providers=["CPUExecutionProvider"])
-        return cls(meta["version"], tuple(meta["feature_names"]), bool(meta["uses_ce"]), directory, sess)
+        return cls(
+            meta["version"],
+            tuple(meta["feature_names"]),
+            bool(meta["uses_ce"]),
+            directory,
+            sess,
+            frozenset(meta.get("session_ids", ())),
+        )
 
     def score(self, matrix: Matrix) -> npt.NDArray[np.float32]:
         if matrix.shape[0] == 0:
@@ -140,6 +150,7 @@ def train_ranker(
                 "uses_ce": uses_ce,
                 "rows": len(labels),
                 "sessions": len(groups),
+                "session_ids": [s.session_id for s in sessions if s.candidates],
                 "fit_seconds": round(time.perf_counter() - started, 2),
                 "params": {
                     "num_leaves": cfg.num_leaves,

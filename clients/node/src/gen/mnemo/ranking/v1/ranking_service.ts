@@ -179,14 +179,18 @@ export interface SubmitTrainingPairsRequest {
 export interface HealthSnapshot {
   /** Sessions with feedback seen for this tenant. */
   sessions: number;
-  /** EMA (alpha 0.1) of predictor wins over the baseline, by NDCG@10 on the feedback. */
+  /**
+   * EMA (alpha 0.1) of predictor wins over the baseline, by NDCG@10 on the feedback.
+   * Sessions where both orders score the same are no evidence and leave it unchanged.
+   */
   winEma: number;
   /** Weight the predictor gets when fused with the baseline. */
   predictorWeight: number;
   /** Win rate over the recent window fell below the drift threshold. */
   drift: boolean;
+  /** Share of wins over the window: the newest sessions where the two orders differed. */
   windowWinRate: number;
-  /** Mean NDCG@10 over the recent window, of each order. */
+  /** Mean NDCG@10 over the same window, of each order. */
   windowPredictorNdcg: number;
   windowBaselineNdcg: number;
 }

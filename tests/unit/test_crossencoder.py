@@ -476,3 +476,64 @@ def test_command_trains_exports_and_reports(tiny_base: Path, tmp_path: Path) -> 
     assert read_card(out)["serving"] == {"precision": "int8"}
     assert CrossEncoderRuntime(out, out / "onnx").precision == "int8"  # the card chooses, the cache is reused
     assert "Validation: rank of the positive" in result.output and "NDCG" in result.output
+
+
+# ---------------------------------------------------------------- learning from sessions
+
+
+def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp_path: Path) -> None:
+    """A fine-tuned cross-encoder is compared, as the ranker's feature, with the current
+    one; the ranker then trained records whose scores it learned, and one that learned
+    another cross-encoder's scores is no incumbent."""
+    from mnemo_sidecar.config import SidecarConfig
+    from mnemo_sidecar.engine import RankingEngine
+    from mnemo_sidecar.learning.health import HealthTracker
+    from mnemo_sidecar.learning.model import ModelKind
+    from mnemo_sidecar.learning.pair_store import PairStore
+    from mnemo_sidecar.learning.registry import ModelRegistry
+    from mnemo_sidecar.learning.trainer import Trainer
+    from tests.unit.test_sidecar_learning import synthetic_session
+
+    cfg = SidecarConfig().replace(
+        storage={"data_dir": str(tmp_path)},
+        # A margin below any difference: every candidate is promoted, so each path runs.
+        training={"min_sessions": 20, "heldout_fraction": 0.25, "promote_margin": -1.0, "torch_threads": 1},
+        cross_encoder={
+            "path": str(tiny_model),
+            "epochs": 1,
+            "max_length": 32,
+            "batch_size": 8,
+            "score_head": 5,
+        },
+        ranker={"n_estimators": 20, "min_child_samples": 5},
+    )
+    store = PairStore(tmp_path / "p.sqlite")
+    engine = RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    rng = random.Random(4)
+    for s in (synthetic_session(i, rng, n=8) for i in range(24)):
+        store.add_session("t", s, None, None, None)
+    configured, _ = engine.cross_encoder("t")
+    assert configured is not None
+
+    def train() -> tuple[Any, Any]:
+        ce_out, ranker_out = Trainer(engine).train(
+            "t",
+            {ModelKind.CROSS_ENCODER, ModelKind.RANKER},
+            force=False,
+            progress=lambda *a: None,
+            should_stop=lambda: False,
+        )
+        return ce_out, ranker_out
+
+    ce_out, ranker_out = train()
+    assert ce_out.promoted and ce_out.reason.endswith("(as the ranker's feature)")
+    served_ce, _ = engine.cross_encoder("t")
+    served = engine.ranker("t")
+    assert served_ce is not None and served_ce.version != configured.version
+    assert ranker_out.promoted and served is not None
+    assert served.model.uses_ce and served.model.ce_version == served_ce.version
+    # Another fine-tune replaces the cross-encoder; the ranker that learned the previous
+    # one's scores is not the incumbent the next ranker has to beat.
+    ce_again, ranker_again = train()
+    assert ce_again.promoted and "another cross-encoder's scores" in ranker_again.reason
+    assert ranker_again.current_ndcg == 0.0  # judged against the baseline alone

@@ -4,14 +4,19 @@ The newest sessions (with any positive feedback) are held back. The cross-encode
 fine-tuned on the rest (question -> used memory vs. unused hard negatives), then the
 ranker is trained on the rest with the promoted cross-encoder's scores as one more feature.
 Each candidate version is compared on the held-back sessions with the current version (or,
-without one, with the baseline order); only a better one is promoted."""
+without one, with the baseline order); only a better one is promoted. A cross-encoder is
+judged by the ranker it makes (one fitted with its scores against one with the current
+version's); a promoted ranker is fitted again on every session before it is served, so the
+next candidate is judged only on held-back sessions the served one has not seen."""
 
 from __future__ import annotations
 
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mnemo_server.errors import FailedPrecondition
@@ -28,6 +33,7 @@ from mnemo_sidecar.learning.pair_store import split_heldout
 from mnemo_sidecar.ranker.model import RankerModel, session_matrix, train_ranker
 
 Progress = Callable[[ModelKind, str, float, str], None]
+CeCache = dict[str, dict[str, dict[str, float]]]
 ShouldStop = Callable[[], bool]
 
 
@@ -110,6 +116,19 @@ def ce_training_pairs(
     return pairs[:max_pairs]
 
 
+@dataclass
+class _Run:
+    """One training run's sessions and callbacks."""
+
+    tenant: str
+    train: list[FeedbackSession]
+    held: list[FeedbackSession]
+    progress: Progress
+    should_stop: ShouldStop
+    # Cross-encoder scores by model version and session: a run scores each pair once.
+    ce_cache: CeCache = field(default_factory=dict)
+
+
 class Trainer:
     def __init__(self, engine: RankingEngine):
         self.engine = engine
@@ -133,10 +152,11 @@ class Trainer:
                 reason="NOT_ENOUGH_SESSIONS",
             )
         outcomes: list[TrainingOutcome] = []
+        run = _Run(tenant, train, held, progress, should_stop)
         if ModelKind.CROSS_ENCODER in kinds and t.cross_encoder:
-            outcomes.append(self._train_cross_encoder(tenant, train, held, progress, should_stop))
+            outcomes.append(self._train_cross_encoder(run))
         if ModelKind.RANKER in kinds and t.ranker:
-            outcomes.append(self._train_ranker(tenant, train, held, progress))
+            outcomes.append(self._train_ranker(run))
         self.engine.health.on_training(tenant)
         for o in outcomes:
             self.engine.store.add_outcome(tenant, o)
@@ -153,14 +173,8 @@ class Trainer:
             )
         return False, f"kept {name}: candidate NDCG@10 {candidate:.4f} does not beat {against:.4f}"
 
-    def _train_cross_encoder(
-        self,
-        tenant: str,
-        train: list[FeedbackSession],
-        held: list[FeedbackSession],
-        progress: Progress,
-        should_stop: ShouldStop,
-    ) -> TrainingOutcome:
+    def _train_cross_encoder(self, run: _Run) -> TrainingOutcome:
+        tenant, train, held, progress = run.tenant, run.train, run.held, run.progress
         c = self.cfg.cross_encoder
         kind = ModelKind.CROSS_ENCODER
         pairs = ce_training_pairs(train, c.hard_negatives, c.random_negatives, c.max_pairs)
@@ -180,13 +194,29 @@ class Trainer:
             pos_weight=c.positive_weight,
             threads=self.cfg.training.torch_threads,
             progress=lambda f, msg: progress(kind, "fine-tuning", f, msg),
-            should_stop=should_stop,
+            should_stop=run.should_stop,
         )
         seconds = time.perf_counter() - started
         progress(kind, "evaluating", 0.0, f"{len(held)} held-back sessions")
         candidate = self.engine.load_cross_encoder(directory / "model")
-        cand_ndcg = ce_blend_ndcg(candidate, held)
-        current_ndcg = ce_blend_ndcg(current, held) if current is not None else None
+        caveat = ""
+        if self.cfg.training.ranker:
+            # Judged by what it is used for: the order of a ranker fitted on the same
+            # sessions with its scores as a feature, against one with the current version's
+            # scores (or none). Alone, blended with the baseline, an in-domain fine-tune lost
+            # to the general cross-encoder on LoCoMo, yet as a feature it lifted the ranker.
+            sessions = [*train, *held]
+            with_candidate = self._ce_features(candidate, sessions, run.ce_cache, progress, kind)
+            with_current = None
+            caveat = " (as the ranker's feature; current: no cross-encoder)"
+            if current is not None:
+                with_current = self._ce_features(current, sessions, run.ce_cache, progress, kind)
+                caveat = " (as the ranker's feature)"
+            cand_ndcg = self._probe_ranker(train, held, with_candidate)
+            current_ndcg: float | None = self._probe_ranker(train, held, with_current)
+        else:
+            cand_ndcg = ce_blend_ndcg(candidate, held)
+            current_ndcg = ce_blend_ndcg(current, held) if current is not None else None
         base_ndcg = baseline_ndcg(held)
         return self._conclude(
             tenant,
@@ -199,30 +229,61 @@ class Trainer:
             seconds,
             len(pairs),
             progress,
+            caveat,
         )
 
-    def _train_ranker(
-        self, tenant: str, train: list[FeedbackSession], held: list[FeedbackSession], progress: Progress
-    ) -> TrainingOutcome:
+    def _ce_features(
+        self,
+        ce: CrossEncoderRuntime,
+        sessions: Sequence[FeedbackSession],
+        cache: CeCache,
+        progress: Progress,
+        kind: ModelKind = ModelKind.RANKER,
+    ) -> dict[str, dict[str, float]]:
+        """Per session, the cross-encoder's scores for the head of its candidates (what the
+        ranker gets as a feature when serving), kept in the run's cache by model version."""
+        cached = cache.setdefault(ce.version, {})
+        todo = [s for s in sessions if s.session_id not in cached]
+        for n, s in enumerate(todo, 1):
+            cached[s.session_id] = self.engine.ce_head_scores(
+                ce, s.query, [c.candidate for c in s.candidates], Deadline.none()
+            )
+            if n % 20 == 0 or n == len(todo):
+                progress(kind, "cross-encoder features", n / len(todo), f"{n}/{len(todo)} sessions")
+        return cached
+
+    def _probe_ranker(
+        self,
+        train: Sequence[FeedbackSession],
+        held: Sequence[FeedbackSession],
+        ce_scores: dict[str, dict[str, float]] | None,
+    ) -> float:
+        """Held-back NDCG@10 of a ranker fitted on `train` with these cross-encoder scores."""
+        with tempfile.TemporaryDirectory(prefix="probe-") as tmp:
+            model, _ = train_ranker(train, ce_scores, self.cfg.ranker, Path(tmp), "probe")
+            return ranker_ndcg(model, held, ce_scores)
+
+    def _train_ranker(self, run: _Run) -> TrainingOutcome:
+        tenant, train, held, progress = run.tenant, run.train, run.held, run.progress
         kind = ModelKind.RANKER
         ce, _ = self.engine.cross_encoder(tenant)
-        ce_scores: dict[str, dict[str, float]] | None = None
-        if ce is not None:
-            progress(kind, "cross-encoder features", 0.0, f"scoring {len(train) + len(held)} sessions")
-            ce_scores = {}
-            for n, s in enumerate([*train, *held], 1):
-                ce_scores[s.session_id] = self.engine.ce_head_scores(
-                    ce, s.query, [c.candidate for c in s.candidates], Deadline.none()
-                )
-                if n % 20 == 0:
-                    progress(kind, "cross-encoder features", n / (len(train) + len(held)), "")
+        ce_version = ce.version if ce is not None else None
+        ce_scores = self._ce_features(ce, [*train, *held], run.ce_cache, progress) if ce is not None else None
         version, directory = self.engine.registry.new_version(tenant, kind)
         started = time.perf_counter()
         progress(kind, "training", 0.0, f"lambdarank on {len(train)} sessions")
-        model, rows = train_ranker(train, ce_scores, self.cfg.ranker, directory, version)
+        model, rows = train_ranker(
+            train, ce_scores, self.cfg.ranker, directory, version, ce_version=ce_version
+        )
         seconds = time.perf_counter() - started
         current = self.engine.ranker(tenant)
+        stale = current is not None and current.model.uses_ce and current.model.ce_version != ce_version
+        if stale:
+            # It learned another cross-encoder's scores: no incumbent worth keeping.
+            current = None
         judged, caveat = self._unseen_by(current.model if current is not None else None, held)
+        if stale:
+            caveat = " (the current version learned from another cross-encoder's scores)"
         cand_ndcg, win_rate = ranker_heldout(model, judged, ce_scores)
         current_ndcg = ranker_ndcg(current.model, judged, ce_scores) if current is not None else None
         base_ndcg = baseline_ndcg(judged)
@@ -233,7 +294,9 @@ class Trainer:
             if not self.cfg.ranker.refit_on_all:
                 return model
             progress(kind, "refitting", 0.0, f"lambdarank on all {len(train) + len(held)} sessions")
-            return train_ranker([*train, *held], ce_scores, self.cfg.ranker, directory, version)[0]
+            return train_ranker(
+                [*train, *held], ce_scores, self.cfg.ranker, directory, version, ce_version=ce_version
+            )[0]
 
         outcome = self._conclude(
             tenant,

@@ -59,6 +59,8 @@ class RankerModel:
     # The sessions it was fitted on, so a later candidate is compared with it only on
     # sessions neither has seen.
     trained_sessions: frozenset[str] = frozenset()
+    # The cross-encoder whose scores it learned from (another one's scores mean something else).
+    ce_version: str | None = None
 
     @classmethod
     def load(cls, directory: Path, threads: int = 1) -> RankerModel:
@@ -78,6 +80,7 @@ class RankerModel:
             directory,
             sess,
             frozenset(meta.get("session_ids", ())),
+            meta.get("ce_version"),
         )
 
     def score(self, matrix: Matrix) -> npt.NDArray[np.float32]:
@@ -95,6 +98,7 @@ def train_ranker(
     out_dir: Path,
     version: str,
     seed: int = 0,
+    ce_version: str | None = None,
 ) -> tuple[RankerModel, int]:
     """Fit lambdarank on the sessions and write ranker.onnx + ranker.json into out_dir.
     Returns the loaded model and the number of training rows."""
@@ -148,6 +152,7 @@ def train_ranker(
                 "version": version,
                 "feature_names": names,
                 "uses_ce": uses_ce,
+                "ce_version": ce_version if uses_ce else None,
                 "rows": len(labels),
                 "sessions": len(groups),
                 "session_ids": [s.session_id for s in sessions if s.candidates],

@@ -35,6 +35,11 @@ class ServerConfig:
     # Cap on glibc malloc arenas for `mnemo serve`: less resident memory after bulk loads,
     # at a throughput cost (figures in process_memory.py); 0 keeps glibc's 8 per core.
     malloc_arenas: int = 0
+    # glibc malloc thresholds for `mnemo serve` (process_memory.py): blocks from this size
+    # get their own mapping, returned when freed; the heap top is trimmed past the second.
+    # 0 keeps glibc's dynamic thresholds.
+    malloc_mmap_threshold_kb: int = 128
+    malloc_trim_threshold_kb: int = 1024
     tls_cert_file: str = ""
     tls_key_file: str = ""
 

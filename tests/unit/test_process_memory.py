@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mnemo_server.process_memory import limit_malloc_arenas
+from mnemo_server.process_memory import fix_malloc_thresholds, limit_malloc_arenas
 
 # Eight threads allocate at the same time, then glibc's malloc_info counts the heaps.
 PROBE = """
@@ -53,3 +53,43 @@ def test_cap_limits_the_heaps_of_concurrent_threads() -> None:
     assert not capped and default_heaps > 2  # glibc gives the threads arenas of their own
     assert heaps(2) == (True, 2)
     assert heaps(1) == (True, 1)
+
+
+# After a 4 MB block is freed glibc raises its mmap threshold past 200 KB, so 50 such blocks
+# then come from the heap; with the threshold fixed each gets a mapping of its own.
+MAPPED = """
+import ctypes, ctypes.util, sys
+from mnemo_server.process_memory import fix_malloc_thresholds
+fixed = fix_malloc_thresholds(int(sys.argv[1]), 1024)
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                 "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+libc.free(libc.malloc(4 << 20))
+blocks = [libc.malloc(200 << 10) for _ in range(50)]
+print(fixed, libc.mallinfo2().hblks)
+"""
+
+
+def mapped_blocks(mmap_threshold_kb: int) -> tuple[bool, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", MAPPED, str(mmap_threshold_kb)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    return out[0] == "True", int(out[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_fixed_mmap_threshold_keeps_large_blocks_out_of_the_heap() -> None:
+    assert fix_malloc_thresholds(0, 1024) is False
+    fixed, mapped = mapped_blocks(0)
+    assert not fixed and mapped < 5  # glibc's dynamic threshold moved past 200 KB
+    fixed, mapped = mapped_blocks(128)
+    assert fixed and mapped >= 50

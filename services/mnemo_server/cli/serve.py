@@ -14,7 +14,7 @@ from mnemo_server.app import MnemoServer
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
 from mnemo_server.launcher import watch_parent
-from mnemo_server.process_memory import limit_malloc_arenas
+from mnemo_server.process_memory import fix_malloc_thresholds, limit_malloc_arenas
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ def serve(
         server_overrides["port"] = port
     cfg = build_config(config_file, data_dir, server=server_overrides)
     limit_malloc_arenas(cfg.server.malloc_arenas)  # before the server's threads exist
+    fix_malloc_thresholds(cfg.server.malloc_mmap_threshold_kb, cfg.server.malloc_trim_threshold_kb)
     run_until_signalled(MnemoServer(cfg), port_file, parent_pid)
 
 

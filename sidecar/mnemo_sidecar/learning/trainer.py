@@ -7,7 +7,8 @@ Each candidate version is compared on the held-back sessions with the current ve
 without one, with the baseline order); only a better one is promoted. A cross-encoder is
 judged by the ranker it makes (one fitted with its scores against one with the current
 version's); a promoted ranker is fitted again on every session before it is served, so the
-next candidate is judged only on held-back sessions the served one has not seen."""
+next candidate is judged on held-back sessions the served one has not seen, or, with too
+few of those, against a ranker like it fitted on the candidate's own training sessions."""
 
 from __future__ import annotations
 
@@ -281,11 +282,12 @@ class Trainer:
         if stale:
             # It learned another cross-encoder's scores: no incumbent worth keeping.
             current = None
-        judged, caveat = self._unseen_by(current.model if current is not None else None, held)
+        judged, current_ndcg, caveat = self._incumbent(
+            current.model if current is not None else None, train, held, ce_scores
+        )
         if stale:
             caveat = " (the current version learned from another cross-encoder's scores)"
         cand_ndcg, win_rate = ranker_heldout(model, judged, ce_scores)
-        current_ndcg = ranker_ndcg(current.model, judged, ce_scores) if current is not None else None
         base_ndcg = baseline_ndcg(judged)
         source = f"lambdarank on {len(train)} sessions" + (" + cross-encoder feature" if ce_scores else "")
 
@@ -315,21 +317,29 @@ class Trainer:
             self.engine.health.on_promotion(tenant, win_rate)
         return outcome
 
-    def _unseen_by(
-        self, current: RankerModel | None, held: list[FeedbackSession]
-    ) -> tuple[list[FeedbackSession], str]:
-        """The held-back sessions the current model was not fitted on (a refit model has seen
-        the older ones; judged on those it would win by memory), and a caveat for the reason.
-        If too few are left, all of them: the comparison then favours the current model,
-        which errs on keeping it."""
+    def _incumbent(
+        self,
+        current: RankerModel | None,
+        train: list[FeedbackSession],
+        held: list[FeedbackSession],
+        ce_scores: dict[str, dict[str, float]] | None,
+    ) -> tuple[list[FeedbackSession], float | None, str]:
+        """The sessions to judge on, the current version's NDCG@10 on them, and a caveat for
+        the reason. A refit model has seen the older held-back sessions (judged on those it
+        would win by memory), so it is judged on the ones it has not seen; if too few are
+        left, a ranker like it (its cross-encoder feature or none) fitted on the candidate's
+        training sessions stands in for it."""
         if current is None:
-            return held, ""
+            return held, None, ""
         unseen = [s for s in held if s.session_id not in current.trained_sessions]
         if len(unseen) >= self.cfg.training.min_heldout:
-            return unseen, ""
-        return held, (
-            f" (only {len(unseen)} held-back sessions are new to the current version; judged on all"
-            f" {len(held)}, which favours it)"
+            return unseen, ranker_ndcg(current, unseen, ce_scores), ""
+        stand_in = self._probe_ranker(train, held, ce_scores if current.uses_ce else None)
+        return (
+            held,
+            stand_in,
+            f" (the current version has seen {len(held) - len(unseen)} of the {len(held)} held-back"
+            f" sessions: judged by a ranker like it fitted on the same {len(train)} sessions)",
         )
 
     def _conclude(

@@ -278,15 +278,9 @@ class Trainer:
         )
         seconds = time.perf_counter() - started
         current = self.engine.ranker(tenant)
-        stale = current is not None and current.model.uses_ce and current.model.ce_version != ce_version
-        if stale:
-            # It learned another cross-encoder's scores: no incumbent worth keeping.
-            current = None
         judged, current_ndcg, caveat = self._incumbent(
-            current.model if current is not None else None, train, held, ce_scores
+            current.model if current is not None else None, train, held, ce_scores, ce_version
         )
-        if stale:
-            caveat = " (the current version learned from another cross-encoder's scores)"
         cand_ndcg, win_rate = ranker_heldout(model, judged, ce_scores)
         base_ndcg = baseline_ndcg(judged)
         source = f"lambdarank on {len(train)} sessions" + (" + cross-encoder feature" if ce_scores else "")
@@ -323,14 +317,18 @@ class Trainer:
         train: list[FeedbackSession],
         held: list[FeedbackSession],
         ce_scores: dict[str, dict[str, float]] | None,
+        ce_version: str | None,
     ) -> tuple[list[FeedbackSession], float | None, str]:
-        """The sessions to judge on, the current version's NDCG@10 on them, and a caveat for
-        the reason. A refit model has seen the older held-back sessions (judged on those it
-        would win by memory), so it is judged on the ones it has not seen; if too few are
-        left, a ranker like it (its cross-encoder feature or none) fitted on the candidate's
-        training sessions stands in for it."""
+        """The sessions to judge on, the current version's NDCG@10 on them (None: judge
+        against the baseline), and a caveat for the reason. A ranker that learned another
+        cross-encoder's scores is no incumbent. A refit model has seen the older held-back
+        sessions (judged on those it would win by memory), so it is judged on the ones it
+        has not seen; if too few are left, a ranker like it (its cross-encoder feature or
+        none) fitted on the candidate's training sessions stands in for it."""
         if current is None:
             return held, None, ""
+        if current.uses_ce and current.ce_version != ce_version:
+            return held, None, " (the current version learned from another cross-encoder's scores)"
         unseen = [s for s in held if s.session_id not in current.trained_sessions]
         if len(unseen) >= self.cfg.training.min_heldout:
             return unseen, ranker_ndcg(current, unseen, ce_scores), ""

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from mnemo_server.api.compute_gate import COMPUTE_METHODS, ComputeGate
+from mnemo_server.api.compute_gate import COMPUTE_PRIORITY, ComputeGate
 from mnemo_server.api.errors import internal_status, to_rpc_status
 from mnemo_server.errors import MnemoError, Unauthenticated
 from mnemo_server.tenancy.tenants import Principal
@@ -128,7 +128,7 @@ class ApiInterceptor(grpc.ServerInterceptor):
             )
 
         behavior = handler.unary_unary or handler.stream_unary
-        gated = method in COMPUTE_METHODS
+        priority = COMPUTE_PRIORITY.get(method)
 
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
             with self._in_flight():
@@ -138,9 +138,9 @@ class ApiInterceptor(grpc.ServerInterceptor):
             try:
                 token = _PRINCIPAL.set(principal())
                 try:
-                    if not gated:
+                    if priority is None:
                         return behavior(request, context)
-                    with self._gate.slot(context.time_remaining()):
+                    with self._gate.slot(context.time_remaining(), priority):
                         return behavior(request, context)
                 finally:
                     _PRINCIPAL.reset(token)

@@ -28,9 +28,9 @@ class ServerConfig:
     port: int = 50051
     max_workers: int = 32
     # Recall and StartSession (CPU-bound) running at once; more wait their turn within their
-    # deadline, StartSession first (api/compute_gate.py has the measurements). One per core
-    # suits a small machine; 0 removes the limit.
-    compute_slots: int = 2
+    # deadline, StartSession first (api/compute_gate.py has the measurements). Two per core
+    # suits a small machine for throughput, one per core for latency; 0 removes the limit.
+    compute_slots: int = 4
     # Seconds in-flight calls get to finish on SIGTERM.
     shutdown_grace_s: float = 5.0
     # Cap on glibc malloc arenas for `mnemo serve`: less resident memory after bulk loads,

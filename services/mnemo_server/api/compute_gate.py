@@ -16,8 +16,10 @@ p99, Recall p50, all operations/s):
   4 slots, StartSession first:       189-209/407-438 ms, 132-150 ms, 122-138 ms, 67-75/s
   2 slots, StartSession first:       120/236 ms, 62-63 ms, 178-181 ms, 65/s
   1 slot:                            83/186 ms, 30 ms, 250 ms, 52/s (one run)
-Two slots (one per core) is the default: the session and write latencies that have
-deadlines and targets halve, for ~8 % of throughput."""
+On a server that has just loaded 100k memories (the full `mnemo bench`, sidecar running,
+one run each) 2 slots cost more: 34 instead of 42 operations/s, for StartSession 203/508
+instead of 277/610 ms. So 4 slots stay the default, and 2 (`server.compute_slots`) is the
+setting for a deployment that values session and write latency over throughput."""
 
 from __future__ import annotations
 

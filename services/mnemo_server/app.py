@@ -203,7 +203,11 @@ class MnemoServer:
         self.core = Core(config)
         self.scheduler = Scheduler()
         self.grpc = GrpcServer(
-            config.server, ApiInterceptor(self._authenticate, ComputeGate(config.server.compute_slots))
+            config.server,
+            ApiInterceptor(
+                self._authenticate,
+                ComputeGate(config.server.compute_slots, config.server.compute_reserved_slots),
+            ),
         )
         self.grpc.add(
             memory_service_pb2_grpc.add_MemoryServiceServicer_to_server,

@@ -31,6 +31,9 @@ class ServerConfig:
     # deadline, StartSession first (api/compute_gate.py has the measurements). Two per core
     # suits a small machine for throughput, one per core for latency; 0 removes the limit.
     compute_slots: int = 4
+    # Of those, slots only StartSession may take (at most compute_slots - 1), so it need not
+    # queue behind Recalls: StartSession p50/p99 -25 % at the same throughput.
+    compute_reserved_slots: int = 1
     # Seconds in-flight calls get to finish on SIGTERM.
     shutdown_grace_s: float = 5.0
     # Cap on glibc malloc arenas for `mnemo serve`: less resident memory after bulk loads,

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from mnemo_server.api.compute_gate import ComputeGate
-from mnemo_server.errors import DeadlineExceeded
+from mnemo_server.errors import DeadlineExceeded, FailedPrecondition
 
 
 def test_a_call_past_its_deadline_in_the_queue_is_refused() -> None:
@@ -121,3 +121,33 @@ def _wait_until_queued(gate: ComputeGate, n: int) -> None:
     while len(gate._queue) < n:
         assert time.monotonic() < deadline, "the call never queued"
         time.sleep(0.001)
+
+
+def test_a_reserved_slot_admits_only_the_first_priority() -> None:
+    gate = ComputeGate(2, reserved=1)
+    recall_in = threading.Event()
+
+    def second_recall() -> None:
+        with gate.slot(10, 1):
+            recall_in.set()
+
+    with gate.slot(10, 1):  # one Recall holds the unreserved slot
+        waiter = threading.Thread(target=second_recall)
+        waiter.start()
+        _wait_until_queued(gate, 1)
+        with gate.slot(0, 0):  # a StartSession takes the reserved one at once
+            assert gate.free == 0
+        assert not recall_in.wait(0.05)  # the freed reserved slot is not the Recall's
+    assert recall_in.wait(5)  # the unreserved one is
+    waiter.join()
+    assert gate.free == 2
+
+
+def test_reserved_slots_leave_one_for_the_others_and_may_not_be_negative() -> None:
+    assert ComputeGate(1, reserved=1).reserved == 0
+    assert ComputeGate(4, reserved=9).reserved == 3
+    assert ComputeGate(0, reserved=1).reserved == 0
+    with pytest.raises(FailedPrecondition) as err:
+        ComputeGate(4, reserved=-1)
+    assert err.value.reason == "BAD_CONFIG"
+    assert "compute_reserved_slots" in str(err.value)

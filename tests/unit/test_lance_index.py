@@ -87,6 +87,27 @@ def test_compaction_and_optimize_keep_search_exact(index: LanceIndex) -> None:
     assert index.unindexed_rows(TENANT) == 0
 
 
+def test_a_batch_mixing_new_and_indexed_rows_neither_duplicates_nor_loses(index: LanceIndex) -> None:
+    """New rows are appended and known ones merged: a batch holding both (an edit arriving
+    with creates), and one written twice (a crash before it was marked indexed), must leave
+    each id once with its newest text."""
+    rng = np.random.default_rng(11)
+    vectors = {i: _unit(rng) for i in range(40)}
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"first{i}") for i in range(20)])
+    mixed = [_row(i, vectors[i], word=f"second{i}", revision=2) for i in range(15, 20)]
+    mixed += [_row(i, vectors[i], word=f"first{i}") for i in range(20, 40)]
+    index.upsert(TENANT, mixed)
+    index.upsert(TENANT, mixed)  # replayed
+
+    assert index.count(TENANT) == 40
+    revisions = index.revisions(TENANT)
+    assert len(revisions) == 40
+    assert all(revisions[f"m{i}"] == (2 if 15 <= i < 20 else 1) for i in range(40))
+    expected = {f"m{i}": (vectors[i], f"second{i}" if 15 <= i < 20 else f"first{i}") for i in range(40)}
+    _check(index, expected, set())
+    assert not index.text_search(TENANT, "first17", 5, None)
+
+
 def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) -> None:
     import threading
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mnemo_server.config import IndexConfig
 from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
@@ -241,7 +242,17 @@ class LanceIndex:
             schema=self.schema,
         )
         with h.lock:
-            h.table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(data)
+            # A merge on id costs twice an append's CPU and keeps ~1.5 KB of native memory
+            # per row (measured at 100k rows), and most rows are new: those are appended.
+            # This worker is the only writer and holds the lock, so the check stays true.
+            present = self._present(h, [r.id for r in rows])
+            fresh = pa.array([r.id not in present for r in rows])
+            if present:
+                h.table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
+                    data.filter(pc.invert(fresh))
+                )
+            if len(present) < len(rows):
+                h.table.add(data.filter(fresh))
             h.attrs.remember([(r.id, _row_attrs(r)) for r in rows], overwrite=True)
             if not h.has_text_index:
                 from lancedb.index import FTS
@@ -249,6 +260,11 @@ class LanceIndex:
                 h.table.create_index("text", config=FTS(with_position=False), name="text_idx")
                 h.has_text_index = True
             h.refresh()
+
+    @staticmethod
+    def _present(h: _Handle, ids: list[str]) -> set[str]:
+        """Which of these ids the table holds (the id index answers it)."""
+        return set(h.reader.to_table(columns=["id"], filter=_in("id", ids)).column("id").to_pylist())
 
     def delete(self, tenant_id: str, ids: Sequence[str]) -> None:
         h = self._handle(tenant_id, create=False)

@@ -1,4 +1,4 @@
-"""LanceIndex maintenance keeps search exact: compaction (with its index remap deferred)
+"""LanceIndex maintenance keeps search exact: compaction
 and optimize must neither lose, resurrect nor duplicate rows. Real LanceDB files."""
 
 from __future__ import annotations
@@ -106,6 +106,28 @@ def test_a_batch_mixing_new_and_indexed_rows_neither_duplicates_nor_loses(index:
     expected = {f"m{i}": (vectors[i], f"second{i}" if 15 <= i < 20 else f"first{i}") for i in range(40)}
     _check(index, expected, set())
     assert not index.text_search(TENANT, "first17", 5, None)
+
+
+def test_rows_rewritten_after_indexing_survive_compaction(index: LanceIndex) -> None:
+    """Rows folded into an ANN delta, then edited, then their fragment compacted: with the
+    index remap deferred, every vector search of the table failed from then on."""
+    rng = np.random.default_rng(5)
+    vectors = {i: _unit(rng) for i in range(330)}
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"base{i}") for i in range(300)])
+    index.optimize(TENANT)
+    for i in range(300, 330):
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"late{i}")])
+    index.optimize(TENANT)  # a small delta of the ANN index now holds m300..m329
+    for i in range(310, 320):
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"edited{i}", revision=2)])
+    assert index.compact(TENANT) > 0
+
+    expected = {f"m{i}": (vectors[i], f"late{i}") for i in range(300, 310)}
+    expected |= {f"m{i}": (vectors[i], f"edited{i}") for i in range(310, 320)}
+    expected |= {f"m{i}": (vectors[i], f"base{i}") for i in (0, 150)}
+    _check(index, expected, set())
+    index.optimize(TENANT)
+    _check(index, expected, set())
 
 
 def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from mnemo_server.errors import EmbeddingModelMismatch, FailedPrecondition
 from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import LanceIndex
 from mnemo_server.learning.service import LearningService
+from mnemo_server.memory.model import MemoryFilter
 from mnemo_server.memory.service import MemoryService
 from mnemo_server.memory.validation import Validator
 from mnemo_server.ranking.client import RankingClient
@@ -141,8 +142,8 @@ class Core:
         vector = self.recall.embedder.embed_one("warm-up query")
         for tenant_id in self.index.tenants():
             self.index.load_attrs(tenant_id)
-            self.index.vector_search(tenant_id, vector, 1, None)
-            self.index.text_search(tenant_id, "warm", 1, None)
+            self.index.vector_search(tenant_id, vector, 1, MemoryFilter())
+            self.index.text_search(tenant_id, "warm", 1, MemoryFilter())
 
     def optimize_dirty(self, *, force: bool = False) -> list[str]:
         """Compact tenants with many small fragments; fold new rows into the indices of

@@ -3,6 +3,7 @@ and optimize must neither lose, resurrect nor duplicate rows. Real LanceDB files
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,11 @@ import pytest
 
 from mnemo_server.config import IndexConfig
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
+from mnemo_server.memory.model import MemoryFilter, Scope, ScopeKind
 
 DIM = 32
 TENANT = "acme"
+ANY = MemoryFilter()
 
 
 def _row(i: int, vector: np.ndarray, *, word: str, revision: int = 1) -> IndexRow:
@@ -44,10 +47,10 @@ def index(tmp_path: Path) -> LanceIndex:
 
 def _check(index: LanceIndex, expected: dict[str, tuple[np.ndarray, str]], gone: set[str]) -> None:
     for memory_id, (vector, word) in expected.items():
-        hits = index.vector_search(TENANT, vector, 3, None)
+        hits = index.vector_search(TENANT, vector, 3, ANY)
         assert hits[0].id == memory_id, (memory_id, [h.id for h in hits])
         assert word in hits[0].attrs.text
-        text_hits = [h.id for h in index.text_search(TENANT, word, 5, None)]
+        text_hits = [h.id for h in index.text_search(TENANT, word, 5, ANY)]
         assert text_hits == [memory_id], (word, text_hits)
     revisions = index.revisions(TENANT)
     assert not gone & revisions.keys()
@@ -79,7 +82,7 @@ def test_compaction_and_optimize_keep_search_exact(index: LanceIndex) -> None:
     assert index.compact(TENANT) > 0
     assert index.stats(TENANT)["fragments"] < fragments_before
     _check(index, expected, set(deleted))
-    assert not index.text_search(TENANT, "base12", 5, None)  # the edit replaced its old text
+    assert not index.text_search(TENANT, "base12", 5, ANY)  # the edit replaced its old text
     assert index.count(TENANT) == 600 + 30 - 5
 
     index.optimize(TENANT)
@@ -105,7 +108,65 @@ def test_a_batch_mixing_new_and_indexed_rows_neither_duplicates_nor_loses(index:
     assert all(revisions[f"m{i}"] == (2 if 15 <= i < 20 else 1) for i in range(40))
     expected = {f"m{i}": (vectors[i], f"second{i}" if 15 <= i < 20 else f"first{i}") for i in range(40)}
     _check(index, expected, set())
-    assert not index.text_search(TENANT, "first17", 5, None)
+    assert not index.text_search(TENANT, "first17", 5, ANY)
+
+
+def test_rows_outside_the_ann_index_are_searched_in_memory_with_the_filter(tmp_path: Path) -> None:
+    """Once the ANN index holds every row, newer rows are searched from memory and LanceDB
+    is asked for indexed rows only; the filter applies to both, an optimize hands the rows
+    over, and a process that did not write them (a restart) lets LanceDB scan them."""
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64)
+    rng = np.random.default_rng(5)
+    vectors = {i: _unit(rng) for i in range(330)}
+
+    def row(i: int, scope: str) -> IndexRow:
+        return dataclasses.replace(_row(i, vectors[i], word=f"w{i}"), scope=f"project:{scope}")
+
+    index = LanceIndex(tmp_path / "lance", DIM, cfg)
+    index.upsert(TENANT, [row(i, "a" if i % 2 else "b") for i in range(300)])
+    assert index.stats(TENANT)["pending_rows"] is None  # no ANN index yet
+    index.optimize(TENANT)
+    assert index.stats(TENANT)["pending_rows"] == 0
+    for i in range(300, 330):
+        index.upsert(TENANT, [row(i, "c" if i % 2 else "d")])
+    index.upsert(TENANT, [dataclasses.replace(row(301, "d"), revision=2)])  # moved to scope d
+    index.delete(TENANT, ["m303"])
+    assert index.stats(TENANT)["pending_rows"] == 29
+
+    def top(ix: LanceIndex, i: int, scope: str | None) -> list[str]:
+        f = ANY if scope is None else _scope_filter(scope)
+        return [h.id for h in ix.vector_search(TENANT, vectors[i], 3, f)]
+
+    def check(ix: LanceIndex) -> None:
+        assert top(ix, 305, None)[0] == "m305"
+        assert top(ix, 305, "c")[0] == "m305"
+        assert "m305" not in top(ix, 305, "d")
+        assert top(ix, 301, "d")[0] == "m301"  # its new scope only
+        assert "m301" not in top(ix, 301, "c")
+        assert "m303" not in top(ix, 303, None)  # deleted
+        assert top(ix, 10, "b")[0] == "m10"  # an indexed row
+        assert "m10" not in top(ix, 10, "a")
+
+    check(index)
+    reopened = LanceIndex(tmp_path / "lance", DIM, cfg)
+    assert reopened.stats(TENANT)["pending_rows"] is None
+    check(reopened)
+    index.optimize(TENANT)
+    assert index.stats(TENANT)["pending_rows"] == 0
+    check(index)
+    # A small indexed fragment merged with newer ones: the index finds its rows where
+    # they moved, the newer ones stay pending.
+    for i in range(310, 320):
+        index.upsert(TENANT, [dataclasses.replace(row(i, "c" if i % 2 else "d"), revision=3)])
+    assert index.compact(TENANT) > 0
+    assert index.stats(TENANT)["pending_rows"] == 10
+    check(index)
+    assert top(index, 315, "c")[0] == "m315"
+    check(LanceIndex(tmp_path / "lance", DIM, cfg))
+
+
+def _scope_filter(project: str) -> MemoryFilter:
+    return MemoryFilter(scopes=(Scope(ScopeKind.PROJECT, project),))
 
 
 def test_rows_rewritten_after_indexing_survive_compaction(index: LanceIndex) -> None:
@@ -167,8 +228,8 @@ def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) 
     def search() -> None:
         while not stop.is_set():
             try:
-                index.vector_search(TENANT, vectors[3], 5, None)
-                index.text_search(TENANT, "w3", 5, None)
+                index.vector_search(TENANT, vectors[3], 5, ANY)
+                index.text_search(TENANT, "w3", 5, ANY)
             except BaseException as exc:  # any failure is the finding
                 failures.append(exc)
 
@@ -203,13 +264,13 @@ def test_hit_attributes_follow_updates_deletes_and_restarts(tmp_path: Path, cach
     index.delete(TENANT, ["m5"])
 
     def check(ix: LanceIndex) -> None:
-        top = ix.vector_search(TENANT, vectors[2], 8, None)
+        top = ix.vector_search(TENANT, vectors[2], 8, ANY)
         assert top[0].id == "m2" and "second2" in top[0].attrs.text
         assert "m5" not in {h.id for h in top}
         assert len(top) == 7
-        text = ix.text_search(TENANT, "second2", 5, None)
+        text = ix.text_search(TENANT, "second2", 5, ANY)
         assert [(h.id, h.attrs.text) for h in text] == [("m2", "memory number 2 about second2")]
-        assert ix.text_search(TENANT, "first5", 5, None) == []
+        assert ix.text_search(TENANT, "first5", 5, ANY) == []
         rows = ix.rows(TENANT, ["m2", "m5", "m7"])
         assert sorted(rows) == ["m2", "m7"] and "second2" in rows["m2"][0].text
         assert {h.id: h.attrs.seq for h in top} == {f"m{i}": i for i in range(8) if i != 5}

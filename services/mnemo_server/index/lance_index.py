@@ -3,7 +3,8 @@ vector and text, with a BM25 full-text index and, past a size threshold, an ANN 
 
 Everything here can be rebuilt from DuckDB. Filter columns are copied in so filters run
 inside LanceDB (prefilter); results are still re-checked against DuckDB by the caller, so a
-stale copy here can cost a hit but never show a wrong one.
+stale copy here can cost a hit but never show a wrong one. Rows written since the ANN index
+last took in every row are also kept in memory and searched there (pending.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pyarrow.compute as pc
 
 from mnemo_server.config import IndexConfig
 from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
+from mnemo_server.index.pending import PendingRows
 from mnemo_server.memory.model import MemoryFilter
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,10 @@ class _Handle:
     attrs: AttrsCache
     lock: threading.Lock = field(default_factory=threading.Lock)
     has_text_index: bool = False
+    # Every row outside the ANN index (see pending.py), or None while that is not known:
+    # no ANN index yet, or rows left outside it by an earlier process. Then searches take
+    # LanceDB's flat scan of them instead.
+    pending: PendingRows | None = None
 
     def refresh(self) -> None:
         """Read the newest version. Through the same Lance session: its index cache is what
@@ -194,7 +200,10 @@ class LanceIndex:
                 session,
                 AttrsCache(self.cfg.attrs_cache_rows),
             )
-            handle.has_text_index = "text_idx" in self._index_names(table)
+            indices = self._index_names(table)
+            handle.has_text_index = "text_idx" in indices
+            if "vector_idx" in indices:
+                self._settle_pending(handle)
             self._handles[name] = handle
             return handle
 
@@ -245,6 +254,8 @@ class LanceIndex:
             # A merge on id costs twice an append's CPU and keeps ~1.5 KB of native memory
             # per row (measured at 100k rows), and most rows are new: those are appended.
             # This worker is the only writer and holds the lock, so the check stays true.
+            if h.pending is not None:
+                h.pending = h.pending.with_rows(rows)
             present = self._present(h, [r.id for r in rows])
             fresh = pa.array([r.id not in present for r in rows])
             if present:
@@ -273,6 +284,8 @@ class LanceIndex:
         with h.lock:
             for start in range(0, len(ids), 500):
                 h.table.delete(_in("id", ids[start : start + 500]))
+            if h.pending is not None:
+                h.pending = h.pending.without(ids)
             h.attrs.forget(ids)
             h.refresh()
 
@@ -338,6 +351,8 @@ class LanceIndex:
                 done["id_index"] = True
             table.optimize(cleanup_older_than=timedelta(seconds=self.cfg.keep_versions_s))
             h.refresh()
+            if "vector_idx" in indices or "ann_index" in done:
+                self._settle_pending(h)
             done["rows"] = rows
             segments = self._vector_segments(h)
         tail = self._small_newest(segments) if merge_deltas and len(segments) > self.cfg.ann_max_deltas else 0
@@ -358,6 +373,13 @@ class LanceIndex:
             done["merged_vector_deltas"] = tail
             done["merge_s"] = time.monotonic() - started
         return done
+
+    @staticmethod
+    def _settle_pending(h: _Handle) -> None:
+        """Once the ANN index holds every row, start keeping the rows written after it
+        (caller holds the table lock or owns the handle alone)."""
+        stats = h.table.index_stats("vector_idx")
+        h.pending = PendingRows() if stats is not None and stats.num_unindexed_rows == 0 else None
 
     @staticmethod
     def _vector_segments(h: _Handle) -> list[Any]:
@@ -387,6 +409,8 @@ class LanceIndex:
             "rows": h.table.count_rows(),
             "version": h.reader.version,
             "fragments": len(h.reader.get_fragments()),
+            # Rows outside the ANN index searched in memory (None: LanceDB scans them).
+            "pending_rows": None if h.pending is None else len(h.pending),
             "indices": {
                 n: {"indexed": ix.num_indexed_rows, "unindexed": ix.num_unindexed_rows}
                 for n, ix in self._index_names(h.table).items()
@@ -430,11 +454,14 @@ class LanceIndex:
         return {i: (attrs[i], v) for i, v in zip(found, matrix, strict=True) if i in attrs}
 
     def vector_search(
-        self, tenant_id: str, vector: npt.NDArray[np.float32], k: int, where: str | None
+        self, tenant_id: str, vector: npt.NDArray[np.float32], k: int, f: MemoryFilter
     ) -> list[LegHit]:
         h = self._handle(tenant_id, create=False)
         if h is None:
             return []
+        # The pending rows before the snapshot: an optimize folds rows in, then clears them
+        # here, so this order sees each row in one place or both, never in neither.
+        pending = h.pending
         nearest = {
             "column": "vector",
             "q": vector,
@@ -442,17 +469,28 @@ class LanceIndex:
             "metric": "cosine",
             "nprobes": self.cfg.ann_nprobes,
         }
-        result = h.reader.to_table(columns=["id", "_distance"], nearest=nearest, filter=where, prefilter=True)
+        result = h.reader.to_table(
+            columns=["id", "_distance"],
+            nearest=nearest,
+            filter=filter_sql(f),
+            prefilter=True,
+            fast_search=pending is not None,
+        )
         ids = result.column("id").to_pylist()
         dists = result.column("_distance").to_pylist()
-        return self._leg_hits(h, ids, [1.0 - float(d) for d in dists])
+        scores = {i: 1.0 - float(d) for i, d in zip(ids, dists, strict=True)}
+        if pending:
+            # A row written again is in both: its pending copy is the newer one.
+            scores.update(pending.search(vector, k, f))
+            ids = sorted(scores, key=lambda i: -scores[i])[:k]
+        return self._leg_hits(h, ids, [scores[i] for i in ids])
 
-    def text_search(self, tenant_id: str, query: str, k: int, where: str | None) -> list[LegHit]:
+    def text_search(self, tenant_id: str, query: str, k: int, f: MemoryFilter) -> list[LegHit]:
         h = self._handle(tenant_id, create=False)
         if h is None or not h.has_text_index or not query.strip():
             return []
         result = h.reader.to_table(
-            columns=["id", "_score"], full_text_query=query, filter=where, prefilter=True, limit=k
+            columns=["id", "_score"], full_text_query=query, filter=filter_sql(f), prefilter=True, limit=k
         )
         ids = result.column("id").to_pylist()
         scores = result.column("_score").to_pylist()

@@ -32,7 +32,7 @@ from mnemo_server.config import LimitsConfig, RankingConfig, RecallConfig
 from mnemo_server.embed.embedder import CachedQueryEmbedder, Vectors
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.index.attrs import Attrs
-from mnemo_server.index.lance_index import LanceIndex, LegHit, filter_sql
+from mnemo_server.index.lance_index import LanceIndex, LegHit
 from mnemo_server.memory.model import Memory, MemoryFilter
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.ranking.client import RankingClient
@@ -182,11 +182,10 @@ class RecallPipeline:
         )
         analysis = analyse(q.text, speakers, strip=Stage.ENTITY_STRIP not in off)
         k = max(self.cfg.leg_min, min(self.cfg.leg_max, 2 * q.top_k))
-        where = filter_sql(q.filter)
         vector = self.embedder.embed_one(analysis.text)
-        vec_hits = [] if Stage.VECTOR in off else self.index.vector_search(tenant_id, vector, k, where)
+        vec_hits = [] if Stage.VECTOR in off else self.index.vector_search(tenant_id, vector, k, q.filter)
         txt_hits = (
-            [] if Stage.FULL_TEXT in off else self.index.text_search(tenant_id, analysis.text, k, where)
+            [] if Stage.FULL_TEXT in off else self.index.text_search(tenant_id, analysis.text, k, q.filter)
         )
         pool = self._fuse(vec_hits, txt_hits)
         links = self._expand(tenant_id, pool, vector) if Stage.ADJACENCY not in off and pool else {}

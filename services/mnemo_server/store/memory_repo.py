@@ -89,6 +89,12 @@ def insert_rows(cur: Cursor, table: str, rows: list[dict[str, Any]]) -> None:
         cur.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM new_{table}")
 
 
+# Enum lookups by value through a dict: calling the enum class is ~1 us each, and Recall,
+# StartSession and listings decode thousands of rows a second.
+_SCOPE_KINDS = {k.value: k for k in ScopeKind}
+_TYPES = {t.value: t for t in MemoryType}
+
+
 def _decode(row: Sequence[Any]) -> Memory:
     (
         tenant_id,
@@ -126,8 +132,8 @@ def _decode(row: Sequence[Any]) -> Memory:
         tenant_id=tenant_id,
         seq=seq,
         external_id=external_id or "",
-        scope=Scope(ScopeKind(scope_kind), scope_id),
-        type=MemoryType(mtype),
+        scope=Scope(_SCOPE_KINDS[scope_kind], scope_id),
+        type=_TYPES[mtype],
         category=category,
         content=content,
         content_hash=content_hash,
@@ -135,7 +141,7 @@ def _decode(row: Sequence[Any]) -> Memory:
         confidence=float(confidence),
         pinned=bool(pinned),
         source=Source(who, why, run_id, session_id),
-        metadata=json.loads(metadata),
+        metadata={} if metadata == "{}" else json.loads(metadata),
         event_time_ns=event_ns,
         create_time_ns=create_ns,
         update_time_ns=update_ns,

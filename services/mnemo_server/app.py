@@ -251,9 +251,10 @@ class MnemoServer:
         core = self.core
         if not self.config.auth.enabled:
             core.tenants.ensure_tenant(self.config.auth.local_tenant)
-        # Tables an older server wrote with another layout are rebuilt from DuckDB.
+        # Tables an older server wrote with another layout, or left with an ANN index that
+        # no longer reads, are rebuilt from DuckDB.
         for tenant_id in core.index.drop_outdated():
-            log.info("index layout changed: re-indexing tenant %s", tenant_id)
+            log.info("index table dropped (older layout or unreadable): re-indexing tenant %s", tenant_id)
             with core.db.transaction() as cur:
                 memory_repo.reset_index_marks(cur, tenant_id)
         # Anything committed but not indexed before a crash (or indexed but since deleted).

@@ -191,6 +191,36 @@ def test_rows_rewritten_after_indexing_survive_compaction(index: LanceIndex) -> 
     _check(index, expected, set())
 
 
+def test_a_table_whose_ann_index_no_longer_reads_is_dropped_for_rebuilding(tmp_path: Path) -> None:
+    """A data directory from a server that compacted with the remap deferred: its ANN index
+    fails every search that reaches the broken delta. At start-up the table is dropped (the
+    caller re-indexes the tenant from DuckDB); a sound table stays."""
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64)
+    rng = np.random.default_rng(5)
+    vectors = {i: _unit(rng) for i in range(330)}
+    broken = LanceIndex(tmp_path / "lance", DIM, cfg)
+    for tenant in ("bad", "good"):
+        broken.upsert(tenant, [_row(i, vectors[i], word="w") for i in range(300)])
+        broken.optimize(tenant)
+        for i in range(300, 330):
+            broken.upsert(tenant, [_row(i, vectors[i], word="w")])
+        broken.optimize(tenant)
+        for i in range(310, 320):
+            broken.upsert(tenant, [_row(i, vectors[i], word="w", revision=2)])
+    # The old compaction, on one tenant only.
+    h = broken._handle("bad", create=False)
+    assert h is not None
+    h.for_maintenance().optimize.compact_files(target_rows_per_fragment=1 << 20, defer_index_remap=True)
+    broken.compact("good")
+    with pytest.raises(ValueError, match="HNSW graph"):
+        LanceIndex(tmp_path / "lance", DIM, cfg).vector_search("bad", vectors[315], 3, ANY)
+
+    restarted = LanceIndex(tmp_path / "lance", DIM, cfg)
+    assert restarted.drop_outdated() == ["bad"]
+    assert restarted.tenants() == ["good"]
+    assert restarted.vector_search("good", vectors[315], 3, ANY)[0].id == "m315"
+
+
 def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) -> None:
     import threading
 

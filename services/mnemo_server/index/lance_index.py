@@ -211,17 +211,41 @@ class LanceIndex:
         return [n[2:] for n in self._db.list_tables().tables if n.startswith("t_")]
 
     def drop_outdated(self) -> list[str]:
-        """Drop tables written with another schema (an older server); returns their tenants,
-        whose memories must be indexed again. The index is derived, so nothing is lost."""
+        """Drop tables written with another schema (an older server) or whose ANN index no
+        longer reads; returns their tenants, whose memories must be indexed again. The
+        index is derived, so nothing is lost."""
         dropped = []
         for tenant_id in self.tenants():
             name = self.table_name(tenant_id)
-            if self._db.open_table(name).schema.names != self.schema.names:
+            if self._db.open_table(name).schema.names != self.schema.names or not self._ann_reads(tenant_id):
                 with self._lock:
                     self._handles.pop(name, None)
                     self._db.drop_table(name)
                 dropped.append(tenant_id)
         return dropped
+
+    def _ann_reads(self, tenant_id: str) -> bool:
+        """Whether a search probing every partition of the ANN index succeeds. Compaction
+        with a deferred remap (servers before this check) could leave a delta that fails
+        every search that reaches it ("HNSW graph has N nodes but its vector storage has
+        M rows"). Once at start-up: ~1 s at 100k rows, nearly all of it loading the index
+        into the session cache, which the first searches would pay otherwise."""
+        h = self._handle(tenant_id, create=False)
+        if h is None or "vector_idx" not in self._index_names(h.table):
+            return True
+        nearest = {
+            "column": "vector",
+            "q": np.ones(self.dimension, dtype=np.float32),
+            "k": 1,
+            "metric": "cosine",
+            "nprobes": 1 << 20,
+        }
+        try:
+            h.reader.to_table(columns=["id", "_distance"], nearest=nearest, fast_search=True)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            log.warning("tenant %s: the ANN index does not read (%s); it will be rebuilt", tenant_id, exc)
+            return False
+        return True
 
     # --- writes ----------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""LanceIndex maintenance keeps search exact: compaction
-and optimize must neither lose, resurrect nor duplicate rows. Real LanceDB files."""
+"""LanceIndex maintenance keeps search exact: compaction and optimize must neither lose,
+resurrect nor duplicate rows. Real LanceDB files."""
 
 from __future__ import annotations
 

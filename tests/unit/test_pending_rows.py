@@ -83,20 +83,8 @@ def test_search_is_exact_filtered_and_follows_writes() -> None:
     rng = np.random.default_rng(1)
     vectors = rng.standard_normal((40, 8)).astype(np.float32)
     rows = [
-        IndexRow(
-            id=f"m{i}",
-            scope=SCOPES[i % 2].key,
-            type="semantic",
-            category="general",
-            session="",
-            pinned=False,
-            event_time_ns=0,
-            create_time_ns=0,
-            revision=1,
-            text="x",
-            vector=vectors[i],
-        )
-        for i in range(40)
+        dataclasses.replace(_row(i, SCOPES[i % 2], MemoryType.SEMANTIC, "general", "", False, 0), vector=v)
+        for i, v in enumerate(vectors)
     ]
     pending = PendingRows().with_rows(rows[:30]).with_rows(rows[30:])
     q = rng.standard_normal(8).astype(np.float32)

@@ -159,6 +159,42 @@ def test_start_session_retry_and_conflict(server: LiveServer, tenant_a: TenantCl
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(err.value)[1] == ["session_id"]
 
 
+def test_concurrent_copies_of_a_start_session_get_one_answer(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """A client whose StartSession timed out retries while the first copy is still running
+    (what a busy server invites). Copies with the same request id all get the session that
+    was recorded; a different request for the same session id gets ALREADY_EXISTS. Never an
+    internal error, and one session is recorded."""
+    seed(tenant_a)
+
+    def race(request_ids: list[str]) -> list[pb.StartSessionResponse | grpc.RpcError]:
+        barrier = threading.Barrier(len(request_ids))
+
+        def call(request_id: str) -> pb.StartSessionResponse | grpc.RpcError:
+            barrier.wait()
+            try:
+                return start(tenant_a, f"race-{request_ids[0]}", "staging database", request_id=request_id)
+            except grpc.RpcError as err:
+                return err
+
+        with futures.ThreadPoolExecutor(len(request_ids)) as pool:
+            return list(pool.map(call, request_ids))
+
+    copies = race(["same"] * 4)
+    answers = [r for r in copies if isinstance(r, pb.StartSessionResponse)]
+    assert len(answers) == 4, [r.code() for r in copies if isinstance(r, grpc.RpcError)]
+    assert answers[0].memories
+    first = [m.memory.id for m in answers[0].memories]
+    assert all([m.memory.id for m in a.memories] == first for a in answers)
+
+    rivals = race([f"rival-{i}" for i in range(4)])
+    codes = sorted(r.code().name if isinstance(r, grpc.RpcError) else "OK" for r in rivals)
+    assert codes == ["ALREADY_EXISTS"] * 3 + ["OK"]
+    got = tenant_a.memory().GetSession(pb.GetSessionRequest(session_id="race-rival-0"), metadata=tenant_a.md)
+    assert got.session.session_id == "race-rival-0"
+
+
 def test_sessions_are_tenant_isolated(
     server: LiveServer, tenant_a: TenantClient, tenant_b: TenantClient
 ) -> None:

@@ -173,11 +173,6 @@ class SessionService:
     ) -> SessionBundle:
         started = time.perf_counter()
         budget, max_items = self._validate(req)
-        existing = session_repo.get_session(self.db.reader(), tenant_id, req.session_id)
-        if existing is not None:
-            if req.request_fingerprint and existing.request_fingerprint == req.request_fingerprint:
-                return self._replay(tenant_id, existing)
-            raise AlreadyExists(f"session {req.session_id!r} already exists", reason="SESSION_EXISTS")
         scopes = self.visible_scopes(req)
         pool = self._pool(tenant_id, req, scopes)
         now = self.clock()
@@ -257,10 +252,24 @@ class SessionService:
             for i, r in sorted(injected_rank.items(), key=lambda kv: kv[1])
         ]
         session.took_ms = (time.perf_counter() - started) * 1000.0
-        with self.db.transaction() as cur:
-            session_repo.insert_session(cur, session, members)
-            session_repo.touch_memories(cur, tenant_id, [x.memory.id for x in injected], now)
+        try:
+            with self.db.transaction() as cur:
+                session_repo.insert_session(cur, session, members)
+                session_repo.touch_memories(cur, tenant_id, [x.memory.id for x in injected], now)
+        except session_repo.SessionTaken:
+            # The insert is the check, not a read before the work: a copy of this request
+            # running at the same time (a client's retry after a timeout) would pass a read.
+            return self._existing(tenant_id, req)
         return SessionBundle(session, injected, render([x.memory for x in injected]))
+
+    def _existing(self, tenant_id: str, req: StartSessionInput) -> SessionBundle:
+        """The answer to a StartSession whose id is taken: the recorded session again for
+        a retry of the request that recorded it, ALREADY_EXISTS for any other."""
+        existing = session_repo.get_session(self.db.reader(), tenant_id, req.session_id)
+        fingerprint = req.request_fingerprint
+        if existing is not None and fingerprint and existing.request_fingerprint == fingerprint:
+            return self._replay(tenant_id, existing)
+        raise AlreadyExists(f"session {req.session_id!r} already exists", reason="SESSION_EXISTS")
 
     def _rank(
         self,

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import duckdb
+
 from mnemo_server.store.database import Cursor, fetch_one
 from mnemo_server.store.memory_repo import arrow_view, id_list, insert_rows
 
@@ -62,7 +64,40 @@ _SESSION_COLUMNS = (
 )
 
 
+class SessionTaken(Exception):
+    """The tenant already has a session with this id (the transaction must be rolled back)."""
+
+
 def insert_session(cur: Cursor, s: SessionRow, members: Sequence[SessionMemoryRow]) -> None:
+    try:
+        _insert_session_row(cur, s)
+    except duckdb.ConstraintException as exc:
+        raise SessionTaken(s.id) from exc
+    rows = [
+        {
+            "tenant_id": s.tenant_id,
+            "session_id": s.id,
+            "memory_id": m.memory_id,
+            "candidate_ord": m.candidate_ord,
+            "injected_rank": m.injected_rank,
+            "origin": m.origin,
+            "baseline_score": m.baseline_score,
+            "baseline_rank": m.baseline_rank,
+            "predictor_score": m.predictor_score,
+            "predictor_rank": m.predictor_rank,
+            "final_score": m.final_score,
+            "tokens": m.tokens,
+            "features": json.dumps(m.features),
+            "relevance": m.relevance,
+            "relevance_source": m.relevance_source,
+        }
+        for m in members
+    ]
+    if rows:
+        insert_rows(cur, "session_memories", rows)
+
+
+def _insert_session_row(cur: Cursor, s: SessionRow) -> None:
     cur.execute(
         f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES ({', '.join('?' * 22)})",
         [
@@ -90,28 +125,6 @@ def insert_session(cur: Cursor, s: SessionRow, members: Sequence[SessionMemoryRo
             s.feedback_delivered,
         ],
     )
-    rows = [
-        {
-            "tenant_id": s.tenant_id,
-            "session_id": s.id,
-            "memory_id": m.memory_id,
-            "candidate_ord": m.candidate_ord,
-            "injected_rank": m.injected_rank,
-            "origin": m.origin,
-            "baseline_score": m.baseline_score,
-            "baseline_rank": m.baseline_rank,
-            "predictor_score": m.predictor_score,
-            "predictor_rank": m.predictor_rank,
-            "final_score": m.final_score,
-            "tokens": m.tokens,
-            "features": json.dumps(m.features),
-            "relevance": m.relevance,
-            "relevance_source": m.relevance_source,
-        }
-        for m in members
-    ]
-    if rows:
-        insert_rows(cur, "session_memories", rows)
 
 
 def get_session(cur: Cursor, tenant_id: str, session_id: str) -> SessionRow | None:

@@ -221,6 +221,30 @@ def test_a_table_whose_ann_index_no_longer_reads_is_dropped_for_rebuilding(tmp_p
     assert restarted.vector_search("good", vectors[315], 3, ANY)[0].id == "m315"
 
 
+def test_a_table_with_an_older_layout_is_dropped_for_rebuilding(tmp_path: Path) -> None:
+    """A table an older server wrote without a column this one reads (here `seq`) is
+    dropped at start-up, and the tenant's next write creates it with the current layout."""
+    import lancedb
+    import pyarrow as pa
+
+    current = LanceIndex(tmp_path / "lance", DIM, IndexConfig())
+    current.upsert("fresh", [_row(0, _unit(np.random.default_rng(1)), word="w")])
+    old_schema = pa.schema([f for f in current.schema if f.name != "seq"])
+    old = _row(1, _unit(np.random.default_rng(2)), word="old")
+    values = {f.name: [getattr(old, f.name)] for f in old_schema if f.name != "vector"}
+    values["vector"] = [old.vector.tolist()]
+    lancedb.connect(str(tmp_path / "lance")).create_table("t_old", data=pa.table(values, schema=old_schema))
+
+    restarted = LanceIndex(tmp_path / "lance", DIM, IndexConfig())
+    assert sorted(restarted.tenants()) == ["fresh", "old"]
+    assert restarted.drop_outdated() == ["old"]
+    assert restarted.tenants() == ["fresh"]
+    assert restarted.count("old") == 0
+    restarted.upsert("old", [old])
+    assert restarted.vector_search("old", old.vector, 1, ANY)[0].id == "m1"
+    assert restarted.count("fresh") == 1
+
+
 def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) -> None:
     import threading
 

@@ -216,22 +216,24 @@ class LanceIndex:
         index is derived, so nothing is lost."""
         dropped = []
         for tenant_id in self.tenants():
-            name = self.table_name(tenant_id)
-            if self._db.open_table(name).schema.names != self.schema.names or not self._ann_reads(tenant_id):
+            h = self._handle(tenant_id, create=False)
+            if h is None:
+                continue
+            if h.table.schema.names != self.schema.names or not self._ann_reads(tenant_id, h):
+                name = self.table_name(tenant_id)
                 with self._lock:
                     self._handles.pop(name, None)
                     self._db.drop_table(name)
                 dropped.append(tenant_id)
         return dropped
 
-    def _ann_reads(self, tenant_id: str) -> bool:
+    def _ann_reads(self, tenant_id: str, h: _Handle) -> bool:
         """Whether a search probing every partition of the ANN index succeeds. Compaction
         with a deferred remap (servers before this check) could leave a delta that fails
         every search that reaches it ("HNSW graph has N nodes but its vector storage has
         M rows"). Once at start-up: ~1 s at 100k rows, nearly all of it loading the index
         into the session cache, which the first searches would pay otherwise."""
-        h = self._handle(tenant_id, create=False)
-        if h is None or "vector_idx" not in self._index_names(h.table):
+        if "vector_idx" not in self._index_names(h.table):
             return True
         nearest = {
             "column": "vector",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -159,6 +159,28 @@ def test_start_session_retry_and_conflict(server: LiveServer, tenant_a: TenantCl
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(err.value)[1] == ["session_id"]
 
 
+R = TypeVar("R")
+
+
+def race(call: Callable[[str], R], request_ids: list[str]) -> list[R | grpc.RpcError]:
+    """Send one call per request id at the same moment; each answer or error, in order."""
+    barrier = threading.Barrier(len(request_ids))
+
+    def one(request_id: str) -> R | grpc.RpcError:
+        barrier.wait()
+        try:
+            return call(request_id)
+        except grpc.RpcError as err:
+            return err
+
+    with futures.ThreadPoolExecutor(len(request_ids)) as pool:
+        return list(pool.map(one, request_ids))
+
+
+def codes(results: Sequence[object]) -> list[str]:
+    return sorted(r.code().name if isinstance(r, grpc.RpcError) else "OK" for r in results)
+
+
 def test_concurrent_copies_of_a_start_session_get_one_answer(
     server: LiveServer, tenant_a: TenantClient
 ) -> None:
@@ -167,32 +189,47 @@ def test_concurrent_copies_of_a_start_session_get_one_answer(
     was recorded; a different request for the same session id gets ALREADY_EXISTS. Never an
     internal error, and one session is recorded."""
     seed(tenant_a)
-
-    def race(request_ids: list[str]) -> list[pb.StartSessionResponse | grpc.RpcError]:
-        barrier = threading.Barrier(len(request_ids))
-
-        def call(request_id: str) -> pb.StartSessionResponse | grpc.RpcError:
-            barrier.wait()
-            try:
-                return start(tenant_a, f"race-{request_ids[0]}", "staging database", request_id=request_id)
-            except grpc.RpcError as err:
-                return err
-
-        with futures.ThreadPoolExecutor(len(request_ids)) as pool:
-            return list(pool.map(call, request_ids))
-
-    copies = race(["same"] * 4)
+    copies = race(lambda rid: start(tenant_a, "race-copies", "staging database", request_id=rid), ["r"] * 4)
+    assert codes(copies) == ["OK"] * 4, copies
     answers = [r for r in copies if isinstance(r, pb.StartSessionResponse)]
-    assert len(answers) == 4, [r.code() for r in copies if isinstance(r, grpc.RpcError)]
-    assert answers[0].memories
     first = [m.memory.id for m in answers[0].memories]
-    assert all([m.memory.id for m in a.memories] == first for a in answers)
+    assert first and all([m.memory.id for m in a.memories] == first for a in answers)
 
-    rivals = race([f"rival-{i}" for i in range(4)])
-    codes = sorted(r.code().name if isinstance(r, grpc.RpcError) else "OK" for r in rivals)
-    assert codes == ["ALREADY_EXISTS"] * 3 + ["OK"]
-    got = tenant_a.memory().GetSession(pb.GetSessionRequest(session_id="race-rival-0"), metadata=tenant_a.md)
-    assert got.session.session_id == "race-rival-0"
+    rivals = race(
+        lambda rid: start(tenant_a, "race-rivals", "staging database", request_id=rid),
+        [f"rival-{i}" for i in range(4)],
+    )
+    assert codes(rivals) == ["ALREADY_EXISTS"] * 3 + ["OK"]
+    got = tenant_a.memory().GetSession(pb.GetSessionRequest(session_id="race-rivals"), metadata=tenant_a.md)
+    assert got.session.session_id == "race-rivals"
+
+
+def test_concurrent_end_sessions_end_it_once(server: LiveServer, tenant_a: TenantClient) -> None:
+    """EndSession reads and works out its pairs before taking the write lock, then checks
+    the session is still active inside it: copies of one request all get its answer, rival
+    requests get SESSION_ENDED, and one set of training pairs is queued."""
+    seed(tenant_a)
+    for sid in ("end-copies", "end-rivals"):
+        start(tenant_a, sid, "staging database")
+
+    def end(sid: str, request_id: str) -> pb.EndSessionResponse:
+        resp: pb.EndSessionResponse = tenant_a.memory().EndSession(
+            pb.EndSessionRequest(session_id=sid, transcript="the staging database", request_id=request_id),
+            metadata=tenant_a.md,
+            timeout=10,
+        )
+        return resp
+
+    copies = race(lambda rid: end("end-copies", rid), ["r"] * 4)
+    assert codes(copies) == ["OK"] * 4, copies
+    answers = [c for c in copies if isinstance(c, pb.EndSessionResponse)]
+    assert all(a == answers[0] for a in answers) and answers[0].training_pairs > 0
+
+    rivals = race(lambda rid: end("end-rivals", rid), [f"rival-{i}" for i in range(4)])
+    assert codes(rivals) == ["FAILED_PRECONDITION"] * 3 + ["OK"]
+    assert all(error_info(r)[0] == "SESSION_ENDED" for r in rivals if isinstance(r, grpc.RpcError))
+    got = tenant_a.memory().GetSession(pb.GetSessionRequest(session_id="end-rivals"), metadata=tenant_a.md)
+    assert got.session.state == pb.SESSION_STATE_ENDED
 
 
 def test_sessions_are_tenant_isolated(

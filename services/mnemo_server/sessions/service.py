@@ -16,6 +16,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo_server.config import LimitsConfig, RankingConfig
@@ -30,7 +31,7 @@ from mnemo_server.sessions.continuity import overlap_relevance
 from mnemo_server.sessions.features import Candidate, compute_features
 from mnemo_server.sessions.packing import pack, render
 from mnemo_server.store import idempotency_repo, memory_repo, session_repo
-from mnemo_server.store.database import Database
+from mnemo_server.store.database import Cursor, Database
 from mnemo_server.store.session_repo import SessionMemoryRow, SessionRow
 
 MODEL, BASELINE, FALLBACK = "model", "baseline", "fallback"
@@ -83,6 +84,16 @@ class Feedback:
     memory_id: str
     relevance: float
     used: bool
+
+
+@dataclass
+class _Ending:
+    """What an EndSession writes, worked out before the write lock is taken."""
+
+    start_time_ns: int
+    continuity: dict[str, tuple[float, str]]
+    pairs: int
+    payload: dict[str, Any]
 
 
 class SessionService:
@@ -412,45 +423,70 @@ class SessionService:
             out.append(FieldViolation("transcript", "longer than 1,000,000 characters"))
         raise_if(out)
         now = self.clock()
+        # Read and work out everything before taking the write lock, which every write of
+        # the server shares: done inside it, the reads held it ~14 ms of a 15 ms EndSession
+        # (in-process, 100k memories) and 42 ms at the p50 under the bench's load. Inside,
+        # the session is checked to be the same one, still active, before anything is written.
+        ending = self._ending(self.db.reader(), tenant_id, session_id, feedback, transcript, now)
         with self.db.transaction() as cur:
             replay = idempotency_repo.lookup(cur, tenant_id, key)
             if replay is not None:
                 return [(str(m), float(r), str(src)) for m, r, src in replay["continuity"]], int(
                     replay["pairs"]
                 )
-            s = session_repo.get_session(cur, tenant_id, session_id)
-            if s is None:
+            state = session_repo.session_state(cur, tenant_id, session_id)
+            if state is None:
                 raise NotFound("session", session_id)
-            if s.state != "active":
+            if state[0] != "active":
                 raise FailedPrecondition(f"session {session_id!r} has already ended", reason="SESSION_ENDED")
-            members = session_repo.session_memories(cur, tenant_id, session_id)
-            texts = memory_repo.get_many(cur, tenant_id, [m.memory_id for m in members])
-            continuity = self._continuity(members, feedback, transcript, texts)
-            session_repo.end_session(cur, tenant_id, session_id, continuity, transcript, now)
-            training = [m for m in members if m.memory_id in continuity]
-            payload = {
-                "session_id": session_id,
-                "query": s.context,
-                "feature_names": s.feature_names,
-                "end_time_ns": now,
-                "candidates": [
-                    {
-                        "id": m.memory_id,
-                        "text": texts[m.memory_id].content if m.memory_id in texts else "",
-                        "baseline_score": m.baseline_score,
-                        "features": m.features,
-                        "relevance": continuity[m.memory_id][0],
-                        "baseline_rank": m.baseline_rank,
-                        "predictor_rank": m.predictor_rank,
-                    }
-                    for m in training
-                ],
-            }
-            session_repo.enqueue(cur, tenant_id, session_id, payload, now)
-            result = [(mid, rel, src) for mid, (rel, src) in continuity.items()]
-            idempotency_repo.record(cur, tenant_id, key, {"continuity": result, "pairs": len(training)}, now)
+            if ending is None or ending.start_time_ns != state[1]:
+                # The session was started (or replaced) after the read: read it again here.
+                ending = self._ending(cur, tenant_id, session_id, feedback, transcript, now)
+                if ending is None:
+                    raise NotFound("session", session_id)
+            session_repo.end_session(cur, tenant_id, session_id, ending.continuity, transcript, now)
+            session_repo.enqueue(cur, tenant_id, session_id, ending.payload, now)
+            result = [(mid, rel, src) for mid, (rel, src) in ending.continuity.items()]
+            idempotency_repo.record(cur, tenant_id, key, {"continuity": result, "pairs": ending.pairs}, now)
         self.on_feedback()
-        return result, len(training)
+        return result, ending.pairs
+
+    def _ending(
+        self,
+        cur: Cursor,
+        tenant_id: str,
+        session_id: str,
+        feedback: Sequence[Feedback],
+        transcript: str,
+        now: int,
+    ) -> _Ending | None:
+        """What ending this session writes; None if it does not exist or is not active."""
+        s = session_repo.get_session(cur, tenant_id, session_id)
+        if s is None or s.state != "active":
+            return None
+        members = session_repo.session_memories(cur, tenant_id, session_id)
+        texts = memory_repo.get_many(cur, tenant_id, [m.memory_id for m in members])
+        continuity = self._continuity(members, feedback, transcript, texts)
+        training = [m for m in members if m.memory_id in continuity]
+        payload = {
+            "session_id": session_id,
+            "query": s.context,
+            "feature_names": s.feature_names,
+            "end_time_ns": now,
+            "candidates": [
+                {
+                    "id": m.memory_id,
+                    "text": texts[m.memory_id].content if m.memory_id in texts else "",
+                    "baseline_score": m.baseline_score,
+                    "features": m.features,
+                    "relevance": continuity[m.memory_id][0],
+                    "baseline_rank": m.baseline_rank,
+                    "predictor_rank": m.predictor_rank,
+                }
+                for m in training
+            ],
+        }
+        return _Ending(s.start_time_ns, continuity, len(training), payload)
 
 
 def fingerprint(*parts: object) -> str:

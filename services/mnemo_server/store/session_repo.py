@@ -140,6 +140,16 @@ def get_session(cur: Cursor, tenant_id: str, session_id: str) -> SessionRow | No
     return SessionRow(*values)
 
 
+def session_state(cur: Cursor, tenant_id: str, session_id: str) -> tuple[str, int] | None:
+    """(state, start time) of a session, or None."""
+    row = fetch_one(
+        cur,
+        "SELECT state, start_time_ns FROM sessions WHERE tenant_id = ? AND id = ?",
+        [tenant_id, session_id],
+    )
+    return None if row is None else (str(row[0]), int(row[1]))
+
+
 def session_memories(cur: Cursor, tenant_id: str, session_id: str) -> list[SessionMemoryRow]:
     rows = cur.execute(
         "SELECT memory_id, candidate_ord, injected_rank, origin, baseline_score, baseline_rank, "

@@ -69,9 +69,14 @@ def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]]) -> Iterator[N
         cur.unregister(name)
 
 
-# Up to this many rows a parameterised VALUES list is cheaper than registering an Arrow table
-# (about 1 ms against 1.7 ms for one row into an indexed table); beyond it Arrow wins by far.
-_VALUES_MAX_ROWS = 50
+# Up to this many rows a parameterised VALUES list is cheaper than registering an Arrow table;
+# beyond it Arrow wins by far, as a VALUES list costs more than linearly in its size. Inside a
+# transaction at 100k memories, VALUES against Arrow (ms): memories (30 columns) 1 row 1.3 / 2.5,
+# 5 rows 2.3 / 2.5, 10 rows 3.7 / 3.0, 50 rows 23.6 / 3.5; session_memories (15 columns) 1 row
+# 0.8 / 1.9, 5 rows 2.0 / 2.6, 10 rows 3.1 / 1.9, 50 rows 7.5 / 1.9. (It was 50 until that was
+# measured: a StartSession's candidates and every batch of creates took the slow way, under
+# the write lock.)
+_VALUES_MAX_ROWS = 5
 
 
 def insert_rows(cur: Cursor, table: str, rows: list[dict[str, Any]]) -> None:

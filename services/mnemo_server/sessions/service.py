@@ -262,10 +262,11 @@ class SessionService:
             )
             for i, r in sorted(injected_rank.items(), key=lambda kv: kv[1])
         ]
+        rows = session_repo.member_table(tenant_id, req.session_id, members)
         session.took_ms = (time.perf_counter() - started) * 1000.0
         try:
             with self.db.transaction() as cur:
-                session_repo.insert_session(cur, session, members)
+                session_repo.insert_session(cur, session, rows)
                 session_repo.touch_memories(cur, tenant_id, [x.memory.id for x in injected], now)
         except session_repo.SessionTaken:
             # The insert is the check, not a read before the work: a copy of this request

@@ -59,10 +59,11 @@ SELECT_COLUMNS = ", ".join(_COLUMNS)
 
 
 @contextmanager
-def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]]) -> Iterator[None]:
-    """Expose Python rows to SQL as a named relation for one statement (fast bulk writes:
-    DuckDB's executemany costs ~1 ms a row, an Arrow scan microseconds)."""
-    cur.register(name, pa.Table.from_pylist(rows))
+def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]] | pa.Table) -> Iterator[None]:
+    """Expose Python rows (or an Arrow table built from them beforehand) to SQL as a named
+    relation for one statement (fast bulk writes: DuckDB's executemany costs ~1 ms a row,
+    an Arrow scan microseconds)."""
+    cur.register(name, rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows))
     try:
         yield
     finally:
@@ -90,6 +91,12 @@ def insert_rows(cur: Cursor, table: str, rows: list[dict[str, Any]]) -> None:
             [r[c] for r in rows for c in cols],
         )
         return
+    insert_table(cur, table, rows)
+
+
+def insert_table(cur: Cursor, table: str, rows: list[dict[str, Any]] | pa.Table) -> None:
+    """Insert through Arrow, whatever the number of rows."""
+    names = ", ".join(rows.column_names if isinstance(rows, pa.Table) else list(rows[0]))
     with arrow_view(cur, f"new_{table}", rows):
         cur.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM new_{table}")
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from mnemo_server.store.database import Cursor, fetch_one
-from mnemo_server.store.memory_repo import arrow_view, id_list, insert_rows
+from mnemo_server.store.memory_repo import arrow_view, id_list, insert_table
 
 
 @dataclass
@@ -68,33 +69,41 @@ class SessionTaken(Exception):
     """The tenant already has a session with this id (the transaction must be rolled back)."""
 
 
-def insert_session(cur: Cursor, s: SessionRow, members: Sequence[SessionMemoryRow]) -> None:
+def member_table(tenant_id: str, session_id: str, members: Sequence[SessionMemoryRow]) -> pa.Table:
+    """A session's candidate rows, built before the write lock is taken (~2 ms for 60 rows
+    with their features, which the lock's other waiters need not wait for)."""
+    return pa.Table.from_pylist(
+        [
+            {
+                "tenant_id": tenant_id,
+                "session_id": session_id,
+                "memory_id": m.memory_id,
+                "candidate_ord": m.candidate_ord,
+                "injected_rank": m.injected_rank,
+                "origin": m.origin,
+                "baseline_score": m.baseline_score,
+                "baseline_rank": m.baseline_rank,
+                "predictor_score": m.predictor_score,
+                "predictor_rank": m.predictor_rank,
+                "final_score": m.final_score,
+                "tokens": m.tokens,
+                "features": json.dumps(m.features),
+                "relevance": m.relevance,
+                "relevance_source": m.relevance_source,
+            }
+            for m in members
+        ]
+    )
+
+
+def insert_session(cur: Cursor, s: SessionRow, members: pa.Table) -> None:
+    """The session and its candidates (from member_table)."""
     try:
         _insert_session_row(cur, s)
     except duckdb.ConstraintException as exc:
         raise SessionTaken(s.id) from exc
-    rows = [
-        {
-            "tenant_id": s.tenant_id,
-            "session_id": s.id,
-            "memory_id": m.memory_id,
-            "candidate_ord": m.candidate_ord,
-            "injected_rank": m.injected_rank,
-            "origin": m.origin,
-            "baseline_score": m.baseline_score,
-            "baseline_rank": m.baseline_rank,
-            "predictor_score": m.predictor_score,
-            "predictor_rank": m.predictor_rank,
-            "final_score": m.final_score,
-            "tokens": m.tokens,
-            "features": json.dumps(m.features),
-            "relevance": m.relevance,
-            "relevance_source": m.relevance_source,
-        }
-        for m in members
-    ]
-    if rows:
-        insert_rows(cur, "session_memories", rows)
+    if members.num_rows:
+        insert_table(cur, "session_memories", members)
 
 
 def _insert_session_row(cur: Cursor, s: SessionRow) -> None:

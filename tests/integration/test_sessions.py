@@ -207,7 +207,8 @@ def test_concurrent_copies_of_a_start_session_get_one_answer(
 def test_concurrent_end_sessions_end_it_once(server: LiveServer, tenant_a: TenantClient) -> None:
     """EndSession reads and works out its pairs before taking the write lock, then checks
     the session is still active inside it: copies of one request all get its answer, rival
-    requests get SESSION_ENDED, and one set of training pairs is queued."""
+    requests get SESSION_ENDED (a second ending would also fail on the training-pair
+    outbox's key, as an INTERNAL error)."""
     seed(tenant_a)
     for sid in ("end-copies", "end-rivals"):
         start(tenant_a, sid, "staging database")

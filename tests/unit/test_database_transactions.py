@@ -9,6 +9,7 @@ use to see a leak."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,9 +31,13 @@ def _read_on_idle_thread(db: Database, read: Callable[[Cursor], object]) -> None
     worker.join()
 
 
-def _write_then_checkpoint(db: Database) -> None:
+def _write(db: Database) -> None:
     with db.transaction() as cur:
         cur.execute("UPDATE memories SET access_count = access_count + 1 WHERE id = 'm1'")
+
+
+def _write_then_checkpoint(db: Database) -> None:
+    _write(db)
     db.checkpoint()
 
 
@@ -94,3 +99,29 @@ def test_no_fetchone_in_the_server() -> None:
         if ".fetchone(" in line
     ]
     assert offenders == []
+
+
+def test_the_write_lock_counts_its_transactions_and_the_waits_for_it(db: Database) -> None:
+    """GetStatus and the bench report these: held time, and time writers queued for the lock."""
+    before = db.write_lock_stats
+    with pytest.raises(RuntimeError), db.transaction():
+        raise RuntimeError("rolled back: still a transaction that held the lock")
+    holding, queued = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with db.transaction():
+            holding.set()
+            queued.wait(5)
+            time.sleep(0.2)  # the other writer is queued by now
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(5)
+    waiter = threading.Thread(target=lambda: (queued.set(), _write(db)))
+    waiter.start()
+    holder.join()
+    waiter.join()
+    after = db.write_lock_stats
+    assert after.transactions - before.transactions == 3
+    assert after.held_s - before.held_s >= 0.2
+    assert after.waited_s - before.waited_s >= 0.1

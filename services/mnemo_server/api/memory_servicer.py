@@ -240,6 +240,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
         s = self.memories.status(_tenant())
+        lock = self.memories.db.write_lock_stats
         resp = pb.GetStatusResponse(
             server_version=__version__,
             embedding_model=self.memories.embedding_model,
@@ -256,6 +257,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             else "",
             feedback_outbox_pending=session_repo.pending_count(self.memories.db.reader()),
             data_bytes=self.data_size.get(),
+            write_lock=pb.WriteLockStats(
+                transactions=lock.transactions, held_seconds=lock.held_s, waited_seconds=lock.waited_s
+            ),
         )
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))

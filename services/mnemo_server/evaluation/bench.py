@@ -302,9 +302,11 @@ class Bench:
                 rss_peak = max(rss_peak, (await self.status(stub)).process_rss_bytes)
                 await asyncio.sleep(1.0)
 
+        lock_before = (await self.status(stub)).write_lock
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(cfg.concurrency)), sample_rss())
         elapsed = time.perf_counter() - started
+        lock_after = (await self.status(stub)).write_lock
         await asyncio.gather(*self._watchers, return_exceptions=True)
         lags = sorted(self._lags)
         return {
@@ -318,6 +320,7 @@ class Bench:
                 "max_s": round(lags[-1], 3) if lags else 0.0,
             },
             "rss_peak_bytes": rss_peak,
+            "write_lock": _lock_use(lock_before, lock_after, elapsed),
         }
 
     async def _watch(self, stub: pb_grpc.MemoryServiceAsyncStub, memory_id: str, acked_at: float) -> None:
@@ -329,6 +332,16 @@ class Bench:
                 return
             await asyncio.sleep(0.05)
         self._lags.append(float("inf"))
+
+
+def _lock_use(before: pb.WriteLockStats, after: pb.WriteLockStats, seconds: float) -> dict[str, float]:
+    """The store's write lock over one phase: its busy share and the mean wait for it."""
+    n = after.transactions - before.transactions
+    return {
+        "transactions": n,
+        "utilization": round((after.held_seconds - before.held_seconds) / seconds, 3) if seconds else 0.0,
+        "mean_wait_ms": round((after.waited_seconds - before.waited_seconds) / n * 1000, 2) if n else 0.0,
+    }
 
 
 def _code(err: grpc.RpcError) -> str:
@@ -354,6 +367,7 @@ def _scenario(mixed: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
         "deadline_ms": deadline_ms,
         "ops": mixed["ops"],
         "fallbacks": mixed["fallbacks"],
+        "write_lock": mixed["write_lock"],
         "start_session_p99_within_deadline_plus_10ms": bool(start) and start["p99_ms"] <= deadline_ms + 10,
         "failed_calls": sum(sum(s["errors"].values()) for s in mixed["ops"].values()),
     }

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,16 @@ def fetch_one(cur: Cursor, sql: str, params: Sequence[object] = ()) -> tuple[Any
     p50 went 0.3 -> 2 s over three minutes)."""
     rows = cur.execute(sql, params).fetchall()
     return rows[0] if rows else None
+
+
+@dataclass(frozen=True)
+class WriteLockStats:
+    """How much the one write lock is used: writes queue for it, so its busy share and the
+    time spent waiting for it explain slow writes under load."""
+
+    transactions: int
+    held_s: float
+    waited_s: float
 
 
 class Database:
@@ -58,6 +69,7 @@ class Database:
                 )
             self._conn.execute(f"SET memory_limit = '{memory_limit}'")
         self._write_lock = threading.Lock()
+        self._lock_stats = WriteLockStats(0, 0.0, 0.0)
         self._local = threading.local()
         self._cursors: list[Cursor] = []
         self._cursors_lock = threading.Lock()
@@ -104,15 +116,29 @@ class Database:
     @contextmanager
     def transaction(self) -> Iterator[Cursor]:
         """One short write transaction; commits on success, rolls back on any exception."""
+        asked = time.perf_counter()
         with self._write_lock:
-            cur = self.reader()
-            cur.execute("BEGIN TRANSACTION")
+            got = time.perf_counter()
             try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            cur.execute("COMMIT")
+                cur = self.reader()
+                cur.execute("BEGIN TRANSACTION")
+                try:
+                    yield cur
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                cur.execute("COMMIT")
+            finally:
+                self._lock_stats = WriteLockStats(
+                    self._lock_stats.transactions + 1,
+                    self._lock_stats.held_s + time.perf_counter() - got,
+                    self._lock_stats.waited_s + got - asked,
+                )
+
+    @property
+    def write_lock_stats(self) -> WriteLockStats:
+        """Totals since this Database was opened (one immutable snapshot, read without the lock)."""
+        return self._lock_stats
 
     def get_meta(self, key: str) -> str | None:
         row = fetch_one(self.reader(), "SELECT value FROM store_meta WHERE key = ?", [key])

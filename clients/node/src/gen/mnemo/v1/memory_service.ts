@@ -438,6 +438,8 @@ export interface GetStatusResponse {
   sidecarCircuit: string;
   /** Feedback sessions not yet delivered to the sidecar (all tenants). */
   feedbackOutboxPending: number;
+  /** The store's write lock since the server started (all tenants). */
+  writeLock?: WriteLockStats | undefined;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -448,6 +450,21 @@ export interface GetStatusResponse_MemoryCountByTypeEntry {
 export interface GetStatusResponse_RankingFallbacksEntry {
   key: string;
   value: number;
+}
+
+/**
+ * Every write (creates, updates, deletes, session start and end, the index worker's marks)
+ * runs in one short transaction under the store's single write lock. Held time over wall
+ * time is the lock's utilization; waited time is what writers spent queueing for it, the
+ * usual cause of a slow write under load.
+ */
+export interface WriteLockStats {
+  /** Write transactions run. */
+  transactions: number;
+  /** Total time the lock was held. */
+  heldSeconds: number;
+  /** Total time writers waited for it. */
+  waitedSeconds: number;
 }
 
 export interface StartSessionRequest {
@@ -3145,6 +3162,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     rankingFallbacks: {},
     sidecarCircuit: "",
     feedbackOutboxPending: 0,
+    writeLock: undefined,
   };
 }
 
@@ -3191,6 +3209,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.feedbackOutboxPending !== 0) {
       writer.uint32(112).int64(message.feedbackOutboxPending);
+    }
+    if (message.writeLock !== undefined) {
+      WriteLockStats.encode(message.writeLock, writer.uint32(122).fork()).join();
     }
     return writer;
   },
@@ -3326,6 +3347,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.feedbackOutboxPending = longToNumber(reader.int64());
             continue;
           }
+          case 15: {
+            if (tag !== 122) {
+              break;
+            }
+
+            message.writeLock = WriteLockStats.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3454,6 +3483,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.feedback_outbox_pending)
         ? globalThis.Number(object.feedback_outbox_pending)
         : 0,
+      writeLock: isSet(object.writeLock)
+        ? WriteLockStats.fromJSON(object.writeLock)
+        : isSet(object.write_lock)
+        ? WriteLockStats.fromJSON(object.write_lock)
+        : undefined,
     };
   },
 
@@ -3513,6 +3547,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.feedbackOutboxPending !== 0) {
       obj.feedbackOutboxPending = Math.round(message.feedbackOutboxPending);
     }
+    if (message.writeLock !== undefined) {
+      obj.writeLock = WriteLockStats.toJSON(message.writeLock);
+    }
     return obj;
   },
 
@@ -3549,6 +3586,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     );
     message.sidecarCircuit = object.sidecarCircuit ?? "";
     message.feedbackOutboxPending = object.feedbackOutboxPending ?? 0;
+    message.writeLock = (object.writeLock !== undefined && object.writeLock !== null)
+      ? WriteLockStats.fromPartial(object.writeLock)
+      : undefined;
     return message;
   },
 };
@@ -3727,6 +3767,115 @@ export const GetStatusResponse_RankingFallbacksEntry: MessageFns<GetStatusRespon
     const message = createBaseGetStatusResponse_RankingFallbacksEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? 0;
+    return message;
+  },
+};
+
+function createBaseWriteLockStats(): WriteLockStats {
+  return { transactions: 0, heldSeconds: 0, waitedSeconds: 0 };
+}
+
+export const WriteLockStats: MessageFns<WriteLockStats> = {
+  encode(message: WriteLockStats, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.transactions !== 0) {
+      writer.uint32(8).int64(message.transactions);
+    }
+    if (message.heldSeconds !== 0) {
+      writer.uint32(17).double(message.heldSeconds);
+    }
+    if (message.waitedSeconds !== 0) {
+      writer.uint32(25).double(message.waitedSeconds);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WriteLockStats {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWriteLockStats();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.transactions = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 17) {
+              break;
+            }
+
+            message.heldSeconds = reader.double();
+            continue;
+          }
+          case 3: {
+            if (tag !== 25) {
+              break;
+            }
+
+            message.waitedSeconds = reader.double();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WriteLockStats {
+    return {
+      transactions: isSet(object.transactions) ? globalThis.Number(object.transactions) : 0,
+      heldSeconds: isSet(object.heldSeconds)
+        ? globalThis.Number(object.heldSeconds)
+        : isSet(object.held_seconds)
+        ? globalThis.Number(object.held_seconds)
+        : 0,
+      waitedSeconds: isSet(object.waitedSeconds)
+        ? globalThis.Number(object.waitedSeconds)
+        : isSet(object.waited_seconds)
+        ? globalThis.Number(object.waited_seconds)
+        : 0,
+    };
+  },
+
+  toJSON(message: WriteLockStats): unknown {
+    const obj: any = {};
+    if (message.transactions !== 0) {
+      obj.transactions = Math.round(message.transactions);
+    }
+    if (message.heldSeconds !== 0) {
+      obj.heldSeconds = floatToJson(message.heldSeconds);
+    }
+    if (message.waitedSeconds !== 0) {
+      obj.waitedSeconds = floatToJson(message.waitedSeconds);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WriteLockStats>, I>>(base?: I): WriteLockStats {
+    return WriteLockStats.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WriteLockStats>, I>>(object: I): WriteLockStats {
+    const message = createBaseWriteLockStats();
+    message.transactions = object.transactions ?? 0;
+    message.heldSeconds = object.heldSeconds ?? 0;
+    message.waitedSeconds = object.waitedSeconds ?? 0;
     return message;
   },
 };

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,23 @@ def print_tables(result: dict[str, Any]) -> None:
     )
 
 
+def parse_mix(text: str, known: list[str]) -> tuple[tuple[str, float], ...]:
+    """'Recall=0.7,CreateMemory=0.3' -> (("Recall", 0.7), ("CreateMemory", 0.3))."""
+    mix: list[tuple[str, float]] = []
+    for part in text.split(","):
+        name, _, weight = part.strip().partition("=")
+        if name not in known or name in dict(mix):
+            raise click.BadParameter(f"{name!r} is not one of {', '.join(known)}, once", param_hint="--mix")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = -1.0
+        if not (math.isfinite(value) and value > 0):
+            raise click.BadParameter(f"the weight of {name} must be a number above 0", param_hint="--mix")
+        mix.append((name, value))
+    return tuple(mix)
+
+
 @click.command()
 @click.option("--memories", type=int, default=100_000, show_default=True, help="Memories loaded first.")
 @click.option(
@@ -101,6 +120,11 @@ def print_tables(result: dict[str, Any]) -> None:
     help="A cross-encoder for the started sidecar.",
 )
 @click.option(
+    "--mix",
+    help="Operations of the mixed workload and their weights, e.g. 'Recall=1' for Recalls alone "
+    "(default: Recall=0.55,CreateMemory=0.2,ListMemories=0.1,StartSession=0.15).",
+)
+@click.option(
     "--quick", is_flag=True, help="A small, fast run (2,000 memories, 5 s each) to check the command works."
 )
 def bench(
@@ -114,6 +138,7 @@ def bench(
     train_sessions: int,
     no_sidecar: bool,
     cross_encoder: Path | None,
+    mix: str | None,
     quick: bool,
 ) -> None:
     """Load-test a server over gRPC: throughput, latency, RSS, disk, and StartSession with the
@@ -131,6 +156,8 @@ def bench(
         train_sessions=train_sessions,
         session_deadline_ms=session_deadline_ms,
     )
+    if mix:
+        cfg = replace(cfg, mix=parse_mix(mix, [name for name, _ in cfg.mix]))
     console = Console(stderr=True)
     launcher = None if server else Launcher()
     sidecar = None

@@ -1,0 +1,40 @@
+"""`mnemo bench --mix` against a real server: one operation type alone, as used to measure
+what each operation costs under concurrency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from mnemo_server.cli.bench import bench, parse_mix
+from tests.conftest import LiveServer, provision
+
+KNOWN = ["Recall", "CreateMemory", "ListMemories", "StartSession"]
+
+
+def test_parse_mix() -> None:
+    assert parse_mix("Recall=1", KNOWN) == (("Recall", 1.0),)
+    assert parse_mix("Recall=0.7, CreateMemory=0.3", KNOWN) == (("Recall", 0.7), ("CreateMemory", 0.3))
+    bad = ["Recal=1", "Recall", "Recall=0", "Recall=-1", "Recall=nan", "Recall=inf", "Recall=1,Recall=1"]
+    for text in bad:
+        with pytest.raises(click.BadParameter):
+            parse_mix(text, KNOWN)
+
+
+def test_bench_runs_one_operation_alone(server: LiveServer, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = ["--server", server.address, "--api-key", provision(server, "bench-mix"), "--memories", "40"]
+    args += ["--concurrency", "2", "--duration", "1.5", "--mix", "Recall=1", "--json-out", str(out)]
+    result = CliRunner().invoke(bench, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert set(data["ops"]) == {"Recall"} and data["ops"]["Recall"]["count"] > 0
+    assert data["ops"]["Recall"]["errors"] == {}
+    assert 0 <= data["scenarios"]["sidecar_ok"]["write_lock"]["utilization"] < 1
+
+    refused = CliRunner().invoke(bench, ["--server", server.address, "--mix", "Search=1"])
+    assert refused.exit_code == 2 and "--mix" in refused.output

@@ -35,6 +35,8 @@ def test_bench_runs_one_operation_alone(server: LiveServer, tmp_path: Path) -> N
     assert set(data["ops"]) == {"Recall"} and data["ops"]["Recall"]["count"] > 0
     assert data["ops"]["Recall"]["errors"] == {}
     assert 0 <= data["scenarios"]["sidecar_ok"]["write_lock"]["utilization"] < 1
+    assert data["scenarios"]["sidecar_ok"]["start_session_p99_within_deadline_plus_10ms"] is None
+    assert "n/a (no StartSession in the mix)" in " ".join(result.output.split())  # rich wraps lines
 
     refused = CliRunner().invoke(bench, ["--server", server.address, "--mix", "Search=1"])
     assert refused.exit_code == 2 and "--mix" in refused.output

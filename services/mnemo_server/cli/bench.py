@@ -50,7 +50,8 @@ def print_tables(result: dict[str, Any]) -> None:
                 sc["ops"],
             )
         )
-        ok = "yes" if sc["start_session_p99_within_deadline_plus_10ms"] else "NO"
+        within = sc["start_session_p99_within_deadline_plus_10ms"]
+        ok = "n/a (no StartSession in the mix)" if within is None else "yes" if within else "NO"
         console.print(
             f"  session ordering: {sc['fallbacks']}; StartSession p99 within deadline + 10 ms: {ok}; "
             f"failed calls: {sc['failed_calls']}"
@@ -77,7 +78,9 @@ def parse_mix(text: str, known: list[str]) -> tuple[tuple[str, float], ...]:
     for part in text.split(","):
         name, _, weight = part.strip().partition("=")
         if name not in known or name in dict(mix):
-            raise click.BadParameter(f"{name!r} is not one of {', '.join(known)}, once", param_hint="--mix")
+            raise click.BadParameter(
+                f"{name!r}: expected each of {', '.join(known)} at most once", param_hint="--mix"
+            )
         try:
             value = float(weight)
         except ValueError:

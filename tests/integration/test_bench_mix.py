@@ -32,6 +32,7 @@ def test_bench_runs_one_operation_alone(server: LiveServer, tmp_path: Path) -> N
     result = CliRunner().invoke(bench, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
+    assert data["mix"] == {"Recall": 1.0}
     assert set(data["ops"]) == {"Recall"} and data["ops"]["Recall"]["count"] > 0
     assert data["ops"]["Recall"]["errors"] == {}
     assert 0 <= data["scenarios"]["sidecar_ok"]["write_lock"]["utilization"] < 1

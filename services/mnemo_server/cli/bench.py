@@ -125,7 +125,7 @@ def parse_mix(text: str, known: list[str]) -> tuple[tuple[str, float], ...]:
 @click.option(
     "--mix",
     help="Operations of the mixed workload and their weights, e.g. 'Recall=1' for Recalls alone "
-    "(default: Recall=0.55,CreateMemory=0.2,ListMemories=0.1,StartSession=0.15).",
+    "(default: all four, Recall the most; the JSON records the mix used).",
 )
 @click.option(
     "--quick", is_flag=True, help="A small, fast run (2,000 memories, 5 s each) to check the command works."

@@ -387,6 +387,7 @@ async def run_bench(
         "memories": cfg.memories,
         "concurrency": cfg.concurrency,
         "duration_s": cfg.duration_s,
+        "mix": dict(cfg.mix),
     }
     async with aio.insecure_channel(
         address, options=[("grpc.max_receive_message_length", 32 << 20)]

@@ -85,6 +85,12 @@ class DeadlineExceeded(MnemoError):
     default_reason = "DEADLINE_EXCEEDED"
 
 
+class Aborted(MnemoError):
+    """A concurrent write won: nothing of this one was written, and a retry is safe."""
+
+    default_reason = "ABORTED"
+
+
 class EmbeddingModelMismatch(FailedPrecondition):
     """The store was embedded with another model; `mnemo reembed` resolves it."""
 

@@ -85,11 +85,13 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
     for name, sc in result["scenarios"].items():
         assert sc["deadline_ms"] == 120.0 and sc["failed_calls"] == 0, (name, sc)
         assert sc["ops"]["StartSession"]["count"] > 0
-        # Every CreateMemory and StartSession is a write under the store's lock.
-        lock = sc["write_lock"]
-        writes = sc["ops"]["CreateMemory"]["count"] + sc["ops"]["StartSession"]["count"]
-        assert lock["transactions"] >= writes and 0 < lock["utilization"] < 1, (name, lock)
-        assert lock["mean_wait_ms"] >= 0
+        # A CreateMemory is a write of the memories domain, a StartSession one of the sessions'.
+        locks = sc["write_locks"]
+        creates, starts = sc["ops"]["CreateMemory"]["count"], sc["ops"]["StartSession"]["count"]
+        assert locks["memories"]["transactions"] >= creates, (name, locks)
+        assert locks["sessions"]["transactions"] >= starts, (name, locks)
+        for lock in locks.values():
+            assert 0 < lock["utilization"] < 1 and lock["mean_wait_ms"] >= 0, (name, locks)
     # With the sidecar gone every session is ordered by the baseline, for a stated reason.
     killed = result["scenarios"]["sidecar_killed"]["fallbacks"]
     assert set(killed) <= {"unavailable", "circuit_open", "deadline", "no_time"} and sum(killed.values()) > 0
@@ -99,7 +101,7 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
     )
     assert result["training"] and all("reason" in t for t in result["training"])
     assert result["server_rss_mb"] > 50 and result["disk_mb_per_100k"] > 0
-    assert "sidecar_killed" in out.stdout and "store write lock: busy" in out.stdout  # the tables
+    assert "sidecar_killed" in out.stdout and "memories write lock: busy" in out.stdout  # the tables
 
 
 def test_eval_with_training_sessions_runs_every_phase(tmp_path: Path, model_cache: Path) -> None:

@@ -35,7 +35,9 @@ def test_bench_runs_one_operation_alone(server: LiveServer, tmp_path: Path) -> N
     assert data["mix"] == {"Recall": 1.0}
     assert set(data["ops"]) == {"Recall"} and data["ops"]["Recall"]["count"] > 0
     assert data["ops"]["Recall"]["errors"] == {}
-    assert 0 <= data["scenarios"]["sidecar_ok"]["write_lock"]["utilization"] < 1
+    locks = data["scenarios"]["sidecar_ok"]["write_locks"]
+    assert set(locks) == {"memories", "sessions"}
+    assert all(0 <= lock["utilization"] < 1 for lock in locks.values())
     assert data["scenarios"]["sidecar_ok"]["start_session_p99_within_deadline_plus_10ms"] is None
     assert "n/a (no StartSession in the mix)" in " ".join(result.output.split())  # rich wraps lines
 

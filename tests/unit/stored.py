@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mnemo_server.memory.model import Memory, MemoryType, Scope
+from mnemo_server.store import memory_repo
+from mnemo_server.store.database import Database
 
 
 def stored_memory(i: int, created: int) -> Memory:
@@ -22,3 +26,11 @@ def stored_memory(i: int, created: int) -> Memory:
         event_time_ns=created,
         embedding_model="m",
     )
+
+
+def database_with_memories(path: Path, count: int = 3) -> Database:
+    """A store file holding memories m0 .. m<count - 1> (see stored_memory)."""
+    database = Database(path)
+    with database.transaction() as cur:
+        memory_repo.insert_many(cur, [(stored_memory(i, i), f"memory {i}") for i in range(count)])
+    return database

@@ -9,7 +9,6 @@ use to see a leak."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 from mnemo_server.memory.model import MemoryFilter, MemoryType, Scope
 from mnemo_server.store import memory_repo, session_repo, tenant_repo
 from mnemo_server.store.database import Cursor, Database
-from tests.unit.stored import stored_memory
+from tests.unit.stored import database_with_memories
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
 
@@ -43,10 +42,7 @@ def _write_then_checkpoint(db: Database) -> None:
 
 @pytest.fixture
 def db(tmp_path: Path) -> Database:
-    database = Database(tmp_path / "d.duckdb")
-    with database.transaction() as cur:
-        memory_repo.insert_many(cur, [(stored_memory(i, i), f"memory {i}") for i in range(3)])
-    return database
+    return database_with_memories(tmp_path / "d.duckdb")
 
 
 def test_an_unread_result_blocks_the_checkpoint(db: Database) -> None:
@@ -99,29 +95,3 @@ def test_no_fetchone_in_the_server() -> None:
         if ".fetchone(" in line
     ]
     assert offenders == []
-
-
-def test_the_write_lock_counts_its_transactions_and_the_waits_for_it(db: Database) -> None:
-    """GetStatus and the bench report these: held time, and time writers queued for the lock."""
-    before = db.write_lock_stats
-    with pytest.raises(RuntimeError), db.transaction():
-        raise RuntimeError("rolled back: still a transaction that held the lock")
-    holding, queued = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with db.transaction():
-            holding.set()
-            queued.wait(5)
-            time.sleep(0.2)  # the other writer is queued by now
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    holding.wait(5)
-    waiter = threading.Thread(target=lambda: (queued.set(), _write(db)))
-    waiter.start()
-    holder.join()
-    waiter.join()
-    after = db.write_lock_stats
-    assert after.transactions - before.transactions == 3
-    assert after.held_s - before.held_s >= 0.2
-    assert after.waited_s - before.waited_s >= 0.1

@@ -22,6 +22,7 @@ _CODES: list[tuple[type[errors.MnemoError], grpc.StatusCode]] = [
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.Aborted, grpc.StatusCode.ABORTED),
 ]
 
 

@@ -17,6 +17,7 @@ from mnemo_server.memory.service import MemoryPatch, MemoryService
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
 from mnemo_server.sessions.service import Feedback, SessionService, StartSessionInput
 from mnemo_server.store import session_repo
+from mnemo_server.store.database import WriteDomain
 from mnemo_server.tenancy.tenants import require_tenant
 
 _STAGES = {
@@ -240,7 +241,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
         s = self.memories.status(_tenant())
-        lock = self.memories.db.write_lock_stats
+        locks = [
+            pb.WriteLockStats(
+                domain=d.value, transactions=x.transactions, held_seconds=x.held_s, waited_seconds=x.waited_s
+            )
+            for d, x in self.memories.db.write_lock_stats.items()
+        ]
         resp = pb.GetStatusResponse(
             server_version=__version__,
             embedding_model=self.memories.embedding_model,
@@ -257,9 +263,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             else "",
             feedback_outbox_pending=session_repo.pending_count(self.memories.db.reader()),
             data_bytes=self.data_size.get(),
-            write_lock=pb.WriteLockStats(
-                transactions=lock.transactions, held_seconds=lock.held_s, waited_seconds=lock.waited_s
-            ),
+            write_lock=next(x for x in locks if x.domain == WriteDomain.MEMORIES.value),
+            write_locks=locks,
         )
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))

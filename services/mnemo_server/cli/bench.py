@@ -56,11 +56,11 @@ def print_tables(result: dict[str, Any]) -> None:
             f"  session ordering: {sc['fallbacks']}; StartSession p99 within deadline + 10 ms: {ok}; "
             f"failed calls: {sc['failed_calls']}"
         )
-        lock = sc["write_lock"]
-        console.print(
-            f"  store write lock: busy {lock['utilization']:.0%} of the time, "
-            f"{lock['transactions']} writes waited {lock['mean_wait_ms']} ms on average"
-        )
+        for domain, lock in sc["write_locks"].items():
+            console.print(
+                f"  {domain} write lock: busy {lock['utilization']:.0%} of the time, "
+                f"{lock['transactions']} writes waited {lock['mean_wait_ms']} ms on average"
+            )
     cs = result["create_searchable"]
     console.print(
         f"created → searchable under load: p50 {cs['p50_s']} s, p99 {cs['p99_s']} s, "

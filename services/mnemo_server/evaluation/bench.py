@@ -21,7 +21,7 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -302,11 +302,11 @@ class Bench:
                 rss_peak = max(rss_peak, (await self.status(stub)).process_rss_bytes)
                 await asyncio.sleep(1.0)
 
-        lock_before = (await self.status(stub)).write_lock
+        lock_before = (await self.status(stub)).write_locks
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(cfg.concurrency)), sample_rss())
         elapsed = time.perf_counter() - started
-        lock_after = (await self.status(stub)).write_lock
+        lock_after = (await self.status(stub)).write_locks
         await asyncio.gather(*self._watchers, return_exceptions=True)
         lags = sorted(self._lags)
         return {
@@ -320,7 +320,7 @@ class Bench:
                 "max_s": round(lags[-1], 3) if lags else 0.0,
             },
             "rss_peak_bytes": rss_peak,
-            "write_lock": _lock_use(lock_before, lock_after, elapsed),
+            "write_locks": _lock_use(lock_before, lock_after, elapsed),
         }
 
     async def _watch(self, stub: pb_grpc.MemoryServiceAsyncStub, memory_id: str, acked_at: float) -> None:
@@ -334,14 +334,22 @@ class Bench:
         self._lags.append(float("inf"))
 
 
-def _lock_use(before: pb.WriteLockStats, after: pb.WriteLockStats, seconds: float) -> dict[str, float]:
-    """The store's write lock over one phase: its busy share and the mean wait for it."""
-    n = after.transactions - before.transactions
-    return {
-        "transactions": n,
-        "utilization": round((after.held_seconds - before.held_seconds) / seconds, 3) if seconds else 0.0,
-        "mean_wait_ms": round((after.waited_seconds - before.waited_seconds) / n * 1000, 2) if n else 0.0,
-    }
+def _lock_use(
+    before: Sequence[pb.WriteLockStats], after: Sequence[pb.WriteLockStats], seconds: float
+) -> dict[str, dict[str, float]]:
+    """Each write domain's lock over one phase: its busy share and the mean wait for it."""
+    start = {x.domain: x for x in before}
+    out = {}
+    for end in after:
+        was = start.get(end.domain, pb.WriteLockStats())
+        n = end.transactions - was.transactions
+        held, waited = end.held_seconds - was.held_seconds, end.waited_seconds - was.waited_seconds
+        out[end.domain] = {
+            "transactions": n,
+            "utilization": round(held / seconds, 3) if seconds else 0.0,
+            "mean_wait_ms": round(waited / n * 1000, 2) if n else 0.0,
+        }
+    return out
 
 
 def _code(err: grpc.RpcError) -> str:
@@ -367,7 +375,7 @@ def _scenario(mixed: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
         "deadline_ms": deadline_ms,
         "ops": mixed["ops"],
         "fallbacks": mixed["fallbacks"],
-        "write_lock": mixed["write_lock"],
+        "write_locks": mixed["write_locks"],
         # None when the mix had no StartSession (see --mix).
         "start_session_p99_within_deadline_plus_10ms": start["p99_ms"] <= deadline_ms + 10 if start else None,
         "failed_calls": sum(sum(s["errors"].values()) for s in mixed["ops"].values()),

@@ -438,8 +438,17 @@ export interface GetStatusResponse {
   sidecarCircuit: string;
   /** Feedback sessions not yet delivered to the sidecar (all tenants). */
   feedbackOutboxPending: number;
-  /** The store's write lock since the server started (all tenants). */
-  writeLock?: WriteLockStats | undefined;
+  /**
+   * The "memories" domain's write lock since the server started (all tenants); the same
+   * figures are in write_locks, which has every domain.
+   *
+   * @deprecated
+   */
+  writeLock?:
+    | WriteLockStats
+    | undefined;
+  /** Each write domain's lock since the server started (all tenants), one entry per domain. */
+  writeLocks: WriteLockStats[];
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -453,10 +462,12 @@ export interface GetStatusResponse_RankingFallbacksEntry {
 }
 
 /**
- * Every write (creates, updates, deletes, session start and end, the index worker's marks)
- * runs in one short transaction under the store's single write lock. Held time over wall
- * time is the lock's utilization; waited time is what writers spent queueing for it, the
- * usual cause of a slow write under load.
+ * Every write runs in one short transaction under the write lock of its domain: "memories"
+ * (creates, updates, deletes, the index worker's marks, access counts) or "sessions"
+ * (session start and end records, the sidecar outbox); writes of different domains commit
+ * concurrently, and the rare write that spans domains (tenant changes, retention) holds
+ * every lock. Held time over wall time is a lock's utilization; waited time is what
+ * writers spent queueing for it, the usual cause of a slow write under load.
  */
 export interface WriteLockStats {
   /** Write transactions run. */
@@ -465,6 +476,8 @@ export interface WriteLockStats {
   heldSeconds: number;
   /** Total time writers waited for it. */
   waitedSeconds: number;
+  /** The domain whose lock this is: "memories" or "sessions". */
+  domain: string;
 }
 
 export interface StartSessionRequest {
@@ -3163,6 +3176,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     sidecarCircuit: "",
     feedbackOutboxPending: 0,
     writeLock: undefined,
+    writeLocks: [],
   };
 }
 
@@ -3212,6 +3226,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.writeLock !== undefined) {
       WriteLockStats.encode(message.writeLock, writer.uint32(122).fork()).join();
+    }
+    for (const v of message.writeLocks) {
+      WriteLockStats.encode(v!, writer.uint32(130).fork()).join();
     }
     return writer;
   },
@@ -3355,6 +3372,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.writeLock = WriteLockStats.decode(reader, reader.uint32());
             continue;
           }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.writeLocks.push(WriteLockStats.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3488,6 +3513,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.write_lock)
         ? WriteLockStats.fromJSON(object.write_lock)
         : undefined,
+      writeLocks: globalThis.Array.isArray(object?.writeLocks)
+        ? object.writeLocks.map((e: any) => WriteLockStats.fromJSON(e))
+        : globalThis.Array.isArray(object?.write_locks)
+        ? object.write_locks.map((e: any) => WriteLockStats.fromJSON(e))
+        : [],
     };
   },
 
@@ -3550,6 +3580,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.writeLock !== undefined) {
       obj.writeLock = WriteLockStats.toJSON(message.writeLock);
     }
+    if (message.writeLocks?.length) {
+      obj.writeLocks = message.writeLocks.map((e) => WriteLockStats.toJSON(e));
+    }
     return obj;
   },
 
@@ -3589,6 +3622,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.writeLock = (object.writeLock !== undefined && object.writeLock !== null)
       ? WriteLockStats.fromPartial(object.writeLock)
       : undefined;
+    message.writeLocks = object.writeLocks?.map((e) => WriteLockStats.fromPartial(e)) || [];
     return message;
   },
 };
@@ -3772,7 +3806,7 @@ export const GetStatusResponse_RankingFallbacksEntry: MessageFns<GetStatusRespon
 };
 
 function createBaseWriteLockStats(): WriteLockStats {
-  return { transactions: 0, heldSeconds: 0, waitedSeconds: 0 };
+  return { transactions: 0, heldSeconds: 0, waitedSeconds: 0, domain: "" };
 }
 
 export const WriteLockStats: MessageFns<WriteLockStats> = {
@@ -3785,6 +3819,9 @@ export const WriteLockStats: MessageFns<WriteLockStats> = {
     }
     if (message.waitedSeconds !== 0) {
       writer.uint32(25).double(message.waitedSeconds);
+    }
+    if (message.domain !== "") {
+      writer.uint32(34).string(message.domain);
     }
     return writer;
   },
@@ -3826,6 +3863,14 @@ export const WriteLockStats: MessageFns<WriteLockStats> = {
             message.waitedSeconds = reader.double();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.domain = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3851,6 +3896,7 @@ export const WriteLockStats: MessageFns<WriteLockStats> = {
         : isSet(object.waited_seconds)
         ? globalThis.Number(object.waited_seconds)
         : 0,
+      domain: isSet(object.domain) ? globalThis.String(object.domain) : "",
     };
   },
 
@@ -3865,6 +3911,9 @@ export const WriteLockStats: MessageFns<WriteLockStats> = {
     if (message.waitedSeconds !== 0) {
       obj.waitedSeconds = floatToJson(message.waitedSeconds);
     }
+    if (message.domain !== "") {
+      obj.domain = message.domain;
+    }
     return obj;
   },
 
@@ -3876,6 +3925,7 @@ export const WriteLockStats: MessageFns<WriteLockStats> = {
     message.transactions = object.transactions ?? 0;
     message.heldSeconds = object.heldSeconds ?? 0;
     message.waitedSeconds = object.waitedSeconds ?? 0;
+    message.domain = object.domain ?? "";
     return message;
   },
 };

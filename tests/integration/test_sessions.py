@@ -233,6 +233,52 @@ def test_concurrent_end_sessions_end_it_once(server: LiveServer, tenant_a: Tenan
     assert got.session.state == pb.SESSION_STATE_ENDED
 
 
+def test_one_request_id_for_a_create_and_an_end_at_once_gets_one_effect(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """CreateMemory and EndSession write under different locks, so a client that sends
+    one request_id to both at the same moment makes DuckDB refuse the second commit: that
+    call gets ABORTED (WRITE_CONFLICT) with nothing written, or REQUEST_ID_REUSED if it came
+    second; never INTERNAL, and its retry gets REQUEST_ID_REUSED."""
+    seed(tenant_a)
+    scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p")
+    for n in range(6):
+        sid, content, rid = f"shared-{n}", f"note {n} about the shared request id", f"shared-{n}"
+        start(tenant_a, sid, "staging database")
+
+        def create(content: str = content, rid: str = rid) -> object:
+            return tenant_a.memory().CreateMemory(
+                pb.CreateMemoryRequest(
+                    memory=memory_pb2.Memory(content=content, scope=scope), request_id=rid
+                ),
+                metadata=tenant_a.md,
+                timeout=10,
+            )
+
+        def end(sid: str = sid, rid: str = rid) -> object:
+            return tenant_a.memory().EndSession(
+                pb.EndSessionRequest(session_id=sid, transcript="the staging database", request_id=rid),
+                metadata=tenant_a.md,
+                timeout=10,
+            )
+
+        calls: dict[str, Callable[[], object]] = {"create": create, "end": end}
+        results = dict(zip(calls, race(lambda which, c=calls: c[which](), list(calls)), strict=True))
+        assert codes(list(results.values())).count("OK") == 1, results
+        for which, r in results.items():
+            if isinstance(r, grpc.RpcError):
+                assert r.code() in (grpc.StatusCode.ABORTED, grpc.StatusCode.INVALID_ARGUMENT), r
+                assert error_info(r)[0] in ("WRITE_CONFLICT", "REQUEST_ID_REUSED"), r
+                with pytest.raises(grpc.RpcError) as retry:
+                    calls[which]()
+                assert error_info(retry.value)[0] == "REQUEST_ID_REUSED"
+        session = tenant_a.memory().GetSession(pb.GetSessionRequest(session_id=sid), metadata=tenant_a.md)
+        ended = session.session.state == pb.SESSION_STATE_ENDED
+        assert ended == isinstance(results["end"], pb.EndSessionResponse)
+        listed = tenant_a.memory().ListMemories(pb.ListMemoriesRequest(page_size=100), metadata=tenant_a.md)
+        assert [m.content for m in listed.memories].count(content) == (0 if ended else 1)
+
+
 def test_sessions_are_tenant_isolated(
     server: LiveServer, tenant_a: TenantClient, tenant_b: TenantClient
 ) -> None:

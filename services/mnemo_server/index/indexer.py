@@ -22,7 +22,7 @@ from mnemo_server.embed.embedder import Embedder
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
 from mnemo_server.index.maintenance import MaintenanceSchedule
 from mnemo_server.store import memory_repo
-from mnemo_server.store.database import Database
+from mnemo_server.store.database import Database, WriteDomain
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class IndexWorker:
             self.index.upsert(tenant_id, rows)
         if gone:
             self.index.delete(tenant_id, gone)
-        with self.db.transaction() as cur:
+        with self.db.transaction(WriteDomain.MEMORIES) as cur:
             memory_repo.mark_indexed(
                 cur, [(tenant_id, m.id, m.revision) for m in live], self.embedder.model_id
             )

@@ -34,7 +34,7 @@ from mnemo_server.memory.paging import decode_token, encode_token, query_fingerp
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store import idempotency_repo, memory_repo
-from mnemo_server.store.database import Cursor, Database
+from mnemo_server.store.database import Cursor, Database, WriteDomain
 
 EXTERNAL_PREFIX = "external:"
 UPDATABLE_PATHS = ("importance", "confidence", "pinned", "category", "metadata", "event_time", "content")
@@ -88,7 +88,7 @@ class MemoryService:
         """A write transaction; if it fails, the tenant's cached live counts are dropped
         (they may have been changed by the part that rolled back)."""
         try:
-            with self.db.transaction() as cur:
+            with self.db.transaction(WriteDomain.MEMORIES) as cur:
                 yield cur
         except BaseException:
             self.live_counts.forget(tenant_id)

@@ -18,7 +18,7 @@ from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo_server.config import RankingConfig
 from mnemo_server.ranking.client import RankingClient
 from mnemo_server.store import session_repo
-from mnemo_server.store.database import Database
+from mnemo_server.store.database import Database, WriteDomain
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class FeedbackDelivery:
                 break
             answer = self.client.submit(to_request(item.tenant_id, item.payload), self.cfg.delivery_timeout_s)
             now = time.time_ns()
-            with self.db.transaction() as cur:
+            with self.db.transaction(WriteDomain.SESSIONS) as cur:
                 if answer.ok:
                     session_repo.mark_delivered(cur, item.tenant_id, item.session_id, now)
                 else:

@@ -31,7 +31,7 @@ from mnemo_server.sessions.continuity import overlap_relevance
 from mnemo_server.sessions.features import Candidate, compute_features
 from mnemo_server.sessions.packing import pack, render
 from mnemo_server.store import idempotency_repo, memory_repo, session_repo
-from mnemo_server.store.database import Cursor, Database
+from mnemo_server.store.database import Cursor, Database, WriteDomain
 from mnemo_server.store.session_repo import SessionMemoryRow, SessionRow
 
 MODEL, BASELINE, FALLBACK = "model", "baseline", "fallback"
@@ -265,13 +265,17 @@ class SessionService:
         rows = session_repo.member_table(tenant_id, req.session_id, members)
         session.took_ms = (time.perf_counter() - started) * 1000.0
         try:
-            with self.db.transaction() as cur:
+            with self.db.transaction(WriteDomain.SESSIONS) as cur:
                 session_repo.insert_session(cur, session, rows)
-                session_repo.touch_memories(cur, tenant_id, [x.memory.id for x in injected], now)
         except session_repo.SessionTaken:
             # The insert is the check, not a read before the work: a copy of this request
             # running at the same time (a client's retry after a timeout) would pass a read.
             return self._existing(tenant_id, req)
+        if injected:
+            # Access counts are memories' rows, so they are written under that domain's lock,
+            # after the session's commit: a crash between the two loses one count, no session.
+            with self.db.transaction(WriteDomain.MEMORIES) as cur:
+                session_repo.touch_memories(cur, tenant_id, [x.memory.id for x in injected], now)
         return SessionBundle(session, injected, render([x.memory for x in injected]))
 
     def _existing(self, tenant_id: str, req: StartSessionInput) -> SessionBundle:
@@ -429,7 +433,7 @@ class SessionService:
         # (in-process, 100k memories) and 42 ms at the p50 under the bench's load. Inside,
         # the session is checked to be the same one, still active, before anything is written.
         ending = self._ending(self.db.reader(), tenant_id, session_id, feedback, transcript, now)
-        with self.db.transaction() as cur:
+        with self.db.transaction(WriteDomain.SESSIONS) as cur:
             replay = idempotency_repo.lookup(cur, tenant_id, key)
             if replay is not None:
                 return [(str(m), float(r), str(src)) for m, r, src in replay["continuity"]], int(

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import duckdb
+
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import IdempotencyKey
-from mnemo_server.store.database import Cursor, fetch_one
+from mnemo_server.store.database import Cursor, WriteConflict, fetch_one
 
 
 def lookup(cur: Cursor, tenant_id: str, key: IdempotencyKey | None) -> dict[str, Any] | None:
@@ -37,10 +39,17 @@ def record(
 ) -> None:
     if key is None:
         return
-    cur.execute(
-        "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?)",
-        [tenant_id, key.request_id, key.method, key.fingerprint, json.dumps(result), now_ns],
-    )
+    try:
+        cur.execute(
+            "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?)",
+            [tenant_id, key.request_id, key.method, key.fingerprint, json.dumps(result), now_ns],
+        )
+    except duckdb.ConstraintException:
+        # lookup() found no record in this transaction's snapshot, so the key was committed
+        # since by a write of another domain (the same request_id sent to two operations).
+        raise WriteConflict(
+            "request_id is being used by another request right now; nothing was written"
+        ) from None
 
 
 def purge(cur: Cursor, before_ns: int) -> None:

@@ -1,8 +1,9 @@
 """Live memories per (tenant, scope, type), for the per-type caps.
 
 Counting on every insert costs a scan (about 1 ms at 100k memories) inside the write lock.
-All writes run in this process under that lock, so a cache kept in step by the writers is
-exact; it is changed only inside write transactions and dropped for a tenant if one fails."""
+All writes of memories run in this process under the memories domain's lock (store-wide
+writes hold it too), so a cache kept in step by the writers is exact; it is changed only
+inside write transactions and dropped for a tenant if one fails."""
 
 from __future__ import annotations
 

@@ -428,8 +428,8 @@ class SessionService:
             out.append(FieldViolation("transcript", "longer than 1,000,000 characters"))
         raise_if(out)
         now = self.clock()
-        # Read and work out everything before taking the write lock, which every write of
-        # the server shares: done inside it, the reads held it ~14 ms of a 15 ms EndSession
+        # Read and work out everything before taking the sessions' write lock, which every
+        # session write shares: done inside it, the reads held it ~14 ms of a 15 ms EndSession
         # (in-process, 100k memories) and 42 ms at the p50 under the bench's load. Inside,
         # the session is checked to be the same one, still active, before anything is written.
         ending = self._ending(self.db.reader(), tenant_id, session_id, feedback, transcript, now)

@@ -70,8 +70,8 @@ def _is_conflict(exc: duckdb.TransactionException) -> bool:
 
 @dataclass(frozen=True)
 class WriteLockStats:
-    """How much the one write lock is used: writes queue for it, so its busy share and the
-    time spent waiting for it explain slow writes under load."""
+    """How much one domain's write lock is used: writes queue for it, so its busy share and
+    the time spent waiting for it explain slow writes under load."""
 
     transactions: int
     held_s: float
@@ -158,8 +158,8 @@ class Database:
     def transaction(self, *domains: WriteDomain) -> Iterator[Cursor]:
         """One short write transaction; commits on success, rolls back on any exception.
         It holds the locks of the given domains, all of them when none is named."""
-        asked = time.perf_counter()
-        with self._holding(domains or ALL_DOMAINS):
+        asked, held_domains = time.perf_counter(), domains or ALL_DOMAINS
+        with self._holding(held_domains):
             got = time.perf_counter()
             try:
                 cur = self.reader()
@@ -180,7 +180,7 @@ class Database:
             finally:
                 held, waited = time.perf_counter() - got, got - asked
                 with self._stats_lock:
-                    for d in domains or ALL_DOMAINS:
+                    for d in held_domains:
                         old = self._lock_stats[d]
                         self._lock_stats[d] = WriteLockStats(
                             old.transactions + 1, old.held_s + held, old.waited_s + waited

@@ -335,3 +335,31 @@ def test_hit_attributes_follow_updates_deletes_and_restarts(tmp_path: Path, cach
     check(restarted)  # cold cache: attributes come from the table
     assert restarted.load_attrs(TENANT) == min(7, cache_rows)
     check(restarted)
+
+
+def test_a_session_holding_superseded_index_files_is_renewed_warm_and_searches_agree(tmp_path: Path) -> None:
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64))
+    rng = np.random.default_rng(5)
+    vectors = {i: _unit(rng) for i in range(700)}
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])
+    index.optimize(TENANT)  # builds the indices
+    h = index._handle(TENANT, create=False)
+    assert h is not None
+    old_session = h.session
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600, 700)])
+    assert "session_mb_before_after" not in index.optimize(TENANT)  # defaults: a 64 MB allowance
+    assert h.session is old_session
+    before = {i: [x.id for x in index.vector_search(TENANT, vectors[i], 5, ANY)] for i in (0, 299, 650)}
+    texts = [x.id for x in index.text_search(TENANT, "w42", 5, ANY)]
+
+    # Now any cache at all crosses the bound: factor ~0, no allowance.
+    index.cfg = dataclasses.replace(index.cfg, cache_renew_factor=1e-9, cache_renew_slack_mb=0)
+    done = index.optimize(TENANT)
+
+    assert "session_mb_before_after" in done
+    assert h.session is not old_session
+    assert h.session.size_bytes() > 0  # warmed before it replaced the old one
+    for i, ids in before.items():
+        assert [x.id for x in index.vector_search(TENANT, vectors[i], 5, ANY)] == ids
+    assert [x.id for x in index.text_search(TENANT, "w42", 5, ANY)] == texts
+    _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in (0, 650, 699)}, set())

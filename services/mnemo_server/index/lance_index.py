@@ -187,11 +187,7 @@ class LanceIndex:
                 return None
             import lance
 
-            # pylance re-exports Session without listing it in __all__.
-            session = lance.Session(  # type: ignore[attr-defined]
-                index_cache_size_bytes=self.cfg.index_cache_mb << 20,
-                metadata_cache_size_bytes=self.cfg.metadata_cache_mb << 20,
-            )
+            session = self._new_session()
             uri = table.to_lance().uri
             handle = _Handle(
                 table,
@@ -206,6 +202,15 @@ class LanceIndex:
                 self._settle_pending(handle)
             self._handles[name] = handle
             return handle
+
+    def _new_session(self) -> Any:
+        import lance
+
+        # pylance re-exports Session without listing it in __all__.
+        return lance.Session(  # type: ignore[attr-defined]
+            index_cache_size_bytes=self.cfg.index_cache_mb << 20,
+            metadata_cache_size_bytes=self.cfg.metadata_cache_mb << 20,
+        )
 
     def tenants(self) -> list[str]:
         return [n[2:] for n in self._db.list_tables().tables if n.startswith("t_")]
@@ -235,6 +240,15 @@ class LanceIndex:
         into the session cache, which the first searches would pay otherwise."""
         if "vector_idx" not in self._index_names(h.table):
             return True
+        try:
+            self._read_whole_ann_index(h.reader)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            log.warning("tenant %s: the ANN index does not read (%s); it will be rebuilt", tenant_id, exc)
+            return False
+        return True
+
+    def _read_whole_ann_index(self, reader: Any) -> None:
+        """A search probing every partition: loads the whole ANN index into the session."""
         nearest = {
             "column": "vector",
             "q": np.ones(self.dimension, dtype=np.float32),
@@ -242,12 +256,7 @@ class LanceIndex:
             "metric": "cosine",
             "nprobes": 1 << 20,
         }
-        try:
-            h.reader.to_table(columns=["id", "_distance"], nearest=nearest, fast_search=True)
-        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            log.warning("tenant %s: the ANN index does not read (%s); it will be rebuilt", tenant_id, exc)
-            return False
-        return True
+        reader.to_table(columns=["id", "_distance"], nearest=nearest, fast_search=True)
 
     # --- writes ----------------------------------------------------------------------
 
@@ -398,7 +407,41 @@ class LanceIndex:
                 h.refresh()
             done["merged_vector_deltas"] = tail
             done["merge_s"] = time.monotonic() - started
+        renewed = self._renew_bloated_session(h)
+        if renewed is not None:
+            done["session_mb_before_after"] = renewed
+            log.info("tenant table %s: Lance caches renewed, %d MB held, %d MB once warm", h.uri, *renewed)
         return done
+
+    def _renew_bloated_session(self, h: _Handle) -> tuple[int, int] | None:
+        """Give the tenant a new Lance session when the old one holds far more than the
+        indices on disk. Optimizes, delta merges and compactions write index files anew, and
+        the session keeps the superseded ones (never read again, still resident) until its
+        caps are full: right after a 100k load it held 321 MB where a fresh one, warm after a
+        minute of searches, held 85 MB; renewing it took the server's RSS from 1,355 to
+        1,077 MB at the same throughput. The new session is warmed (the whole ANN index read,
+        ~1 s at 100k rows, here in maintenance) before it replaces the old one, so no search
+        pays for loading it; searches already on the old one finish there. Returns the MB
+        held before and after, or None when nothing was renewed."""
+        if self.cfg.cache_renew_factor <= 0:
+            return None
+        held = h.session.size_bytes()
+        descriptions = h.reader.describe_indices()
+        on_disk = sum(seg.size_bytes for d in descriptions for seg in d.segments)
+        if held <= self.cfg.cache_renew_factor * on_disk + (self.cfg.cache_renew_slack_mb << 20):
+            return None
+        import lance
+
+        session = self._new_session()
+        fresh = lance.dataset(h.uri, session=session)
+        if any(d.name == "vector_idx" for d in descriptions):
+            self._read_whole_ann_index(fresh)
+        if h.has_text_index:
+            fresh.to_table(columns=["id", "_score"], full_text_query="warm", limit=1)
+        with h.lock:
+            h.session = session
+            h.refresh()
+        return held >> 20, session.size_bytes() >> 20
 
     @staticmethod
     def _settle_pending(h: _Handle) -> None:

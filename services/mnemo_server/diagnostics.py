@@ -10,9 +10,18 @@ from pathlib import Path
 
 def rss_bytes(pid: int | str = "self") -> int:
     """Resident set size (Linux /proc); 0 where unavailable."""
+    return _status_bytes(pid, "VmRSS:")
+
+
+def peak_rss_bytes(pid: int | str = "self") -> int:
+    """The highest resident set size since the process started; 0 where unavailable."""
+    return _status_bytes(pid, "VmHWM:")
+
+
+def _status_bytes(pid: int | str, key: str) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass

@@ -101,6 +101,7 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
     )
     assert result["training"] and all("reason" in t for t in result["training"])
     assert result["server_rss_mb"] > 50 and result["disk_mb_per_100k"] > 0
+    assert result["server_rss_high_water_mb"] >= result["server_rss_mb"]
     assert "sidecar_killed" in out.stdout and "memories write lock: busy" in out.stdout  # the tables
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mnemo_server.diagnostics import DataDirSize, rss_bytes
+from mnemo_server.diagnostics import DataDirSize, peak_rss_bytes, rss_bytes
 
 
 def test_data_size_skips_excluded_directories(tmp_path: Path) -> None:
@@ -19,3 +19,13 @@ def test_data_size_skips_excluded_directories(tmp_path: Path) -> None:
 
 def test_rss_of_this_process_is_reported() -> None:
     assert rss_bytes() > 10 * 2**20
+
+
+def test_peak_rss_keeps_memory_since_given_back() -> None:
+    block = bytearray(64 * 2**20)  # touched: resident
+    block[::4096] = b"x" * len(block[::4096])
+    held = rss_bytes()
+    del block
+    assert held > rss_bytes() + 32 * 2**20  # given back
+    # still counted in the peak (the kernel's per-thread counters lag by a few pages)
+    assert peak_rss_bytes() >= held - 2**20

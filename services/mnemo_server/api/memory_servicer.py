@@ -11,7 +11,7 @@ from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 from mnemo_server import __version__
 from mnemo_server.api import convert, session_convert
 from mnemo_server.api.interceptor import current_principal
-from mnemo_server.diagnostics import DataDirSize, rss_bytes
+from mnemo_server.diagnostics import DataDirSize, peak_rss_bytes, rss_bytes
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.service import MemoryPatch, MemoryService
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
@@ -256,6 +256,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             pending_index_count=s.pending_index,
             memory_count_by_type=s.by_type,
             process_rss_bytes=rss_bytes(),
+            process_peak_rss_bytes=peak_rss_bytes(),
             search_index_lag_rows=s.search_index_lag,
             ranking_fallbacks=dict(self.sessions.ranking.fallbacks),
             sidecar_circuit=self.sessions.ranking.breaker.state.value

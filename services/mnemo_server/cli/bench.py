@@ -67,7 +67,8 @@ def print_tables(result: dict[str, Any]) -> None:
         f"max {cs['max_s']} s ({cs['samples']} samples)"
     )
     console.print(
-        f"server RSS peak {result['server_rss_mb']} MB; data {result['data_mb']} MB "
+        f"server RSS peak {result['server_rss_mb']} MB in the mixed phase, "
+        f"{result['server_rss_high_water_mb']} MB since the server started; data {result['data_mb']} MB "
         f"({result['disk_mb_per_100k']} MB per 100k memories)"
     )
 

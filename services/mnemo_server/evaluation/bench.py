@@ -434,6 +434,9 @@ async def run_bench(
             "create_searchable": ok["create_searchable"],
             "scenarios": scenarios,
             "server_rss_mb": round(rss / 2**20, 1),
+            # The server's own high-water mark: every phase since it started, the load too
+            # (server_rss_mb is sampled during the first mixed minute and at the end).
+            "server_rss_high_water_mb": round(status.process_peak_rss_bytes / 2**20, 1),
             "data_mb": round(status.data_bytes / 2**20, 1),
             "disk_mb_per_100k": round(status.data_bytes / 2**20 * 100_000 / live, 1) if live else 0.0,
             "memories_after": live,

@@ -449,6 +449,11 @@ export interface GetStatusResponse {
     | undefined;
   /** Each write domain's lock since the server started (all tenants), one entry per domain. */
   writeLocks: WriteLockStats[];
+  /**
+   * The most resident memory the server process has had since it started (bulk loads
+   * included), where process_rss_bytes is the current figure.
+   */
+  processPeakRssBytes: number;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -3177,6 +3182,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     feedbackOutboxPending: 0,
     writeLock: undefined,
     writeLocks: [],
+    processPeakRssBytes: 0,
   };
 }
 
@@ -3229,6 +3235,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     for (const v of message.writeLocks) {
       WriteLockStats.encode(v!, writer.uint32(130).fork()).join();
+    }
+    if (message.processPeakRssBytes !== 0) {
+      writer.uint32(136).int64(message.processPeakRssBytes);
     }
     return writer;
   },
@@ -3380,6 +3389,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.writeLocks.push(WriteLockStats.decode(reader, reader.uint32()));
             continue;
           }
+          case 17: {
+            if (tag !== 136) {
+              break;
+            }
+
+            message.processPeakRssBytes = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3518,6 +3535,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : globalThis.Array.isArray(object?.write_locks)
         ? object.write_locks.map((e: any) => WriteLockStats.fromJSON(e))
         : [],
+      processPeakRssBytes: isSet(object.processPeakRssBytes)
+        ? globalThis.Number(object.processPeakRssBytes)
+        : isSet(object.process_peak_rss_bytes)
+        ? globalThis.Number(object.process_peak_rss_bytes)
+        : 0,
     };
   },
 
@@ -3583,6 +3605,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.writeLocks?.length) {
       obj.writeLocks = message.writeLocks.map((e) => WriteLockStats.toJSON(e));
     }
+    if (message.processPeakRssBytes !== 0) {
+      obj.processPeakRssBytes = Math.round(message.processPeakRssBytes);
+    }
     return obj;
   },
 
@@ -3623,6 +3648,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
       ? WriteLockStats.fromPartial(object.writeLock)
       : undefined;
     message.writeLocks = object.writeLocks?.map((e) => WriteLockStats.fromPartial(e)) || [];
+    message.processPeakRssBytes = object.processPeakRssBytes ?? 0;
     return message;
   },
 };

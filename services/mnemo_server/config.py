@@ -154,6 +154,12 @@ class IndexConfig:
     # Per tenant, the attributes Recall's signals read (text, scope, session, times) of up
     # to this many rows stay in memory (~0.5 KB each), so searches fetch only ids and scores.
     attrs_cache_rows: int = 200_000
+    # Per tenant, every row's vector is kept in memory by scope (int8, ~0.5 KB a row with its
+    # id), and a vector search filtered by scopes alone over at most this many rows scans
+    # them exactly instead of asking LanceDB, whose ANN search pays for a selective filter
+    # (index/scope_vectors.py; k 100 at 100k rows: 5k rows scanned in 1.4 ms of CPU against
+    # LanceDB's 9.7, 20k in 5.0 against 9.2, 40k in 10.4 against 7.8). 0: nothing kept.
+    exact_scope_search_max_rows: int = 20_000
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

@@ -365,3 +365,68 @@ def test_a_session_holding_superseded_index_files_is_renewed_warm_and_searches_a
         assert [x.id for x in index.vector_search(TENANT, vectors[i], 5, ANY)] == ids
     assert [x.id for x in index.text_search(TENANT, "w42", 5, ANY)] == texts
     _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in (0, 650, 699)}, set())
+
+
+def test_scoped_vector_search_from_memory_agrees_with_an_exact_search(tmp_path: Path) -> None:
+    """Searches filtered by a few small scopes are answered from the in-memory scope vectors
+    (index/scope_vectors.py); they must follow writes, moves and deletes, be reloaded after
+    a restart, and rank as an exact search over the same rows does."""
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, exact_scope_search_max_rows=400)
+    rng = np.random.default_rng(21)
+    vectors = {i: _unit(rng) for i in range(700)}
+    scope_of = {i: "a" if i < 300 else ("b" if i < 600 else "c") for i in vectors}
+
+    def row(i: int) -> IndexRow:
+        return dataclasses.replace(_row(i, vectors[i], word=f"w{i}"), scope=f"project:{scope_of[i]}")
+
+    index = LanceIndex(tmp_path / "lance", DIM, cfg)
+    index.upsert(TENANT, [row(i) for i in range(650)])
+    index.optimize(TENANT)
+    for i in range(650, 700):
+        index.upsert(TENANT, [row(i)])
+    vectors[7] = _unit(rng)
+    scope_of[7] = "c"  # moved, with a new vector
+    index.upsert(TENANT, [dataclasses.replace(row(7), revision=2)])
+    index.delete(TENANT, ["m8", "m650"])
+    del vectors[8], vectors[650]
+
+    def exact(q: np.ndarray, scopes: set[str], k: int) -> list[str]:
+        members = [i for i in vectors if scope_of[i] in scopes]
+        return [f"m{i}" for i in sorted(members, key=lambda i: -float(vectors[i] @ q))[:k]]
+
+    def check(ix: LanceIndex) -> None:
+        for qi in (0, 7, 100, 400, 660, 699):
+            q = vectors[qi]
+            for scopes in ({"a"}, {"c"}, {"a", "c"}, {"b", "c"}):
+                f = MemoryFilter(scopes=tuple(Scope(ScopeKind.PROJECT, s) for s in sorted(scopes)))
+                found = [h.id for h in ix.vector_search(TENANT, q, 10, f)]
+                truth = exact(q, scopes, 10)
+                assert set(found) <= {f"m{i}" for i in vectors if scope_of[i] in scopes}
+                assert len(set(found) & set(truth)) >= 9, (qi, scopes, found, truth)
+                if scope_of[qi] in scopes:
+                    assert found[0] == f"m{qi}"
+        assert "m8" not in {h.id for h in ix.vector_search(TENANT, vectors[9], 50, _scope_filter("a"))}
+
+    assert index.stats(TENANT)["scope_vector_rows"] == 698  # a new table: kept from the start
+    check(index)
+    small, large = _scope_filter("c"), MemoryFilter(scopes=(Scope(ScopeKind.PROJECT, "a"),) * 2)
+    h = index._handle(TENANT, create=False)
+    assert h is not None
+    assert index._exact_in_memory(h, small, [s.key for s in small.scopes])  # 101 rows
+    both = _scope_filter("a"), _scope_filter("b")
+    ab = MemoryFilter(scopes=both[0].scopes + both[1].scopes)  # 597 rows: over the 400
+    assert not index._exact_in_memory(h, ab, [s.key for s in ab.scopes])
+    typed = dataclasses.replace(small, categories=("c",))  # more than scopes: LanceDB
+    assert not index._exact_in_memory(h, typed, [s.key for s in typed.scopes])
+    assert large.scopes  # a repeated scope counts once
+    assert index._exact_in_memory(h, large, [s.key for s in large.scopes])
+
+    restarted = LanceIndex(tmp_path / "lance", DIM, cfg)
+    assert restarted.stats(TENANT)["scope_vector_rows"] is None  # until loaded: LanceDB answers
+    check(restarted)
+    assert restarted.load_scope_vectors(TENANT) == 698
+    check(restarted)
+    off = LanceIndex(tmp_path / "lance", DIM, dataclasses.replace(cfg, exact_scope_search_max_rows=0))
+    assert off.load_scope_vectors(TENANT) == 0
+    assert off.stats(TENANT)["scope_vector_rows"] is None
+    check(off)

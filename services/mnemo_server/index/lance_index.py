@@ -4,7 +4,9 @@ vector and text, with a BM25 full-text index and, past a size threshold, an ANN 
 Everything here can be rebuilt from DuckDB. Filter columns are copied in so filters run
 inside LanceDB (prefilter); results are still re-checked against DuckDB by the caller, so a
 stale copy here can cost a hit but never show a wrong one. Rows written since the ANN index
-last took in every row are also kept in memory and searched there (pending.py).
+last took in every row are also kept in memory and searched there (pending.py), and every
+row's vector is kept in memory by scope for exact searches within a few small scopes
+(scope_vectors.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pyarrow.compute as pc
 from mnemo_server.config import IndexConfig
 from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
 from mnemo_server.index.pending import PendingRows
+from mnemo_server.index.scope_vectors import ScopeVectors
 from mnemo_server.memory.model import MemoryFilter
 
 log = logging.getLogger(__name__)
@@ -112,6 +115,8 @@ class _Handle:
     # Hit attributes by id, kept by this process's writes: searches read only ids and
     # scores from LanceDB; what is missing is read from the table.
     attrs: AttrsCache
+    # Every row's vector by scope, once loaded (then kept by this process's writes).
+    vectors: ScopeVectors
     lock: threading.Lock = field(default_factory=threading.Lock)
     has_text_index: bool = False
     # Every row outside the ANN index (see pending.py), or None while that is not known:
@@ -179,7 +184,8 @@ class LanceIndex:
             handle = self._handles.get(name)
             if handle is not None:
                 return handle
-            if name in self._db.list_tables().tables:
+            existing = self._db.list_tables().tables
+            if name in existing:
                 table = self._db.open_table(name)
             elif create:
                 table = self._db.create_table(name, schema=self.schema)
@@ -195,7 +201,11 @@ class LanceIndex:
                 lance.dataset(uri, session=session),
                 session,
                 AttrsCache(self.cfg.attrs_cache_rows),
+                ScopeVectors(self.dimension),
             )
+            # A new table is empty: its vectors are all known. An existing one's are loaded
+            # at warm-up (load_scope_vectors); until then LanceDB answers every search.
+            handle.vectors.loaded = self._keeps_scope_vectors and name not in existing
             indices = self._index_names(table)
             handle.has_text_index = "text_idx" in indices
             if "vector_idx" in indices:
@@ -291,7 +301,7 @@ class LanceIndex:
             # A merge on id costs twice an append's CPU and keeps ~1.5 KB of native memory
             # per row (measured at 100k rows), and most rows are new: those are appended.
             # This worker is the only writer and holds the lock, so the check stays true.
-            present = self._present(h, [r.id for r in rows])
+            present = self._scopes_of(h, [r.id for r in rows])
             fresh = pa.array([r.id not in present for r in rows])
             if present:
                 h.table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
@@ -300,6 +310,8 @@ class LanceIndex:
             if len(present) < len(rows):
                 h.table.add(data.filter(fresh))
             h.attrs.remember([(r.id, _row_attrs(r)) for r in rows], overwrite=True)
+            if h.vectors.loaded:
+                h.vectors.put([(r.id, r.scope, r.vector) for r in rows], present)
             if not h.has_text_index:
                 from lancedb.index import FTS
 
@@ -308,9 +320,10 @@ class LanceIndex:
             h.refresh()
 
     @staticmethod
-    def _present(h: _Handle, ids: list[str]) -> set[str]:
-        """Which of these ids the table holds (the id index answers it)."""
-        return set(h.reader.to_table(columns=["id"], filter=_in("id", ids)).column("id").to_pylist())
+    def _scopes_of(h: _Handle, ids: list[str]) -> dict[str, str]:
+        """The scope of each of these ids the table holds (the id index answers it)."""
+        data = h.reader.to_table(columns=["id", "scope"], filter=_in("id", ids))
+        return dict(zip(data.column("id").to_pylist(), data.column("scope").to_pylist(), strict=True))
 
     def delete(self, tenant_id: str, ids: Sequence[str]) -> None:
         h = self._handle(tenant_id, create=False)
@@ -318,7 +331,10 @@ class LanceIndex:
             return
         with h.lock:
             for start in range(0, len(ids), 500):
-                h.table.delete(_in("id", ids[start : start + 500]))
+                part = list(ids[start : start + 500])
+                if h.vectors.loaded:
+                    h.vectors.remove(self._scopes_of(h, part))
+                h.table.delete(_in("id", part))
             if h.pending is not None:
                 h.pending = h.pending.without(ids)
             h.attrs.forget(ids)
@@ -481,6 +497,8 @@ class LanceIndex:
             "fragments": len(h.reader.get_fragments()),
             # Rows outside the ANN index searched in memory (None: LanceDB scans them).
             "pending_rows": None if h.pending is None else len(h.pending),
+            # Rows whose vectors are kept by scope (None: not loaded, scoped searches go to LanceDB).
+            "scope_vector_rows": h.vectors.rows() if h.vectors.loaded else None,
             "indices": {
                 n: {"indexed": ix.num_indexed_rows, "unindexed": ix.num_unindexed_rows}
                 for n, ix in self._index_names(h.table).items()
@@ -529,6 +547,10 @@ class LanceIndex:
         h = self._handle(tenant_id, create=False)
         if h is None:
             return []
+        scopes = [s.key for s in f.scopes]
+        if self._exact_in_memory(h, f, scopes):
+            found = h.vectors.search(vector, k, scopes)
+            return self._leg_hits(h, [i for i, _ in found], [s for _, s in found])
         # The pending rows before the snapshot: an optimize folds rows in, then clears them
         # here, so this order sees each row in one place or both, never in neither.
         pending = h.pending
@@ -555,6 +577,16 @@ class LanceIndex:
             ids = sorted(scores, key=lambda i: -scores[i])[:k]
         return self._leg_hits(h, ids, [scores[i] for i in ids])
 
+    def _exact_in_memory(self, h: _Handle, f: MemoryFilter, scopes: list[str]) -> bool:
+        """Whether a search is answered from the scope vectors: filtered by scopes alone,
+        few enough rows to scan (past ~30k rows at 100k a scan costs more than LanceDB's)."""
+        return (
+            h.vectors.loaded
+            and bool(scopes)
+            and f == MemoryFilter(scopes=f.scopes)
+            and h.vectors.rows_in(scopes) <= self.cfg.exact_scope_search_max_rows
+        )
+
     def text_search(self, tenant_id: str, query: str, k: int, f: MemoryFilter) -> list[LegHit]:
         h = self._handle(tenant_id, create=False)
         if h is None or not h.has_text_index or not query.strip():
@@ -577,6 +609,29 @@ class LanceIndex:
         data = h.reader.to_table(columns=["id", *ATTR_COLUMNS], limit=self.cfg.attrs_cache_rows)
         h.attrs.remember(read_attrs(data), overwrite=False)
         return len(h.attrs)
+
+    @property
+    def _keeps_scope_vectors(self) -> bool:
+        return self.cfg.exact_scope_search_max_rows > 0
+
+    def load_scope_vectors(self, tenant_id: str) -> int:
+        """Read every row's vector into the scope vectors (at start-up, ~1.3 s per 100k rows,
+        in batches to bound the memory it takes). Under the table lock, so no write is missed
+        between the read and the writes that follow. Returns the rows loaded."""
+        h = self._handle(tenant_id, create=False)
+        if h is None or not self._keeps_scope_vectors:
+            return 0
+        with h.lock:
+            batches = h.reader.to_batches(columns=["id", "scope", "vector"], batch_size=8192)
+            h.vectors.load(
+                (
+                    b.column("id").to_pylist(),
+                    b.column("scope").to_pylist(),
+                    b.column("vector").flatten().to_numpy(zero_copy_only=False).reshape(-1, self.dimension),
+                )
+                for b in batches
+            )
+            return h.vectors.rows()
 
     def attrs(self, tenant_id: str, ids: Sequence[str]) -> dict[str, Attrs]:
         """Indexed attributes by id (from the cache when there); ids not indexed are absent."""

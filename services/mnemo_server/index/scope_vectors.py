@@ -1,0 +1,182 @@
+"""Each scope's vectors in memory, for exact vector search within a few scopes.
+
+LanceDB's ANN search pays for a selective filter: at 100k rows, a search limited to one
+project of ~5k rows (StartSession's pool: k 100 within the workspace, session and project
+scopes) took 12.5 ms of CPU with the bitmap prefilter, where an exact scan of those rows'
+vectors in memory took 0.6 ms (float32) and found the exact top 50 where the ANN search
+found 99.5 % of it. So the index keeps every row's unit vector here, grouped by scope, and
+a search filtered by scopes alone that covers few rows is answered from memory.
+
+Vectors are kept as int8 with a scale per row (the unit vector / its largest component x
+127: 388 bytes a row, ~37 MB per 100k rows, a quarter of float32; one scale for all rows
+lost recall@10 0.966 against exact search, the per-row scale keeps the cosine error to
+~0.002) in chunks of up to `CHUNK` rows: a write copies one chunk at most, and a search
+converts one chunk at a time to float32 (small enough to stay in cache).
+
+Writers (the index worker, under the table lock) build new chunk tuples and replace the
+whole scope -> chunks mapping at once, so a search reads one consistent state without a
+lock: a row changing scope is seen in one of them, never in both or neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+CHUNK = 1024
+_SCALE = 127.0
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    ids: tuple[str, ...]
+    codes: npt.NDArray[np.int8]  # len(ids) x dimension
+    scales: npt.NDArray[np.float32]  # len(ids): a row's cosine = codes @ unit query x scale
+
+
+def quantize(vectors: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
+    """Rows scaled to unit length, then to int8 codes and a scale per row."""
+    matrix = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    unit = matrix / norms
+    peak = np.abs(unit).max(axis=1, keepdims=True)
+    peak[peak == 0] = 1.0
+    codes: npt.NDArray[np.int8] = np.rint(unit / peak * _SCALE).astype(np.int8)
+    scales: npt.NDArray[np.float32] = (peak[:, 0] / _SCALE).astype(np.float32)
+    return codes, scales
+
+
+def _chunked(
+    ids: Sequence[str], codes: npt.NDArray[np.int8], scales: npt.NDArray[np.float32]
+) -> list[_Chunk]:
+    return [
+        _Chunk(
+            tuple(ids[start : start + CHUNK]),
+            codes[start : start + CHUNK].copy(),
+            scales[start : start + CHUNK].copy(),
+        )
+        for start in range(0, len(ids), CHUNK)
+    ]
+
+
+class ScopeVectors:
+    """A tenant's indexed vectors by scope key. Not `loaded` until filled from the table
+    (then kept by the index's own writes); searches must not use it before."""
+
+    def __init__(self, dimension: int):
+        self.dimension = dimension
+        self.loaded = False
+        self._state: Mapping[str, tuple[_Chunk, ...]] = {}
+
+    def rows(self) -> int:
+        return sum(len(c.ids) for chunks in self._state.values() for c in chunks)
+
+    def rows_in(self, scopes: Iterable[str]) -> int:
+        state = self._state
+        return sum(len(c.ids) for s in set(scopes) for c in state.get(s, ()))
+
+    def nbytes(self) -> int:
+        return sum(c.codes.nbytes + c.scales.nbytes for chunks in self._state.values() for c in chunks)
+
+    # --- writes (one writer at a time) -----------------------------------------------
+
+    def load(self, batches: Iterable[tuple[Sequence[str], Sequence[str], npt.NDArray[np.float32]]]) -> None:
+        """Fill from (ids, scopes, vectors) batches of the whole table, replacing any state."""
+        ids_by: dict[str, list[str]] = {}
+        codes_by: dict[str, list[npt.NDArray[np.int8]]] = {}
+        scales_by: dict[str, list[npt.NDArray[np.float32]]] = {}
+        for ids, scopes, vectors in batches:
+            codes, scales = quantize(vectors)
+            scope_arr = np.asarray(scopes, dtype=object)
+            for scope in set(scopes):
+                rows = np.flatnonzero(scope_arr == scope)
+                ids_by.setdefault(scope, []).extend(ids[int(i)] for i in rows)
+                codes_by.setdefault(scope, []).append(codes[rows])
+                scales_by.setdefault(scope, []).append(scales[rows])
+        self._state = {
+            s: tuple(_chunked(ids_by[s], np.concatenate(codes_by[s]), np.concatenate(scales_by[s])))
+            for s in ids_by
+            if ids_by[s]
+        }
+        self.loaded = True
+
+    def put(
+        self,
+        rows: Sequence[tuple[str, str, npt.NDArray[np.float32]]],
+        previous_scopes: Mapping[str, str],
+    ) -> None:
+        """Write (id, scope, vector) rows; previous_scopes names the scope each id already
+        present was in (its old copy is removed from there)."""
+        state = dict(self._state)
+        self._remove_from(state, previous_scopes)
+        rows = list({r[0]: r for r in rows}.values())  # an id written twice: its last copy
+        by_scope: dict[str, list[int]] = {}
+        for i, (_, scope, _) in enumerate(rows):
+            by_scope.setdefault(scope, []).append(i)
+        if not rows:
+            self._state = state
+            return
+        codes, scales = quantize(np.stack([v for _, _, v in rows]))
+        for scope, positions in by_scope.items():
+            ids = [rows[i][0] for i in positions]
+            new, new_scales = codes[positions], scales[positions]
+            chunks = list(state.get(scope, ()))
+            if chunks and len(chunks[-1].ids) < CHUNK:
+                last = chunks.pop()
+                ids = [*last.ids, *ids]
+                new = np.concatenate([last.codes, new])
+                new_scales = np.concatenate([last.scales, new_scales])
+            state[scope] = tuple(chunks + _chunked(ids, new, new_scales))
+        self._state = state
+
+    def remove(self, scopes_of: Mapping[str, str]) -> None:
+        """Remove rows, given each id's scope."""
+        state = dict(self._state)
+        self._remove_from(state, scopes_of)
+        self._state = state
+
+    @staticmethod
+    def _remove_from(state: dict[str, tuple[_Chunk, ...]], scopes_of: Mapping[str, str]) -> None:
+        gone_by: dict[str, set[str]] = {}
+        for mid, scope in scopes_of.items():
+            gone_by.setdefault(scope, set()).add(mid)
+        for scope, gone in gone_by.items():
+            kept: list[_Chunk] = []
+            for c in state.get(scope, ()):
+                if gone.isdisjoint(c.ids):
+                    kept.append(c)
+                    continue
+                keep = [i for i, mid in enumerate(c.ids) if mid not in gone]
+                if keep:
+                    kept.append(_Chunk(tuple(c.ids[i] for i in keep), c.codes[keep], c.scales[keep]))
+            if kept:
+                state[scope] = tuple(kept)
+            else:
+                state.pop(scope, None)
+
+    def clear(self) -> None:
+        self._state = {}
+
+    # --- search ----------------------------------------------------------------------
+
+    def search(
+        self, vector: npt.NDArray[np.float32], k: int, scopes: Iterable[str]
+    ) -> list[tuple[str, float]]:
+        """The k rows of these scopes most similar to vector: (id, cosine), best first."""
+        state = self._state
+        chunks = [c for s in set(scopes) for c in state.get(s, ())]
+        if not chunks or k <= 0:
+            return []
+        norm = float(np.linalg.norm(vector)) or 1.0
+        query = np.asarray(vector, dtype=np.float32) / norm
+        best: list[tuple[float, str]] = []
+        for c in chunks:
+            cos = (c.codes.astype(np.float32) @ query) * c.scales
+            top = np.argpartition(-cos, k)[:k] if len(cos) > k else range(len(cos))
+            best.extend((float(cos[i]), c.ids[i]) for i in top)
+        best.sort(key=lambda t: -t[0])
+        return [(mid, score) for score, mid in best[:k]]

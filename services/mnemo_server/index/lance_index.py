@@ -332,9 +332,9 @@ class LanceIndex:
         with h.lock:
             for start in range(0, len(ids), 500):
                 part = list(ids[start : start + 500])
-                if h.vectors.loaded:
-                    h.vectors.remove(self._scopes_of(h, part))
+                scopes = self._scopes_of(h, part) if h.vectors.loaded else {}
                 h.table.delete(_in("id", part))
+                h.vectors.remove(scopes)
             if h.pending is not None:
                 h.pending = h.pending.without(ids)
             h.attrs.forget(ids)
@@ -615,8 +615,8 @@ class LanceIndex:
         return self.cfg.exact_scope_search_max_rows > 0
 
     def load_scope_vectors(self, tenant_id: str) -> int:
-        """Read every row's vector into the scope vectors (at start-up, ~1.3 s per 100k rows,
-        in batches to bound the memory it takes). Under the table lock, so no write is missed
+        """Read every row's vector into the scope vectors (at start-up, 0.5–0.9 s per 100k
+        rows, in batches to bound the memory it takes). Under the table lock, so no write is missed
         between the read and the writes that follow. Returns the rows loaded."""
         h = self._handle(tenant_id, create=False)
         if h is None or not self._keeps_scope_vectors:

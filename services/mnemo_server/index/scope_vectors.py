@@ -116,12 +116,12 @@ class ScopeVectors:
         state = dict(self._state)
         self._remove_from(state, previous_scopes)
         rows = list({r[0]: r for r in rows}.values())  # an id written twice: its last copy
-        by_scope: dict[str, list[int]] = {}
-        for i, (_, scope, _) in enumerate(rows):
-            by_scope.setdefault(scope, []).append(i)
         if not rows:
             self._state = state
             return
+        by_scope: dict[str, list[int]] = {}
+        for i, (_, scope, _) in enumerate(rows):
+            by_scope.setdefault(scope, []).append(i)
         codes, scales = quantize(np.stack([v for _, _, v in rows]))
         for scope, positions in by_scope.items():
             ids = [rows[i][0] for i in positions]
@@ -159,9 +159,6 @@ class ScopeVectors:
                 state[scope] = tuple(kept)
             else:
                 state.pop(scope, None)
-
-    def clear(self) -> None:
-        self._state = {}
 
     # --- search ----------------------------------------------------------------------
 

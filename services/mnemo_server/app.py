@@ -89,7 +89,11 @@ class Core:
     def __init__(self, config: Config, *, accept_model_change: bool = False):
         self.config = config
         self.paths = DataPaths(config.data_dir)
-        self.db = Database(self.paths.duckdb, memory_limit=config.storage.duckdb_memory_limit)
+        self.db = Database(
+            self.paths.duckdb,
+            memory_limit=config.storage.duckdb_memory_limit,
+            rows=memory_repo.new_row_cache(config.storage.row_cache_rows),
+        )
         try:
             models = self.paths.models(config)
             self.embedder = build_embedder(config.embedding, models)

@@ -261,10 +261,7 @@ class IndexWorker:
             ]
             if stale:
                 with self.db.transaction() as cur:
-                    cur.execute(
-                        "UPDATE memories SET indexed_revision = NULL WHERE tenant_id = ? AND id = ANY(?)",
-                        [tenant_id, stale],
-                    )
+                    memory_repo.forget_index_marks(cur, tenant_id, stale)
                 self.submit(tenant_id, stale)
                 removed += len(stale)
         return removed

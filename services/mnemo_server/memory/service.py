@@ -298,7 +298,7 @@ class MemoryService:
         if ident.startswith(EXTERNAL_PREFIX):
             m = memory_repo.get_by_external_id(cur, tenant_id, ident[len(EXTERNAL_PREFIX) :])
         else:
-            m = memory_repo.get(cur, tenant_id, ident)
+            m = memory_repo.read_many(cur, self.db.rows, tenant_id, [ident]).get(ident)
         if m is None:
             raise NotFound("memory", ident)
         return m
@@ -313,7 +313,13 @@ class MemoryService:
         if before is not None and not isinstance(before, int):
             raise InvalidArgument("page_token", "is not a token this server issued")
         rows = memory_repo.list_page(
-            self.db.reader(), tenant_id, f, include_deleted=show_deleted, before_seq=before, limit=size + 1
+            self.db.reader(),
+            tenant_id,
+            f,
+            include_deleted=show_deleted,
+            before_seq=before,
+            limit=size + 1,
+            cache=self.db.rows,
         )
         next_token = encode_token(rows[size - 1].seq, fingerprint) if len(rows) > size else ""
         return rows[:size], next_token
@@ -524,7 +530,7 @@ class MemoryService:
             dups = memory_repo.find_live_duplicates(cur, tenant_id, [n.hash for n in normalized.values()])
             revive = [m.id for m in memories if m.id in existing and existing[m.id].deleted]
             if revive:
-                cur.execute("DELETE FROM memories WHERE tenant_id = ? AND id = ANY(?)", [tenant_id, revive])
+                memory_repo.delete_rows(cur, tenant_id, revive)
             rows: list[tuple[Memory, str]] = []
             seen: set[str] = set()
             for m in memories:

@@ -246,7 +246,9 @@ class RecallPipeline:
         chunk = q.top_k + max(2, q.top_k // 5)
         for start in range(0, len(ranked), chunk):
             part = ranked[start : start + chunk]
-            memories = memory_repo.get_many(self.db.reader(), tenant_id, [mid for mid, _ in part])
+            memories = memory_repo.read_many(
+                self.db.reader(), self.db.rows, tenant_id, [mid for mid, _ in part]
+            )
             for mid, c in part:
                 m = memories.get(mid)
                 if m is not None and not m.deleted and q.filter.matches(m):

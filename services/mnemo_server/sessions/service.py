@@ -170,9 +170,16 @@ class SessionService:
             include_deleted=False,
             before_seq=None,
             limit=self.cfg.pool_pinned,
+            cache=self.db.rows,
         )
         recent = memory_repo.list_page(
-            cur, tenant_id, f, include_deleted=False, before_seq=None, limit=self.cfg.pool_recent
+            cur,
+            tenant_id,
+            f,
+            include_deleted=False,
+            before_seq=None,
+            limit=self.cfg.pool_recent,
+            cache=self.db.rows,
         )
         for origin, rows in (("pinned", pinned), ("recent", recent)):
             for m in rows:
@@ -348,7 +355,9 @@ class SessionService:
         members = [
             m for m in session_repo.session_memories(self.db.reader(), tenant_id, s.id) if m.injected_rank
         ]
-        mems = memory_repo.get_many(self.db.reader(), tenant_id, [m.memory_id for m in members])
+        mems = memory_repo.read_many(
+            self.db.reader(), self.db.rows, tenant_id, [m.memory_id for m in members]
+        )
         injected = sorted(
             (
                 Injected(

@@ -25,6 +25,8 @@ from typing import Any
 import duckdb
 
 from mnemo_server.errors import Aborted, FailedPrecondition
+from mnemo_server.store import row_cache
+from mnemo_server.store.row_cache import RowCache
 from mnemo_server.store.schema import MIGRATIONS
 
 Cursor = duckdb.DuckDBPyConnection
@@ -79,8 +81,12 @@ class WriteLockStats:
 
 
 class Database:
-    def __init__(self, path: Path, *, read_only: bool = False, memory_limit: str = ""):
+    def __init__(
+        self, path: Path, *, read_only: bool = False, memory_limit: str = "", rows: RowCache | None = None
+    ):
         self.path = path
+        # Memory rows for the hot read paths, kept exact by `transaction` (see row_cache).
+        self.rows = rows or RowCache(0)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = duckdb.connect(str(path), read_only=read_only)
@@ -164,12 +170,17 @@ class Database:
             try:
                 cur = self.reader()
                 cur.execute("BEGIN TRANSACTION")
+                row_cache.begin_changes()
                 try:
-                    yield cur
-                except BaseException:
-                    cur.execute("ROLLBACK")
-                    raise
-                cur.execute("COMMIT")  # a COMMIT that fails has ended the transaction itself
+                    try:
+                        yield cur
+                    except BaseException:
+                        cur.execute("ROLLBACK")
+                        raise
+                    cur.execute("COMMIT")  # a COMMIT that fails has ended the transaction itself
+                finally:
+                    # After the transaction ended, before the writer returns (row_cache).
+                    self.rows.drop(row_cache.end_changes())
             except duckdb.TransactionException as exc:
                 if not _is_conflict(exc):
                     raise

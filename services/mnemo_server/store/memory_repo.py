@@ -22,6 +22,7 @@ from mnemo_server.memory.model import (
 )
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store.database import Cursor, fetch_one
+from mnemo_server.store.row_cache import Row, RowCache, all_rows_changed, rows_changed
 
 # Column order shared by SELECTs and the row decoder.
 _COLUMNS = (
@@ -56,6 +57,14 @@ _COLUMNS = (
     "access_count",
 )
 SELECT_COLUMNS = ", ".join(_COLUMNS)
+# Columns whose strings repeat across rows (interned in the row cache).
+_SHARED_COLUMNS: tuple[str, ...] = ("tenant_id", "scope_kind", "scope_id", "type", "category", "metadata")
+_SHARED_COLUMNS += ("source_who", "source_why", "source_run_id", "embedding_model", "indexed_model")
+
+
+def new_row_cache(max_rows: int) -> RowCache:
+    """A cache of `memories` rows as this module reads them (see `read_many`)."""
+    return RowCache(max_rows, _COLUMNS.index("id"), frozenset(_COLUMNS.index(c) for c in _SHARED_COLUMNS))
 
 
 @contextmanager
@@ -235,13 +244,30 @@ def id_list(ids: Sequence[str]) -> str:
     return ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
 
 
-def get_many(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, Memory]:
+def _rows_by_id(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> list[Row]:
     if not ids:
-        return {}
-    rows = cur.execute(
+        return []
+    return cur.execute(
         f"SELECT {SELECT_COLUMNS} FROM memories WHERE id IN ({id_list(ids)}) AND tenant_id = ?", [tenant_id]
     ).fetchall()
-    return {r[1]: _decode(r) for r in rows}
+
+
+def get_many(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, Memory]:
+    return {r[1]: _decode(r) for r in _rows_by_id(cur, tenant_id, ids)}
+
+
+def read_many(cur: Cursor, cache: RowCache, tenant_id: str, ids: Sequence[str]) -> dict[str, Memory]:
+    """`get_many` through the row cache. Only for reads outside a write transaction (a
+    transaction's own uncommitted changes are not in the cache)."""
+    if not cache.enabled:
+        return get_many(cur, tenant_id, ids)
+    found, missing = cache.lookup(tenant_id, ids)
+    if missing:
+        since = cache.generation()  # before the read: see row_cache on racing writes
+        fetched = _rows_by_id(cur, tenant_id, missing)
+        cache.fill(tenant_id, fetched, since)
+        found.extend(fetched)
+    return {r[1]: _decode(r) for r in found}
 
 
 def find_live_duplicates(cur: Cursor, tenant_id: str, hashes: Sequence[str]) -> dict[tuple[str, str], Memory]:
@@ -316,16 +342,30 @@ def _filter_where(tenant_id: str, f: MemoryFilter, *, include_deleted: bool) -> 
 
 
 def list_page(
-    cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool, before_seq: int | None, limit: int
+    cur: Cursor,
+    tenant_id: str,
+    f: MemoryFilter,
+    *,
+    include_deleted: bool,
+    before_seq: int | None,
+    limit: int,
+    cache: RowCache | None = None,
 ) -> list[Memory]:
-    """Newest first (by insertion sequence), strictly older than before_seq."""
+    """Newest first (by insertion sequence), strictly older than before_seq. With a row
+    cache (reads outside a transaction only) the ids come first and the rows from the cache
+    where it has them; if a row changed in between so that it left the page, the page is
+    read again from DuckDB alone (a short page would end a caller's paging early)."""
     where = _filter_where(tenant_id, f, include_deleted=include_deleted)
     if before_seq is not None:
         where.add("seq < ?", before_seq)
-    rows = cur.execute(
-        f"SELECT {SELECT_COLUMNS} FROM memories WHERE {where.sql()} ORDER BY seq DESC LIMIT ?",
-        [*where.params, limit],
-    ).fetchall()
+    order, params = f"WHERE {where.sql()} ORDER BY seq DESC LIMIT ?", [*where.params, limit]
+    if cache is not None and cache.enabled:
+        ids = [r[0] for r in cur.execute(f"SELECT id FROM memories {order}", params).fetchall()]
+        by_id = read_many(cur, cache, tenant_id, ids)
+        page = [by_id.get(i) for i in ids]
+        if all(m is not None and f.matches(m) and (include_deleted or not m.deleted) for m in page):
+            return [m for m in page if m is not None]
+    rows = cur.execute(f"SELECT {SELECT_COLUMNS} FROM memories {order}", params).fetchall()
     return [_decode(r) for r in rows]
 
 
@@ -376,6 +416,7 @@ def oldest_unpinned(cur: Cursor, tenant_id: str, scope: Scope, mtype: MemoryType
 
 def tombstone(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int) -> None:
     if ids:
+        rows_changed(tenant_id, ids)
         cur.execute(
             "UPDATE memories SET delete_time_ns = ?, update_time_ns = ?, revision = revision + 1 "
             f"WHERE id IN ({id_list(ids)}) AND tenant_id = ? AND delete_time_ns IS NULL",
@@ -412,6 +453,7 @@ def update_columns(cur: Cursor, tenant_id: str, memory_id: str, changes: dict[st
             values["metadata"], separators=(",", ":"), ensure_ascii=False, sort_keys=True
         )
     sets = ", ".join(f"{c} = ?" for c in values)
+    rows_changed(tenant_id, [memory_id])
     cur.execute(
         f"UPDATE memories SET {sets}, update_time_ns = ?, revision = revision + 1 "
         "WHERE id = ? AND tenant_id = ?",
@@ -521,6 +563,7 @@ def mark_indexed(cur: Cursor, done: Sequence[tuple[str, str, int]], model: str) 
     for t, i, r in done:
         groups.setdefault((t, r), []).append(i)
     for (tenant_id, revision), ids in groups.items():
+        rows_changed(tenant_id, ids)
         cur.execute(
             f"UPDATE memories SET indexed_revision = revision, indexed_model = ?, embedding_model = ? "
             f"WHERE id IN ({id_list(ids)}) AND tenant_id = ? AND revision = ? AND delete_time_ns IS NULL",
@@ -534,6 +577,7 @@ def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:
     for t, i in removed:
         by_tenant.setdefault(t, []).append(i)
     for tenant_id, ids in by_tenant.items():
+        rows_changed(tenant_id, ids)
         cur.execute(
             "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL "
             f"WHERE id IN ({id_list(ids)}) AND tenant_id = ? AND delete_time_ns IS NOT NULL",
@@ -541,11 +585,23 @@ def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:
         )
 
 
+def forget_index_marks(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> None:
+    """These rows are indexed again (LanceDB lost them or holds another revision)."""
+    if ids:
+        rows_changed(tenant_id, ids)
+        cur.execute(
+            f"UPDATE memories SET indexed_revision = NULL WHERE id IN ({id_list(ids)}) AND tenant_id = ?",
+            [tenant_id],
+        )
+
+
 def reset_index_marks(cur: Cursor, tenant_id: str | None = None) -> None:
     """Forget what LanceDB holds (for one tenant, or all): those rows are indexed again."""
     if tenant_id is None:
+        all_rows_changed()
         cur.execute("UPDATE memories SET indexed_revision = NULL, indexed_model = NULL")
     else:
+        rows_changed(tenant_id, None)
         cur.execute(
             "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL WHERE tenant_id = ?",
             [tenant_id],
@@ -585,6 +641,13 @@ def tenant_stats(cur: Cursor, tenant_id: str, model: str) -> dict[str, Any]:
     }
 
 
+def delete_rows(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> None:
+    """Remove rows outright (an import replacing tombstoned memories of the same ids)."""
+    if ids:
+        rows_changed(tenant_id, ids)
+        cur.execute(f"DELETE FROM memories WHERE id IN ({id_list(ids)}) AND tenant_id = ?", [tenant_id])
+
+
 def purge_tombstones(cur: Cursor, before_ns: int, limit: int) -> list[tuple[str, str]]:
     """Hard-delete tombstones older than before_ns whose index row is already gone."""
     rows = cur.execute(
@@ -593,6 +656,11 @@ def purge_tombstones(cur: Cursor, before_ns: int, limit: int) -> list[tuple[str,
         [before_ns, limit],
     ).fetchall()
     if rows:
+        by_tenant: dict[str, list[str]] = {}
+        for t, i in rows:
+            by_tenant.setdefault(t, []).append(i)
+        for t, ids in by_tenant.items():
+            rows_changed(t, ids)
         with arrow_view(cur, "doomed", [{"tenant_id": t, "id": i} for t, i in rows]):
             cur.execute(
                 "DELETE FROM memories USING doomed WHERE memories.id = doomed.id "

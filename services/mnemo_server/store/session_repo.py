@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from mnemo_server.store.database import Cursor, fetch_one
 from mnemo_server.store.memory_repo import arrow_view, id_list, insert_table
+from mnemo_server.store.row_cache import rows_changed
 
 
 @dataclass
@@ -207,6 +208,7 @@ def end_session(
 def touch_memories(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int) -> None:
     """Count an injection as an access (a ranker feature)."""
     if ids:
+        rows_changed(tenant_id, ids)
         cur.execute(
             "UPDATE memories SET access_count = access_count + 1, last_access_ns = ? "
             f"WHERE id IN ({id_list(ids)}) AND tenant_id = ?",

@@ -1,0 +1,241 @@
+"""The row cache never serves a memory row older than the last acknowledged write to it.
+
+Every repository write that changes `memories` rows is run against a real DuckDB file with
+the cache warm, and the cached read must then equal DuckDB's own; fills that race a write
+must not put the old row back; a writer and readers on threads check the guarantee a
+client relies on (a read started after a write returned sees that write)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mnemo_server.memory.model import Memory, MemoryFilter, Scope
+from mnemo_server.store import memory_repo, row_cache, session_repo
+from mnemo_server.store.database import Cursor, Database
+from mnemo_server.store.row_cache import RowCache, RowChange
+from tests.unit.stored import stored_memory
+
+COUNT = 8
+
+
+def _db(path: Path, rows: int = 1000) -> Database:
+    db = Database(path, rows=memory_repo.new_row_cache(rows))
+    with db.transaction() as cur:
+        memory_repo.insert_many(cur, [(stored_memory(i, i), f"memory {i}") for i in range(COUNT)])
+    return db
+
+
+def _ids() -> list[str]:
+    return [f"m{i}" for i in range(COUNT)]
+
+
+def _cached(db: Database) -> dict[str, Memory]:
+    return memory_repo.read_many(db.reader(), db.rows, "t", _ids())
+
+
+def _truth(db: Database) -> dict[str, Memory]:
+    return memory_repo.get_many(db.reader(), "t", _ids())
+
+
+WRITES: dict[str, Callable[[Cursor], None]] = {
+    "tombstone": lambda cur: memory_repo.tombstone(cur, "t", ["m1", "m2"], 99),
+    "update_columns": lambda cur: memory_repo.update_columns(
+        cur, "t", "m3", {"content": "changed", "importance": 0.9, "pinned": True}, 99
+    ),
+    "mark_indexed": lambda cur: memory_repo.mark_indexed(cur, [("t", "m4", 1), ("t", "m5", 1)], "m"),
+    "touch_memories": lambda cur: session_repo.touch_memories(cur, "t", ["m0", "m6"], 99),
+    "delete_rows": lambda cur: memory_repo.delete_rows(cur, "t", ["m7"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITES))
+def test_a_write_through_the_repositories_is_never_hidden_by_the_cache(tmp_path: Path, name: str) -> None:
+    db = _db(tmp_path / "d.duckdb")
+    before = _cached(db)
+    assert before == _truth(db) and db.rows.stats().rows == COUNT  # warm
+    with db.transaction() as cur:
+        WRITES[name](cur)
+    after = _truth(db)
+    assert after != before  # the write changed something visible
+    assert _cached(db) == after
+    db.close()
+
+
+def test_index_mark_resets_and_purges_are_seen(tmp_path: Path) -> None:
+    db = _db(tmp_path / "d.duckdb")
+    with db.transaction() as cur:
+        memory_repo.mark_indexed(cur, [("t", i, 1) for i in _ids()], "m")
+    assert all(m.indexed for m in _cached(db).values())
+    with db.transaction() as cur:
+        memory_repo.reset_index_marks(cur, "t")
+    assert not any(m.indexed for m in _cached(db).values())
+    with db.transaction() as cur:
+        memory_repo.mark_indexed(cur, [("t", i, 1) for i in _ids()], "m")
+    _cached(db)
+    with db.transaction() as cur:
+        memory_repo.reset_index_marks(cur)
+    assert not any(m.indexed for m in _cached(db).values())
+    with db.transaction() as cur:
+        memory_repo.mark_indexed(cur, [("t", "m1", 1)], "m")
+    _cached(db)
+    with db.transaction() as cur:
+        memory_repo.forget_index_marks(cur, "t", ["m1"])
+    assert not _cached(db)["m1"].indexed
+    with db.transaction() as cur:
+        memory_repo.tombstone(cur, "t", ["m2"], 5)
+    _cached(db)
+    with db.transaction() as cur:
+        assert memory_repo.purge_tombstones(cur, 10, 10) == [("t", "m2")]
+    assert "m2" not in _cached(db) and _cached(db) == _truth(db)
+    db.close()
+
+
+def test_a_rolled_back_write_leaves_the_cache_consistent(tmp_path: Path) -> None:
+    db = _db(tmp_path / "d.duckdb")
+    before = _cached(db)
+
+    def change_then_fail() -> None:
+        with db.transaction() as cur:
+            memory_repo.update_columns(cur, "t", "m3", {"content": "never"}, 99)
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        change_then_fail()
+    assert _cached(db) == before == _truth(db)
+    db.close()
+
+
+def test_listing_through_the_cache_matches_duckdb(tmp_path: Path) -> None:
+    db = _db(tmp_path / "d.duckdb")
+    cur = db.reader()
+    pinned = MemoryFilter(scopes=(Scope.workspace(),), pinned_only=True)
+
+    def both(f: MemoryFilter) -> tuple[list[Memory], list[Memory]]:
+        cached, plain = (
+            memory_repo.list_page(cur, "t", f, include_deleted=False, before_seq=None, limit=5, cache=c)
+            for c in (db.rows, None)
+        )
+        return cached, plain
+
+    cached, plain = both(MemoryFilter())
+    assert [m.id for m in plain] == ["m7", "m6", "m5", "m4", "m3"] and cached == plain
+    with db.transaction() as w:
+        memory_repo.update_columns(w, "t", "m2", {"pinned": True}, 9)
+        memory_repo.tombstone(w, "t", ["m6"], 9)
+    cached, plain = both(MemoryFilter())
+    assert "m6" not in [m.id for m in plain] and cached == plain
+    cached, plain = both(pinned)
+    assert [m.id for m in plain] == ["m2"] and cached == plain
+    db.close()
+
+
+def test_changing_rows_outside_a_transaction_is_refused(tmp_path: Path) -> None:
+    db = _db(tmp_path / "d.duckdb")
+    with pytest.raises(RuntimeError, match=r"outside Database\.transaction"):
+        memory_repo.tombstone(db.reader(), "t", ["m1"], 9)
+    assert not _truth(db)["m1"].deleted  # refused before the statement ran
+    db.close()
+
+
+def _row(i: str, v: int = 0) -> tuple[object, ...]:
+    return ("t", i, v)
+
+
+def test_a_fill_that_raced_a_drop_does_not_bring_the_old_row_back() -> None:
+    cache = RowCache(100, id_column=1)
+    since = cache.generation()  # a reader starts, reads m1 and m2 from DuckDB ...
+    cache.drop([RowChange("t", frozenset({"m1"}))])  # ... while a writer changes m1
+    cache.fill("t", [_row("m1"), _row("m2")], since)
+    found, missing = cache.lookup("t", ["m1", "m2"])
+    assert found == [_row("m2")] and missing == ["m1"]
+    # Another tenant's drop does not stop the fill; a whole-tenant drop does.
+    since = cache.generation()
+    cache.drop([RowChange("u", frozenset({"m3"}))])
+    cache.fill("t", [_row("m3")], since)
+    since = cache.generation()
+    cache.drop([RowChange("t", None)])
+    cache.fill("t", [_row("m4")], since)
+    found, missing = cache.lookup("t", ["m3", "m4"])
+    assert found == [] and missing == ["m3", "m4"]  # m3 dropped with the tenant, m4 not filled
+    assert cache.stats().fills_skipped == 2
+
+
+def test_fills_older_than_the_log_and_large_drops_are_skipped() -> None:
+    cache = RowCache(100, id_column=1)
+    since = cache.generation()
+    for n in range(RowCache.LOG_LENGTH + 1):
+        cache.drop([RowChange("t", frozenset({f"x{n}"}))])
+    cache.fill("t", [_row("m1")], since)  # the log no longer reaches back: unknown, skipped
+    since = cache.generation()
+    cache.drop([RowChange("t", frozenset(f"y{n}" for n in range(RowCache.LOG_IDS + 1)))])
+    cache.fill("t", [_row("m2")], since)  # a large drop counts as the whole tenant's
+    assert cache.lookup("t", ["m1", "m2"]) == ([], ["m1", "m2"])
+
+
+def test_the_cache_keeps_at_most_its_rows_and_none_when_off() -> None:
+    cache = RowCache(50, id_column=1)
+    for n in range(120):
+        cache.fill("t", [_row(f"m{n}")], cache.generation())
+    assert cache.stats().rows <= 50
+    assert cache.lookup("t", ["m119"])[0] == [_row("m119")]  # the newest fills stay
+    off = RowCache(0, id_column=1)
+    off.fill("t", [_row("m1")], off.generation())
+    assert off.lookup("t", ["m1"]) == ([], ["m1"])
+
+
+def test_readers_racing_a_writer_never_see_a_row_older_than_an_acknowledged_write(tmp_path: Path) -> None:
+    db = _db(tmp_path / "d.duckdb", rows=4)  # small: evictions and refills all the time
+    acknowledged = [0]
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def write() -> None:
+        for n in range(1, 200):
+            with db.transaction() as cur:
+                memory_repo.update_columns(cur, "t", f"m{n % COUNT}", {"importance": n / 1000}, n)
+                memory_repo.update_columns(cur, "t", "m0", {"category": str(n)}, n)
+            acknowledged[0] = n
+        stop.set()
+
+    def read() -> None:
+        while not stop.is_set():
+            floor = acknowledged[0]
+            seen = memory_repo.read_many(db.reader(), db.rows, "t", _ids())
+            if int(seen["m0"].category if seen["m0"].category != "general" else 0) < floor:
+                errors.append(f"m0 at {seen['m0'].category} after write {floor} was acknowledged")
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for t in readers:
+        t.start()
+    write()
+    for t in readers:
+        t.join()
+    assert not errors, errors[:3]
+    assert _cached(db) == _truth(db)
+    assert db.rows.stats().hits > 0
+    db.close()
+
+
+def test_changes_are_collected_per_thread_and_transaction() -> None:
+    row_cache.begin_changes()
+    row_cache.rows_changed("t", ["a"])
+    row_cache.all_rows_changed()
+    assert row_cache.end_changes() == [RowChange("t", frozenset({"a"})), RowChange(None, None)]
+    assert row_cache.end_changes() == []
+    with pytest.raises(RuntimeError):
+        row_cache.rows_changed("t", ["a"])
+
+
+def test_a_cached_row_decodes_to_a_fresh_object(tmp_path: Path) -> None:
+    """Callers may change the Memory they get; the cache keeps DuckDB's immutable row."""
+    db = _db(tmp_path / "d.duckdb")
+    first = _cached(db)["m1"]
+    first.content = "changed by a caller"
+    again = _cached(db)["m1"]
+    assert again.content == "memory 1" and again == replace(first, content="memory 1")
+    db.close()

@@ -142,12 +142,13 @@ class Core:
 
     def warm_up(self) -> None:
         """Pay one-time costs (onnxruntime's first run, opening each tenant's LanceDB table,
-        loading its attribute cache and scope vectors) before SERVING, so the first real call
-        is as fast as the rest."""
+        loading its attribute cache, scope vectors and full-text postings) before SERVING,
+        so the first real call is as fast as the rest."""
         vector = self.recall.embedder.embed_one("warm-up query")
         for tenant_id in self.index.tenants():
             self.index.load_attrs(tenant_id)
             self.index.load_scope_vectors(tenant_id)
+            self.index.load_text_postings(tenant_id)
             self.index.vector_search(tenant_id, vector, 1, MemoryFilter())
             self.index.text_search(tenant_id, "warm", 1, MemoryFilter())
 

@@ -163,6 +163,9 @@ class IndexConfig:
     # (index/scope_vectors.py; k 100 at 100k rows: 5k rows scanned in 1.4 ms of CPU against
     # LanceDB's 9.7, 20k in 5.0 against 9.2, 40k in 10.4 against 7.8). 0: nothing kept.
     exact_scope_search_max_rows: int = 20_000
+    # Per tenant, every row's full-text postings are kept in memory (index/text_postings.py)
+    # and answer full-text searches filtered by scopes or not at all (BM25 as LanceDB's).
+    memory_text_search: bool = True
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

@@ -31,6 +31,7 @@ from mnemo_server.config import IndexConfig
 from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
 from mnemo_server.index.pending import PendingRows
 from mnemo_server.index.scope_vectors import ScopeVectors
+from mnemo_server.index.text_postings import TextPostings
 from mnemo_server.memory.model import MemoryFilter
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,8 @@ class _Handle:
     attrs: AttrsCache
     # Every row's vector by scope, once loaded (then kept by this process's writes).
     vectors: ScopeVectors
+    # Every row's full-text postings, once loaded (then kept by this process's writes).
+    texts: TextPostings
     lock: threading.Lock = field(default_factory=threading.Lock)
     has_text_index: bool = False
     # Every row outside the ANN index (see pending.py), or None while that is not known:
@@ -202,10 +205,12 @@ class LanceIndex:
                 session,
                 AttrsCache(self.cfg.attrs_cache_rows),
                 ScopeVectors(self.dimension),
+                TextPostings(),
             )
             # A new table is empty: its vectors are all known. An existing one's are loaded
             # at warm-up (load_scope_vectors); until then LanceDB answers every search.
             handle.vectors.loaded = self._keeps_scope_vectors and name not in existing
+            handle.texts.loaded = self.cfg.memory_text_search and name not in existing
             indices = self._index_names(table)
             handle.has_text_index = "text_idx" in indices
             if "vector_idx" in indices:
@@ -312,6 +317,8 @@ class LanceIndex:
             h.attrs.remember([(r.id, _row_attrs(r)) for r in rows], overwrite=True)
             if h.vectors.loaded:
                 h.vectors.put([(r.id, r.scope, r.vector) for r in rows], present)
+            if h.texts.loaded:
+                h.texts.put([(r.id, r.scope, r.text) for r in rows])
             if not h.has_text_index:
                 from lancedb.index import FTS
 
@@ -335,6 +342,7 @@ class LanceIndex:
                 scopes = self._scopes_of(h, part) if h.vectors.loaded else {}
                 h.table.delete(_in("id", part))
                 h.vectors.remove(scopes)
+                h.texts.remove(part)
             if h.pending is not None:
                 h.pending = h.pending.without(ids)
             h.attrs.forget(ids)
@@ -499,6 +507,8 @@ class LanceIndex:
             "pending_rows": None if h.pending is None else len(h.pending),
             # Rows whose vectors are kept by scope (None: not loaded, scoped searches go to LanceDB).
             "scope_vector_rows": h.vectors.rows() if h.vectors.loaded else None,
+            # Rows in the in-memory full-text postings (None: not loaded, LanceDB answers).
+            "text_posting_rows": h.texts.rows() if h.texts.loaded else None,
             "indices": {
                 n: {"indexed": ix.num_indexed_rows, "unindexed": ix.num_unindexed_rows}
                 for n, ix in self._index_names(h.table).items()
@@ -589,7 +599,12 @@ class LanceIndex:
 
     def text_search(self, tenant_id: str, query: str, k: int, f: MemoryFilter) -> list[LegHit]:
         h = self._handle(tenant_id, create=False)
-        if h is None or not h.has_text_index or not query.strip():
+        if h is None or not query.strip():
+            return []
+        if h.texts.loaded and f == MemoryFilter(scopes=f.scopes):
+            found = h.texts.search(query, k, [s.key for s in f.scopes] or None)
+            return self._leg_hits(h, [i for i, _ in found], [s for _, s in found])
+        if not h.has_text_index:
             return []
         result = h.reader.to_table(
             columns=["id", "_score"], full_text_query=query, filter=filter_sql(f), prefilter=True, limit=k
@@ -632,6 +647,26 @@ class LanceIndex:
                 for b in batches
             )
             return h.vectors.rows()
+
+    def load_text_postings(self, tenant_id: str) -> int:
+        """Read every row's text into the in-memory full-text postings (at start-up). Under
+        the table lock, like load_scope_vectors. Returns the rows loaded."""
+        h = self._handle(tenant_id, create=False)
+        if h is None or not self.cfg.memory_text_search:
+            return 0
+        with h.lock:
+            batches = h.reader.to_batches(columns=["id", "scope", "text"], batch_size=8192)
+            h.texts.load(
+                row
+                for b in batches
+                for row in zip(
+                    b.column("id").to_pylist(),
+                    b.column("scope").to_pylist(),
+                    b.column("text").to_pylist(),
+                    strict=True,
+                )
+            )
+            return h.texts.rows()
 
     def attrs(self, tenant_id: str, ids: Sequence[str]) -> dict[str, Attrs]:
         """Indexed attributes by id (from the cache when there); ids not indexed are absent."""

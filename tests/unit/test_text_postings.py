@@ -1,0 +1,170 @@
+"""The in-memory full-text postings make the terms LanceDB's index makes and score them as
+LanceDB does, and follow writes, rewrites, deletes and folds.
+
+LanceDB itself is the reference here: real tables with its default full-text index."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+import pytest
+from lancedb.index import FTS
+
+from mnemo_server.config import IndexConfig
+from mnemo_server.index.lance_index import IndexRow, LanceIndex
+from mnemo_server.index.text_postings import STOP_WORDS, TextPostings, terms
+from mnemo_server.memory.model import MemoryFilter, Scope, ScopeKind
+
+_WORDS_TEXT = (
+    "deploy metrics exporter weekend customers reported timeouts canary region reviewed cdn config "
+    "security review database migration rollback alice bob carol running runs ran caching cached "
+    "latency spike incident pager alert dashboard budget quarter planning hiring onboarding"
+)
+WORDS = _WORDS_TEXT.split()
+
+
+def _lance_table(
+    tmp_path: Path, texts: list[str], scopes: list[str] | None = None, name: str = "t"
+) -> object:
+    """A fresh LanceDB table of these texts with LanceDB's default full-text index."""
+    db = lancedb.connect(str(tmp_path / "ref"))
+    columns = {
+        "id": [f"d{i}" for i in range(len(texts))],
+        "text": texts,
+        "scope": scopes or [""] * len(texts),
+    }
+    table = db.create_table(name, pa.table(columns))
+    table.create_index("text", config=FTS(with_position=False))
+    return table
+
+
+def _lance_search(table: object, query: str, k: int, where: str | None = None) -> list[tuple[str, float]]:
+    result = table.to_lance().to_table(  # type: ignore[attr-defined]
+        columns=["id", "_score"], full_text_query=query, limit=k, filter=where, prefilter=True
+    )
+    return list(zip(result.column("id").to_pylist(), result.column("_score").to_pylist(), strict=True))
+
+
+def test_terms_split_fold_stem_and_drop_stop_words() -> None:
+    text = "The Caching layer, re-cached: RUNNING runs_fast!"
+    assert terms(text) == ["cach", "layer", "cach", "run", "run", "fast"]
+    assert terms("Café naïve") == ["cafe", "naiv"]
+    assert terms("x" * 41 + " kept") == ["kept"]
+    assert terms("having the very best of it") == ["veri", "best"]  # stop words after stemming
+
+
+def test_stop_words_are_the_words_lancedb_ignores(tmp_path: Path) -> None:
+    """LanceDB finds nothing for a stop word; every other word finds its row."""
+    extra = "would could also yes one two get got like make cannot ourselves heres thats"
+    candidates = sorted(STOP_WORDS | set(extra.split()) | set(WORDS))
+    table = _lance_table(tmp_path, [f"zebra {w}" for w in candidates])
+    ignored = {w for w in candidates if not _lance_search(table, w, 5)}
+    assert ignored == {w for w in candidates if not terms(w)}
+    assert {"having", "heres", "thats"} <= ignored and not {"very", "would", "ourselves"} & ignored
+
+
+def test_scores_and_order_match_lancedb(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 25))) for _ in range(300)]
+    table = _lance_table(tmp_path, texts)
+    postings = TextPostings()
+    postings.load((f"d{i}", "s", t) for i, t in enumerate(texts))
+    for _ in range(25):
+        query = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))
+        ours, theirs = postings.search(query, 10), _lance_search(table, query, 10)
+        assert len(ours) == len(theirs), query
+        np.testing.assert_allclose([s for _, s in ours], [s for _, s in theirs], rtol=2e-3)
+        # Same ids, up to the order of (near-)ties.
+        for (i, s), (j, t) in zip(ours, theirs, strict=True):
+            assert i == j or abs(s - t) < 2e-3 * s, (query, ours, theirs)
+
+
+def test_writes_rewrites_deletes_folds_and_scopes() -> None:
+    p = TextPostings()
+    p.MERGE_EVERY = 3  # fold often
+    p.load([("a", "s1", "alpha beta"), ("b", "s1", "beta gamma"), ("c", "s2", "gamma delta")])
+    assert [i for i, _ in p.search("gamma", 10)] in (["b", "c"], ["c", "b"])
+    assert [i for i, _ in p.search("gamma", 10, ["s2"])] == ["c"]
+    assert p.search("gamma", 10, ["nowhere"]) == []
+    p.put([("b", "s2", "epsilon")])  # rewritten: new text, new scope
+    assert [i for i, _ in p.search("beta", 10)] == ["a"]
+    assert [i for i, _ in p.search("epsilon", 10, ["s2"])] == ["b"]
+    p.remove(["a", "missing"])
+    assert p.search("alpha beta", 10) == []
+    for n in range(10):  # several folds, dead postings dropped on the way
+        p.put([(f"n{n}", "s3", f"zeta row{n}")])
+    assert p.rows() == 12
+    assert len(p.search("zeta", 100)) == 10 and len(p.search("zeta", 4)) == 4
+    assert p.search("", 5) == [] and p.search("the of", 5) == []
+
+
+def test_lance_index_answers_from_postings_as_lancedb_does(tmp_path: Path) -> None:
+    """Unfiltered and scope-filtered text searches come from the postings once loaded, and
+    agree with LanceDB's full-text search through writes, a scope move, deletes and restarts."""
+    rng = random.Random(9)
+    dim = 8
+    vec = np.ones(dim, np.float32) / np.sqrt(dim)
+
+    def row(i: int, scope: str, text: str, revision: int = 1) -> IndexRow:
+        return IndexRow(
+            id=f"m{i}", scope=scope, type="semantic", category="c", session="", pinned=False,
+            event_time_ns=0, create_time_ns=0, revision=revision, text=text, vector=vec, seq=i,
+        )  # fmt: skip
+
+    texts = {i: " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 20))) for i in range(240)}
+    scope_of = {i: f"project:{'ab'[i % 2]}" for i in texts}
+    cfg = IndexConfig(ann_min_rows=10_000)
+    index = LanceIndex(tmp_path / "lance", dim, cfg)
+    index.upsert("t", [row(i, scope_of[i], texts[i]) for i in range(200)])
+    for i in range(200, 240):
+        index.upsert("t", [row(i, scope_of[i], texts[i])])
+    texts[5], scope_of[5] = "zebra canary rollback", "project:b"
+    index.upsert("t", [row(5, scope_of[5], texts[5], revision=2)])
+    index.delete("t", ["m6", "m210"])
+    del texts[6], texts[210]
+    assert index.stats("t")["text_posting_rows"] == 238
+    off = LanceIndex(tmp_path / "lance", dim, dataclasses.replace(cfg, memory_text_search=False))
+    assert off.load_text_postings("t") == 0 and off.stats("t")["text_posting_rows"] is None
+    assert off.text_search("t", "zebra", 3, MemoryFilter())[0].id == "m5"  # LanceDB's own search
+
+    # The reference: LanceDB's own search over a fresh table of the live rows (the tenant's
+    # table has deleted and rewritten rows and rows outside its index, which LanceDB's
+    # statistics count differently until it re-indexes).
+    live = sorted(texts)
+    reference = _lance_table(tmp_path, [texts[i] for i in live], [scope_of[i] for i in live], name="ref")
+    name_of = {f"d{n}": f"m{i}" for n, i in enumerate(live)}
+
+    def check(ix: LanceIndex) -> None:
+        for query in ("zebra canary", "alice latency spike", "rollback", "budget planning hiring"):
+            for f, where in ((MemoryFilter(), None), (_B, "scope = 'project:b'")):
+                ours = [(h.id, h.score) for h in ix.text_search("t", query, 8, f)]
+                theirs = [(name_of[i], s) for i, s in _lance_search(reference, query, 8, where)]
+                np.testing.assert_allclose([s for _, s in ours], [s for _, s in theirs], rtol=2e-3)
+                assert {i for i, _ in ours} <= {
+                    f"m{i}" for i in texts if where is None or scope_of[i] == "project:b"
+                }
+                assert ours[0][0] == theirs[0][0]
+        assert ix.text_search("t", "zebra", 3, MemoryFilter())[0].id == "m5"
+
+    check(index)
+    restarted = LanceIndex(tmp_path / "lance", dim, cfg)
+    assert restarted.stats("t")["text_posting_rows"] is None  # until loaded: LanceDB answers
+    assert restarted.load_text_postings("t") == 238
+    check(restarted)
+    typed = MemoryFilter(categories=("c",))  # more than scopes: LanceDB
+    assert [h.id for h in restarted.text_search("t", "zebra", 3, typed)] == ["m5"]
+
+
+_B = MemoryFilter(scopes=(Scope(ScopeKind.PROJECT, "b"),))
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_ties_break_by_insertion_order(k: int) -> None:
+    p = TextPostings()
+    p.load([(f"r{i}", "s", "same words here") for i in range(6)])
+    assert [i for i, _ in p.search("same words", k)] == [f"r{i}" for i in range(k)]

@@ -162,12 +162,7 @@ class TextPostings:
         spans: dict[str, tuple[int, int]] = {}
         at = 0
         for term in names:
-            start, end = self._spans.get(term, (0, 0))
-            docs, tfs = self._docs[start:end], self._tfs[start:end]
-            if term in self._buffer:
-                slots, counts = self._buffer[term]
-                docs = np.concatenate([docs, np.asarray(slots, np.int32)])
-                tfs = np.concatenate([tfs, np.asarray(counts, np.uint16)])
+            docs, tfs = self._postings(term)
             keep = self._alive[docs]
             docs, tfs = docs[keep], tfs[keep]
             if len(docs):
@@ -181,6 +176,17 @@ class TextPostings:
         self._buffer = {}
         self._buffered_rows = 0
 
+    def _postings(self, term: str) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint16]]:
+        """A term's (slots, term frequencies), folded and buffered, dead slots included
+        (under the lock)."""
+        start, end = self._spans.get(term, (0, 0))
+        docs, tfs = self._docs[start:end], self._tfs[start:end]
+        if term in self._buffer:
+            slots, counts = self._buffer[term]
+            docs = np.concatenate([docs, np.asarray(slots, np.int32)])
+            tfs = np.concatenate([tfs, np.asarray(counts, np.uint16)])
+        return docs, tfs
+
     # --- search --------------------------------------------------------------------------
 
     def search(self, query: str, k: int, scopes: Sequence[str] | None = None) -> list[tuple[str, float]]:
@@ -190,15 +196,7 @@ class TextPostings:
         if not wanted or k <= 0:
             return []
         with self._lock:
-            postings = []
-            for term, _ in wanted:
-                start, end = self._spans.get(term, (0, 0))
-                docs, tfs = self._docs[start:end], self._tfs[start:end]
-                if term in self._buffer:
-                    new_slots, counts = self._buffer[term]
-                    docs = np.concatenate([docs, np.asarray(new_slots, np.int32)])
-                    tfs = np.concatenate([tfs, np.asarray(counts, np.uint16)])
-                postings.append((docs, tfs))
+            postings = [self._postings(term) for term, _ in wanted]
             lengths, scope_of, alive = self._lengths, self._scope, self._alive
             rows, total = self._alive_rows, self._alive_length
             codes = None if scopes is None else [self._scope_code[s] for s in scopes if s in self._scope_code]

@@ -96,9 +96,13 @@ def test_writes_rewrites_deletes_folds_and_scopes() -> None:
     assert [i for i, _ in p.search("epsilon", 10, ["s2"])] == ["b"]
     p.remove(["a", "missing"])
     assert p.search("alpha beta", 10) == []
-    for n in range(10):  # several folds, dead postings dropped on the way
+    for n in range(10):  # several folds
         p.put([(f"n{n}", "s3", f"zeta row{n}")])
     assert p.rows() == 12
+    for n in range(2000):  # rewrites: dead slots' postings are dropped on the way
+        p.put([(f"n{n % 10}", "s3", f"zeta row{n % 10} again{n}")])
+    assert len(p._docs) < 5000  # dropped at 1,025 dead rows: not all 8,000 of 2,000 rewrites
+    assert [i for i, _ in p.search("again1999", 5)] == ["n9"] and p.search("again5", 5) == []
     assert len(p.search("zeta", 100)) == 10 and len(p.search("zeta", 4)) == 4
     assert p.search("", 5) == [] and p.search("the of", 5) == []
 

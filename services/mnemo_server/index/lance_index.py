@@ -207,8 +207,9 @@ class LanceIndex:
                 ScopeVectors(self.dimension),
                 TextPostings(),
             )
-            # A new table is empty: its vectors are all known. An existing one's are loaded
-            # at warm-up (load_scope_vectors); until then LanceDB answers every search.
+            # A new table is empty: its vectors and texts are all known. An existing one's are
+            # loaded at warm-up (load_scope_vectors, load_text_postings); until then LanceDB
+            # answers every search.
             handle.vectors.loaded = self._keeps_scope_vectors and name not in existing
             handle.texts.loaded = self.cfg.memory_text_search and name not in existing
             indices = self._index_names(table)
@@ -593,7 +594,7 @@ class LanceIndex:
         return (
             h.vectors.loaded
             and bool(scopes)
-            and f == MemoryFilter(scopes=f.scopes)
+            and f.scopes_only
             and h.vectors.rows_in(scopes) <= self.cfg.exact_scope_search_max_rows
         )
 
@@ -601,7 +602,7 @@ class LanceIndex:
         h = self._handle(tenant_id, create=False)
         if h is None or not query.strip():
             return []
-        if h.texts.loaded and f == MemoryFilter(scopes=f.scopes):
+        if h.texts.loaded and f.scopes_only:
             found = h.texts.search(query, k, [s.key for s in f.scopes] or None)
             return self._leg_hits(h, [i for i, _ in found], [s for _, s in found])
         if not h.has_text_index:

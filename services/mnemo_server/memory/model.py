@@ -141,6 +141,11 @@ class MemoryFilter:
             or self.source_session_ids
         )
 
+    @property
+    def scopes_only(self) -> bool:
+        """Nothing but scopes (if any) is filtered on: what the in-memory indexes answer."""
+        return self == MemoryFilter(scopes=self.scopes)
+
     def matches(self, m: Memory) -> bool:
         """The filter evaluated in Python, on the source of truth."""
         return (

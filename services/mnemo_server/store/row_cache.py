@@ -86,7 +86,6 @@ class RowCache:
     def __init__(self, max_rows: int, id_column: int = 0, shared_columns: frozenset[int] = frozenset()):
         self.max_rows = max_rows
         self.id_column = id_column
-        self.shared_columns = shared_columns
         self._shared = sorted(shared_columns)
         self._rows: dict[tuple[str, str], Row] = {}
         self._lock = threading.Lock()
@@ -144,7 +143,7 @@ class RowCache:
     def _compact(self, row: Row) -> Row:
         # DuckDB returns new string objects per row; tenant, scope, type, category, model
         # names and empty fields repeat across rows (~1.5 KB a bench row, ~1.1 KB interned).
-        if not self.shared_columns:
+        if not self._shared:
             return row
         values = list(row)
         for i in self._shared:

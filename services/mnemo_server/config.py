@@ -150,9 +150,11 @@ class IndexConfig:
     index_cache_mb: int = 256
     metadata_cache_mb: int = 64
     # After an optimize, a tenant's caches are replaced by fresh, warmed ones once they hold
-    # more than cache_renew_factor x its index files on disk + cache_renew_slack_mb: the
-    # rest is superseded index files (lance_index.py, _renew_bloated_session). 0: never.
-    cache_renew_factor: float = 2.0
+    # more than cache_renew_factor x its index files on disk + cache_renew_slack_mb (and
+    # that much more than the last fresh one held): the rest is superseded index files
+    # (lance_index.py, _renew_bloated_session). 0: never. A warm session holds about its
+    # index files (66 MB at 100k rows); at 2.0 one held up to ~200 MB before renewal.
+    cache_renew_factor: float = 1.0
     cache_renew_slack_mb: int = 64
     # Per tenant, the attributes Recall's signals read (text, scope, session, times) of up
     # to this many rows stay in memory (~0.5 KB each), so searches fetch only ids and scores.

@@ -126,6 +126,8 @@ class _Handle:
     # no ANN index yet, or rows left outside it by an earlier process. Then searches take
     # LanceDB's flat scan of them instead.
     pending: PendingRows | None = None
+    # What the Lance session held right after it was last renewed and warmed (0: never).
+    warm_session_bytes: int = 0
 
     def refresh(self) -> None:
         """Read the newest version. Through the same Lance session: its index cache is what
@@ -454,7 +456,9 @@ class LanceIndex:
         held = h.session.size_bytes()
         descriptions = h.reader.describe_indices()
         on_disk = sum(seg.size_bytes for d in descriptions for seg in d.segments)
-        if held <= self.cfg.cache_renew_factor * on_disk + (self.cfg.cache_renew_slack_mb << 20):
+        # Past a size a fresh session reached before, or the next renewal would come at once.
+        baseline = max(self.cfg.cache_renew_factor * on_disk, h.warm_session_bytes)
+        if held <= baseline + (self.cfg.cache_renew_slack_mb << 20):
             return None
         import lance
 
@@ -466,8 +470,9 @@ class LanceIndex:
             fresh.to_table(columns=["id", "_score"], full_text_query="warm", limit=1)
         with h.lock:
             h.session = session
+            h.warm_session_bytes = session.size_bytes()
             h.refresh()
-        return held >> 20, session.size_bytes() >> 20
+        return held >> 20, h.warm_session_bytes >> 20
 
     @staticmethod
     def _settle_pending(h: _Handle) -> None:

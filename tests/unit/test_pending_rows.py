@@ -101,3 +101,13 @@ def test_search_is_exact_filtered_and_follows_writes() -> None:
     assert len(pending) == 39
     top = [i for i, _ in pending.search(q, 5, MemoryFilter())]
     assert expected[0] not in top and expected[1] not in top and top[:3] == expected[2:5]
+
+
+def test_rows_written_since_a_snapshot_include_rewrites_of_ids_it_held() -> None:
+    a, b, c = (_row(i, SCOPES[0], TYPES[0], CATEGORIES[0], "", False, 10) for i in range(3))
+    before = PendingRows().with_rows([a, b])
+    b2 = dataclasses.replace(b, revision=2)
+    now = before.with_rows([c]).with_rows([b2]).without(["m0"])
+    assert [r.id for r in now.written_since(before).rows] == ["m2", "m1"]
+    assert now.written_since(before).rows[1] is b2
+    assert len(now.written_since(now)) == 0

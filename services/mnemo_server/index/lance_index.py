@@ -375,13 +375,32 @@ class LanceIndex:
         h = self._handle(tenant_id, create=False)
         if h is None:
             return 0
+        metrics = self._compact_files(h)
         with h.lock:
-            metrics = h.for_maintenance().optimize.compact_files(
-                target_rows_per_fragment=1 << 20, defer_index_remap=False
-            )
             h.table.checkout_latest()
             h.refresh()
         return int(metrics.fragments_removed)
+
+    @staticmethod
+    def _compact_files(h: _Handle) -> Any:
+        """Compaction beside the index worker's writes (see _optimize_beside_writes). Lance
+        commits it beside appends, but a rewrite loses to an update or delete of rows in the
+        fragments it rewrote (a "retryable commit conflict", an OSError from Python); it is
+        then done again under the table lock, where no write can intervene."""
+
+        def compact() -> Any:
+            return h.for_maintenance().optimize.compact_files(
+                target_rows_per_fragment=1 << 20, defer_index_remap=False
+            )
+
+        try:
+            return compact()
+        except OSError as exc:
+            if "commit conflict" not in str(exc):
+                raise
+            log.info("compaction lost to a concurrent write; again under the table lock")
+            with h.lock:
+                return compact()
 
     def optimize(self, tenant_id: str, *, merge_deltas: bool = True) -> dict[str, Any]:
         """Compact small fragments, fold new rows into the indices, add the ANN index once
@@ -411,12 +430,20 @@ class LanceIndex:
             if "id_idx" not in indices and rows:
                 table.create_index("id", config=BTree(), name="id_idx")
                 done["id_index"] = True
-            table.optimize(cleanup_older_than=timedelta(seconds=self.cfg.keep_versions_s))
-            h.refresh()
-            if "vector_idx" in indices or "ann_index" in done:
-                self._settle_pending(h)
-            done["rows"] = rows
-            segments = self._vector_segments(h)
+            before = h.pending
+            if before is None or done:
+                # Until the rows outside the ANN index are known (before its first optimize,
+                # or after a restart), the whole optimize holds the lock: then no write
+                # lands while it runs, so afterwards the index holds every row.
+                table.optimize(cleanup_older_than=timedelta(seconds=self.cfg.keep_versions_s))
+                h.refresh()
+                if "vector_idx" in indices or "ann_index" in done:
+                    self._settle_pending(h)
+        if before is not None and not done:
+            self._optimize_beside_writes(h, before)
+            done["beside_writes"] = True
+        done["rows"] = rows
+        segments = self._vector_segments(h)
         tail = self._small_newest(segments) if merge_deltas and len(segments) > self.cfg.ann_max_deltas else 0
         if tail > 1:
             # Every optimize folds the new rows into a delta of the ANN index and a search
@@ -473,6 +500,23 @@ class LanceIndex:
             h.warm_session_bytes = session.size_bytes()
             h.refresh()
         return held >> 20, h.warm_session_bytes >> 20
+
+    def _optimize_beside_writes(self, h: _Handle, before: PendingRows) -> None:
+        """Compact, fold the rows outside the indices in and drop old versions while the
+        index worker goes on writing. Under the table lock this held every write back for
+        its whole length, at 100k rows up to 3 s for an optimize and 5 s for a compaction
+        that rewrote the large fragment: the p99 of created -> searchable in the bench.
+        Lance commits these beside the appends (as it does the ANN merges). `before` is the
+        pending set when the work began: its rows are all in the indices afterwards, so the
+        rows written since are the ones left pending."""
+        self._compact_files(h)
+        h.for_maintenance().optimize.optimize_indices()
+        h.for_maintenance().cleanup_old_versions(older_than=timedelta(seconds=self.cfg.keep_versions_s))
+        with h.lock:
+            h.table.checkout_latest()
+            h.refresh()
+            if h.pending is not None:
+                h.pending = h.pending.written_since(before)
 
     @staticmethod
     def _settle_pending(h: _Handle) -> None:

@@ -63,6 +63,13 @@ class PendingRows:
         rows = kept + tuple(written)
         return PendingRows(rows, frozenset(r.id for r in rows))
 
+    def written_since(self, before: PendingRows) -> PendingRows:
+        """The rows written after `before` was this set. By identity: a row written again is
+        a new object, so it counts as written since even if its id was there before."""
+        old = {id(r) for r in before.rows}
+        rows = tuple(r for r in self.rows if id(r) not in old)
+        return PendingRows(rows, frozenset(r.id for r in rows))
+
     def without(self, ids: Iterable[str]) -> PendingRows:
         gone = set(ids) & self._ids
         if not gone:

@@ -382,25 +382,31 @@ class LanceIndex:
         return int(metrics.fragments_removed)
 
     @staticmethod
-    def _compact_files(h: _Handle) -> Any:
+    def _compact(h: _Handle) -> Any:
+        return h.for_maintenance().optimize.compact_files(
+            target_rows_per_fragment=1 << 20, defer_index_remap=False
+        )
+
+    def _compact_files(self, h: _Handle) -> Any:
         """Compaction beside the index worker's writes (see _optimize_beside_writes). Lance
         commits it beside appends, but a rewrite loses to an update or delete of rows in the
         fragments it rewrote (a "retryable commit conflict", an OSError from Python); it is
         then done again under the table lock, where no write can intervene."""
-
-        def compact() -> Any:
-            return h.for_maintenance().optimize.compact_files(
-                target_rows_per_fragment=1 << 20, defer_index_remap=False
-            )
-
         try:
-            return compact()
+            return self._compact(h)
         except OSError as exc:
             if "commit conflict" not in str(exc):
                 raise
             log.info("compaction lost to a concurrent write; again under the table lock")
             with h.lock:
-                return compact()
+                return self._compact(h)
+
+    def _fold_and_clean(self, h: _Handle) -> None:
+        """Fold the rows outside the indices in and drop versions nobody reads any more: with
+        a compaction first, what LanceDB's table.optimize does. One path whether the caller
+        holds the table lock throughout or works beside the writes."""
+        h.for_maintenance().optimize.optimize_indices()
+        h.for_maintenance().cleanup_old_versions(older_than=timedelta(seconds=self.cfg.keep_versions_s))
 
     def optimize(self, tenant_id: str, *, merge_deltas: bool = True) -> dict[str, Any]:
         """Compact small fragments, fold new rows into the indices, add the ANN index once
@@ -435,7 +441,9 @@ class LanceIndex:
                 # Until the rows outside the ANN index are known (before its first optimize,
                 # or after a restart), the whole optimize holds the lock: then no write
                 # lands while it runs, so afterwards the index holds every row.
-                table.optimize(cleanup_older_than=timedelta(seconds=self.cfg.keep_versions_s))
+                self._compact(h)
+                self._fold_and_clean(h)
+                table.checkout_latest()
                 h.refresh()
                 if "vector_idx" in indices or "ann_index" in done:
                     self._settle_pending(h)
@@ -510,8 +518,7 @@ class LanceIndex:
         pending set when the work began: its rows are all in the indices afterwards, so the
         rows written since are the ones left pending."""
         self._compact_files(h)
-        h.for_maintenance().optimize.optimize_indices()
-        h.for_maintenance().cleanup_old_versions(older_than=timedelta(seconds=self.cfg.keep_versions_s))
+        self._fold_and_clean(h)
         with h.lock:
             h.table.checkout_latest()
             h.refresh()

@@ -37,6 +37,7 @@ from mnemo_server.memory.validation import Validator
 from mnemo_server.ranking.client import RankingClient
 from mnemo_server.ranking.outbox import FeedbackDelivery
 from mnemo_server.retrieval.recall import RecallPipeline
+from mnemo_server.sessions.access_counts import AccessCounts
 from mnemo_server.sessions.service import SessionService
 from mnemo_server.skills.service import SkillService
 from mnemo_server.store import memory_repo
@@ -124,10 +125,12 @@ class Core:
                 config.ranking,
             )
             self.delivery = FeedbackDelivery(self.db, self.ranking, config.ranking)
+            self.access_counts = AccessCounts(self.db)
             self.sessions = SessionService(
                 self.db,
                 self.recall,
                 self.ranking,
+                self.access_counts,
                 self.validator,
                 config.limits,
                 config.ranking,
@@ -194,6 +197,10 @@ class Core:
         self.delivery.stop()
         self.indexer.stop()
         self.ranking.close()
+        try:
+            self.access_counts.flush()
+        except Exception:  # closing goes on: the counts are a feature, not acknowledged writes
+            log.exception("access counts not written at close")
         self.db.close()
 
 
@@ -275,6 +282,7 @@ class MnemoServer:
         self.scheduler.add("reconcile", cfg.index.reconcile_interval_s, core.indexer.reconcile)
         self.scheduler.add("optimize", cfg.index.optimize_interval_s, core.optimize_dirty)
         self.scheduler.add("retention", cfg.retention.interval_s, core.retention.sweep)
+        self.scheduler.add("access_counts", cfg.ranking.access_flush_interval_s, core.access_counts.flush)
         self.scheduler.start()
         port = self.grpc.start()
         log.info("mnemo serving on %s:%d (data in %s)", cfg.server.host, port, cfg.data_dir)

@@ -234,6 +234,8 @@ class RankingConfig:
     pool_recent: int = 10
     default_token_budget: int = 1_000
     default_max_memories: int = 20
+    # StartSession's access counts (a ranker feature) are written in one batch this often.
+    access_flush_interval_s: float = 1.0
     # Delivery of training pairs (outbox) to the sidecar.
     delivery_interval_s: float = 0.5
     delivery_timeout_s: float = 10.0

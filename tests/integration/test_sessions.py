@@ -99,6 +99,36 @@ def test_bundle_without_sidecar_is_baseline_packed_and_recorded(
     ]
 
 
+def _access_counts(live: LiveServer, ids: Sequence[str]) -> dict[str, int]:
+    marks = ", ".join("?" * len(ids))
+    sql = f"SELECT id, access_count FROM memories WHERE id IN ({marks})"
+    rows = live.server.core.db.reader().execute(sql, list(ids)).fetchall()
+    return {str(i): int(n) for i, n in rows}
+
+
+def test_injections_are_counted_as_accesses_in_batches_and_at_stop(
+    start_server: Callable[..., LiveServer], tmp_path: Any
+) -> None:
+    live = start_server(tmp_path / "d", ranking={"access_flush_interval_s": 0.05})
+    t = tenant(live)
+    seed(t)
+    first = [m.memory.id for m in start(t, "s1", "who owns billing?").memories]
+    second = [m.memory.id for m in start(t, "s2", "who owns billing?").memories]
+    assert first and set(first) & set(second)
+    want = {i: first.count(i) + second.count(i) for i in set(first) | set(second)}
+    wait_for(lambda: _access_counts(live, list(want)) == want, timeout=10)
+    live.close()
+
+    # A long interval: the counts not written yet are written when the server stops.
+    live = start_server(tmp_path / "d", ranking={"access_flush_interval_s": 3600})
+    t = TenantClient(t.token, live.channel())  # keys are stored: the same tenant
+    third = [m.memory.id for m in start(t, "s3", "who owns billing?").memories]
+    assert _access_counts(live, third) == {i: want.get(i, 0) for i in third}  # not yet
+    live.close()
+    live = start_server(tmp_path / "d")
+    assert _access_counts(live, third) == {i: want.get(i, 0) + 1 for i in third}
+
+
 def test_end_session_scores_continuity_and_validates(server: LiveServer, tenant_a: TenantClient) -> None:
     seed(tenant_a)
     r = start(tenant_a, "s1", "how do releases work here?", max_memories=4)
@@ -341,7 +371,13 @@ def test_training_pairs_carry_query_and_neighbour_features(
     """A chat's turns, in order: the answer follows the question, and the features the
     sidecar learns from say so (through Recall's neighbours, the outbox and the pair store)."""
     side = start_sidecar()
-    live = start_server(ranking={"sidecar_address": f"127.0.0.1:{side.port}", "delivery_interval_s": 0.05})
+    live = start_server(
+        ranking={
+            "sidecar_address": f"127.0.0.1:{side.port}",
+            "delivery_interval_s": 0.05,
+            "access_flush_interval_s": 0.05,
+        }
+    )
     t = tenant(live)
     scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p")
     turns = [
@@ -384,7 +420,9 @@ def test_training_pairs_carry_query_and_neighbour_features(
     assert last["next_baseline_rel"] == 0.0 and features[ids[0]]["prev_baseline_rel"] == 0.0
     assert {f["access_log"] for f in features.values()} == {0.0}
 
-    # A second session sees the first one's injections counted.
+    # A second session sees the first one's injections counted, once their batch is
+    # written (access_counts: at most one interval later).
+    wait_for(lambda: live.server.core.access_counts.written >= len(r.memories), timeout=10)
     r2 = start(t, "s2", "Which city did Ann visit in spring?")
     t.memory().EndSession(pb.EndSessionRequest(session_id="s2"), metadata=t.md, timeout=5)
     wait_for(lambda: side.store.counts("acme")[0] == 2)

@@ -48,7 +48,7 @@ WRITES: dict[str, Callable[[Cursor], None]] = {
         cur, "t", "m3", {"content": "changed", "importance": 0.9, "pinned": True}, 99
     ),
     "mark_indexed": lambda cur: memory_repo.mark_indexed(cur, [("t", "m4", 1), ("t", "m5", 1)], "m"),
-    "touch_memories": lambda cur: session_repo.touch_memories(cur, "t", ["m0", "m6"], 99),
+    "add_accesses": lambda cur: session_repo.add_accesses(cur, [("t", "m0", 2, 99), ("t", "m6", 1, 99)]),
     "delete_rows": lambda cur: memory_repo.delete_rows(cur, "t", ["m7"]),
 }
 

@@ -27,6 +27,7 @@ from mnemo_server.ranking.client import RankingClient
 from mnemo_server.retrieval.query_analysis import content_words
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery
 from mnemo_server.retrieval.scoring import minmax
+from mnemo_server.sessions.access_counts import AccessCounts
 from mnemo_server.sessions.continuity import overlap_relevance
 from mnemo_server.sessions.features import Candidate, compute_features
 from mnemo_server.sessions.packing import pack, render
@@ -102,6 +103,7 @@ class SessionService:
         db: Database,
         recall: RecallPipeline,
         ranking: RankingClient,
+        access: AccessCounts,
         validator: Validator,
         limits: LimitsConfig,
         cfg: RankingConfig,
@@ -111,6 +113,7 @@ class SessionService:
         self.db = db
         self.recall = recall
         self.ranking = ranking
+        self.access = access
         self.validator = validator
         self.limits = limits
         self.cfg = cfg
@@ -278,11 +281,8 @@ class SessionService:
             # The insert is the check, not a read before the work: a copy of this request
             # running at the same time (a client's retry after a timeout) would pass a read.
             return self._existing(tenant_id, req)
-        if injected:
-            # Access counts are memories' rows, so they are written under that domain's lock,
-            # after the session's commit: a crash between the two loses one count, no session.
-            with self.db.transaction(WriteDomain.MEMORIES) as cur:
-                session_repo.touch_memories(cur, tenant_id, [x.memory.id for x in injected], now)
+        # Counted after the session's commit and written in batches (access_counts).
+        self.access.record(tenant_id, [x.memory.id for x in injected], now)
         return SessionBundle(session, injected, render([x.memory for x in injected]))
 
     def _existing(self, tenant_id: str, req: StartSessionInput) -> SessionBundle:

@@ -168,6 +168,8 @@ class Database:
         with self._holding(held_domains):
             got = time.perf_counter()
             try:
+                if self._closed:  # checked under the locks close() takes, so no race with it
+                    raise FailedPrecondition("the store is closed", reason="STORE_CLOSED")
                 cur = self.reader()
                 cur.execute("BEGIN TRANSACTION")
                 row_cache.begin_changes()

@@ -205,14 +205,26 @@ def end_session(
         )
 
 
-def touch_memories(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int) -> None:
-    """Count an injection as an access (a ranker feature)."""
-    if ids:
+def add_accesses(cur: Cursor, accesses: Sequence[tuple[str, str, int, int]]) -> None:
+    """Add injections to memories' access counts (a ranker feature): (tenant_id, memory id,
+    injections, time of the latest). Rows deleted since are skipped.
+
+    One UPDATE per tenant and count, by a literal id list, which DuckDB answers from the
+    ART index (5.6 ms for 80 ids at 100k memories; a join with the batch as an Arrow table
+    scans the table, ~10 ms whatever its size). A group's last access is the latest time
+    of the group, so a memory's can read up to one batch interval late."""
+    groups: dict[tuple[str, int], tuple[list[str], int]] = {}
+    for tenant_id, memory_id, n, last_ns in accesses:
+        ids, latest = groups.get((tenant_id, n), ([], last_ns))
+        ids.append(memory_id)
+        groups[(tenant_id, n)] = (ids, max(latest, last_ns))
+    for (tenant_id, n), (ids, latest) in groups.items():
         rows_changed(tenant_id, ids)
         cur.execute(
-            "UPDATE memories SET access_count = access_count + 1, last_access_ns = ? "
+            "UPDATE memories SET access_count = access_count + ?, "
+            "last_access_ns = greatest(coalesce(last_access_ns, 0), ?) "
             f"WHERE id IN ({id_list(ids)}) AND tenant_id = ?",
-            [now_ns, tenant_id],
+            [n, latest, tenant_id],
         )
 
 

@@ -102,6 +102,11 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
     assert result["training"] and all("reason" in t for t in result["training"])
     assert result["server_rss_mb"] > 50 and result["disk_mb_per_100k"] > 0
     assert result["server_rss_high_water_mb"] >= result["server_rss_mb"]
+    caches = result["server_caches"]
+    assert caches["index_session_bytes"] > 0 and caches["text_posting_bytes"] > 0, caches
+    assert caches["row_cache_rows"] > 0 and caches["row_cache_hits"] > 0, caches
+    assert sum(v for k, v in caches.items() if k.endswith("_bytes")) < result["server_rss_mb"] * 2**20
+    assert "in memory at the end: LanceDB session" in out.stdout
     assert "sidecar_killed" in out.stdout and "memories write lock: busy" in out.stdout  # the tables
 
 

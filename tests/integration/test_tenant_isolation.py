@@ -81,6 +81,9 @@ def test_list_recall_export_status(
     assert exported == []
     status = b.GetStatus(pb.GetStatusRequest(), metadata=tenant_b.md, timeout=5)
     assert status.memory_count == 0 and status.deleted_count == 0
+    # B has no search structures; the row cache is the server's, shared and counted as such.
+    use = status.cache_use
+    assert use.index_session_bytes == use.scope_vector_bytes == use.text_posting_bytes == 0
     # ...while A sees its own.
     assert (
         tenant_a.memory()
@@ -89,6 +92,9 @@ def test_list_recall_export_status(
         .memory.id
         == a_memory.id
     )
+    use = tenant_a.memory().GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=5).cache_use
+    assert use.index_session_bytes > 0 and use.text_posting_bytes > 0 and use.scope_vector_bytes > 0
+    assert use.row_cache_rows >= 1 and use.row_cache_hits + use.row_cache_misses >= 1
 
 
 def test_purge_and_create_stay_in_their_tenant(

@@ -107,6 +107,19 @@ def test_writes_rewrites_deletes_folds_and_scopes() -> None:
     assert p.search("", 5) == [] and p.search("the of", 5) == []
 
 
+def test_its_size_follows_what_it_holds() -> None:
+    p = TextPostings()
+    p.MERGE_EVERY = 1
+    p.load([("a", "s1", "alpha beta")])
+    small = p.nbytes()
+    ids = [f"row-{n:06d}" for n in range(3000)]
+    p.put([(i, "s1", f"alpha word{n} other{n % 7}") for n, i in enumerate(ids)])
+    grown = p.nbytes()
+    # Per row at least its id string and its slot's entries; per term its string.
+    assert grown - small > 3000 * (len(ids[0]) + 4 + 1 + 1)
+    assert grown < 3000 * 1000  # an estimate, not a multiple of what is held
+
+
 def test_lance_index_answers_from_postings_as_lancedb_does(tmp_path: Path) -> None:
     """Unfiltered and scope-filtered text searches come from the postings once loaded, and
     agree with LanceDB's full-text search through writes, a scope move, deletes and restarts."""

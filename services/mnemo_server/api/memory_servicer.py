@@ -241,6 +241,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
         s = self.memories.status(_tenant())
+        rows = self.memories.db.rows.stats()
         locks = [
             pb.WriteLockStats(
                 domain=d.value, transactions=x.transactions, held_seconds=x.held_s, waited_seconds=x.waited_s
@@ -266,6 +267,15 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             data_bytes=self.data_size.get(),
             write_lock=next(x for x in locks if x.domain == WriteDomain.MEMORIES.value),
             write_locks=locks,
+            cache_use=pb.CacheUse(
+                index_session_bytes=s.cache_use.index_session_bytes,
+                scope_vector_bytes=s.cache_use.scope_vector_bytes,
+                text_posting_bytes=s.cache_use.text_posting_bytes,
+                row_cache_rows=rows.rows,
+                row_cache_hits=rows.hits,
+                row_cache_misses=rows.misses,
+            ),
+            access_counts_pending=self.sessions.access.pending(),
         )
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))

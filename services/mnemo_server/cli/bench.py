@@ -67,9 +67,18 @@ def print_tables(result: dict[str, Any]) -> None:
         f"max {cs['max_s']} s ({cs['samples']} samples)"
     )
     console.print(
-        f"server RSS peak {result['server_rss_mb']} MB in the mixed phase, "
-        f"{result['server_rss_high_water_mb']} MB since the server started; data {result['data_mb']} MB "
-        f"({result['disk_mb_per_100k']} MB per 100k memories)"
+        f"server RSS peak {result['server_rss_mb']} MiB in the mixed phase, "
+        f"{result['server_rss_high_water_mb']} MiB since the server started; data {result['data_mb']} MiB "
+        f"({result['disk_mb_per_100k']} MiB per 100k memories)"
+    )
+    c = result["server_caches"]
+    mib = {k: c[k] / 2**20 for k in ("index_session_bytes", "scope_vector_bytes", "text_posting_bytes")}
+    reads = c["row_cache_hits"] + c["row_cache_misses"]
+    console.print(
+        f"in memory at the end: LanceDB session {mib['index_session_bytes']:.1f} MiB, scope vectors "
+        f"{mib['scope_vector_bytes']:.1f} MiB, full-text postings {mib['text_posting_bytes']:.1f} MiB; "
+        f"row cache {c['row_cache_rows']} rows, {c['row_cache_hits'] / max(reads, 1):.0%} of "
+        f"{reads} reads answered"
     )
 
 

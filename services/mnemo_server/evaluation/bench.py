@@ -440,6 +440,12 @@ async def run_bench(
             "data_mb": round(status.data_bytes / 2**20, 1),
             "disk_mb_per_100k": round(status.data_bytes / 2**20 * 100_000 / live, 1) if live else 0.0,
             "memories_after": live,
+            # What the server kept in memory at the end (this tenant's search structures,
+            # the shared row cache): where the RSS above goes, after the models.
+            "server_caches": {
+                **{f.name: getattr(status.cache_use, f.name) for f in status.cache_use.DESCRIPTOR.fields},
+                "access_counts_pending": status.access_counts_pending,
+            },
         }
     )
     return result

@@ -63,6 +63,18 @@ class LegHit:
     attrs: Attrs
 
 
+@dataclass(frozen=True)
+class CacheUse:
+    """Bytes one tenant's searches keep in memory (GetStatus)."""
+
+    index_session_bytes: int
+    scope_vector_bytes: int
+    text_posting_bytes: int
+
+
+NO_CACHE_USE = CacheUse(0, 0, 0)
+
+
 def _row_attrs(r: IndexRow) -> Attrs:
     # float32 round trip: the same value a read from the table gives.
     return Attrs(
@@ -551,6 +563,17 @@ class LanceIndex:
     def vector_deltas(self, tenant_id: str) -> int:
         h = self._handle(tenant_id, create=False)
         return 0 if h is None else len(self._vector_segments(h))
+
+    def cache_use(self, tenant_id: str) -> CacheUse:
+        """What this tenant's searches keep in memory (zeros for a tenant with no table)."""
+        h = self._handle(tenant_id, create=False)
+        if h is None:
+            return NO_CACHE_USE
+        return CacheUse(
+            index_session_bytes=int(h.session.size_bytes()),
+            scope_vector_bytes=h.vectors.nbytes() if h.vectors.loaded else 0,
+            text_posting_bytes=h.texts.nbytes() if h.texts.loaded else 0,
+        )
 
     def stats(self, tenant_id: str) -> dict[str, Any]:
         h = self._handle(tenant_id, create=False)

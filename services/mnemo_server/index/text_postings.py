@@ -20,8 +20,10 @@ they are a tenth of the rows.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
+import sys
 import threading
 import unicodedata
 from array import array
@@ -87,6 +89,15 @@ class _Flat:
         self.tfs.append(min(tf, 65535))
 
 
+_SIZE_SAMPLE = 256
+
+
+def _strings_bytes(strings: Iterable[str], count: int) -> int:
+    """`count` strings' size from (about) the first _SIZE_SAMPLE of `strings`, or a spread of them."""
+    sample = strings[:: max(1, count // _SIZE_SAMPLE)] if isinstance(strings, list) else list(strings)
+    return 0 if not sample else sum(sys.getsizeof(x) for x in sample) * count // len(sample)
+
+
 class TextPostings:
     """BM25 postings of one tenant's rows. Thread-safe: writers and searches take a lock,
     searches only to take their postings."""
@@ -118,6 +129,19 @@ class TextPostings:
     def rows(self) -> int:
         with self._lock:
             return self._alive_rows
+
+    def nbytes(self) -> int:
+        """Bytes held, estimated: the arrays, the id list and dictionaries, and their strings
+        from a sample of them (GetStatus asks every second under the bench; a full walk of
+        100k strings would hold searches off this lock for milliseconds). The unfolded
+        buffer, at most MERGE_EVERY rows' postings, is not counted."""
+        with self._lock:
+            arrays = (self._lengths, self._scope, self._alive, self._offsets, self._docs, self._tfs)
+            held = sum(a.nbytes for a in arrays)
+            held += sys.getsizeof(self._ids) + sys.getsizeof(self._slot_of) + sys.getsizeof(self._term_ids)
+            held += _strings_bytes(self._ids, len(self._ids))
+            held += _strings_bytes(itertools.islice(self._term_ids, _SIZE_SAMPLE), len(self._term_ids))
+            return held
 
     # --- writes --------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 from mnemo_server.config import CapsConfig, IndexConfig
 from mnemo_server.errors import AlreadyExists, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.index.indexer import IndexWorker
+from mnemo_server.index.lance_index import NO_CACHE_USE, CacheUse
 from mnemo_server.memory.live_counts import LiveCounts
 from mnemo_server.memory.model import (
     CreateResult,
@@ -61,6 +62,7 @@ class TenantStatus:
     oldest_pending_ns: int | None
     by_type: dict[str, int]
     search_index_lag: int = 0
+    cache_use: CacheUse = NO_CACHE_USE
 
 
 class MemoryService:
@@ -579,4 +581,5 @@ class MemoryService:
             oldest_pending_ns=s["oldest_pending_ns"],
             by_type=s["by_type"],
             search_index_lag=self.indexer.index.unindexed_rows(tenant_id),
+            cache_use=self.indexer.index.cache_use(tenant_id),
         )

@@ -285,7 +285,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("server_version", "embedding_model", "embedding_dimension", "memory_count", "deleted_count", "pending_index_count", "memory_count_by_type", "oldest_pending_index_time", "process_rss_bytes", "data_bytes", "search_index_lag_rows", "ranking_fallbacks", "sidecar_circuit", "feedback_outbox_pending", "write_lock", "write_locks", "process_peak_rss_bytes")
+    __slots__ = ("server_version", "embedding_model", "embedding_dimension", "memory_count", "deleted_count", "pending_index_count", "memory_count_by_type", "oldest_pending_index_time", "process_rss_bytes", "data_bytes", "search_index_lag_rows", "ranking_fallbacks", "sidecar_circuit", "feedback_outbox_pending", "write_lock", "write_locks", "process_peak_rss_bytes", "cache_use", "access_counts_pending")
     class MemoryCountByTypeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +317,8 @@ class GetStatusResponse(_message.Message):
     WRITE_LOCK_FIELD_NUMBER: _ClassVar[int]
     WRITE_LOCKS_FIELD_NUMBER: _ClassVar[int]
     PROCESS_PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_USE_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_COUNTS_PENDING_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     embedding_model: str
     embedding_dimension: int
@@ -334,7 +336,25 @@ class GetStatusResponse(_message.Message):
     write_lock: WriteLockStats
     write_locks: _containers.RepeatedCompositeFieldContainer[WriteLockStats]
     process_peak_rss_bytes: int
-    def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., process_rss_bytes: _Optional[int] = ..., data_bytes: _Optional[int] = ..., search_index_lag_rows: _Optional[int] = ..., ranking_fallbacks: _Optional[_Mapping[str, int]] = ..., sidecar_circuit: _Optional[str] = ..., feedback_outbox_pending: _Optional[int] = ..., write_lock: _Optional[_Union[WriteLockStats, _Mapping]] = ..., write_locks: _Optional[_Iterable[_Union[WriteLockStats, _Mapping]]] = ..., process_peak_rss_bytes: _Optional[int] = ...) -> None: ...
+    cache_use: CacheUse
+    access_counts_pending: int
+    def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., process_rss_bytes: _Optional[int] = ..., data_bytes: _Optional[int] = ..., search_index_lag_rows: _Optional[int] = ..., ranking_fallbacks: _Optional[_Mapping[str, int]] = ..., sidecar_circuit: _Optional[str] = ..., feedback_outbox_pending: _Optional[int] = ..., write_lock: _Optional[_Union[WriteLockStats, _Mapping]] = ..., write_locks: _Optional[_Iterable[_Union[WriteLockStats, _Mapping]]] = ..., process_peak_rss_bytes: _Optional[int] = ..., cache_use: _Optional[_Union[CacheUse, _Mapping]] = ..., access_counts_pending: _Optional[int] = ...) -> None: ...
+
+class CacheUse(_message.Message):
+    __slots__ = ("index_session_bytes", "scope_vector_bytes", "text_posting_bytes", "row_cache_rows", "row_cache_hits", "row_cache_misses")
+    INDEX_SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_VECTOR_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TEXT_POSTING_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROW_CACHE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ROW_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    ROW_CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    index_session_bytes: int
+    scope_vector_bytes: int
+    text_posting_bytes: int
+    row_cache_rows: int
+    row_cache_hits: int
+    row_cache_misses: int
+    def __init__(self, index_session_bytes: _Optional[int] = ..., scope_vector_bytes: _Optional[int] = ..., text_posting_bytes: _Optional[int] = ..., row_cache_rows: _Optional[int] = ..., row_cache_hits: _Optional[int] = ..., row_cache_misses: _Optional[int] = ...) -> None: ...
 
 class WriteLockStats(_message.Message):
     __slots__ = ("transactions", "held_seconds", "waited_seconds", "domain")

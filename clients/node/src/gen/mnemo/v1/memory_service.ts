@@ -454,6 +454,18 @@ export interface GetStatusResponse {
    * included), where process_rss_bytes is the current figure.
    */
   processPeakRssBytes: number;
+  /**
+   * What the server keeps in memory for this tenant's searches and in its shared row
+   * cache: after the models, the largest parts of process_rss_bytes.
+   */
+  cacheUse?:
+    | CacheUse
+    | undefined;
+  /**
+   * Memories whose StartSession access counts wait for the next batched write (all
+   * tenants; written every ranking.access_flush_interval_s).
+   */
+  accessCountsPending: number;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -464,6 +476,29 @@ export interface GetStatusResponse_MemoryCountByTypeEntry {
 export interface GetStatusResponse_RankingFallbacksEntry {
   key: string;
   value: number;
+}
+
+/**
+ * Sizes are estimates of the bytes held, including Python's own objects where a
+ * structure keeps them (ids, term dictionaries).
+ */
+export interface CacheUse {
+  /**
+   * This tenant's LanceDB session: the ANN and full-text index files and table metadata
+   * read so far. Renewed once it holds superseded index files past a bound.
+   */
+  indexSessionBytes: number;
+  /** This tenant's vectors kept by scope (int8) for exact searches filtered by scope. */
+  scopeVectorBytes: number;
+  /** This tenant's in-memory full-text postings. */
+  textPostingBytes: number;
+  /**
+   * The server's row cache (all tenants): rows held, and reads it answered or missed
+   * since the server started.
+   */
+  rowCacheRows: number;
+  rowCacheHits: number;
+  rowCacheMisses: number;
 }
 
 /**
@@ -3183,6 +3218,8 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     writeLock: undefined,
     writeLocks: [],
     processPeakRssBytes: 0,
+    cacheUse: undefined,
+    accessCountsPending: 0,
   };
 }
 
@@ -3238,6 +3275,12 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.processPeakRssBytes !== 0) {
       writer.uint32(136).int64(message.processPeakRssBytes);
+    }
+    if (message.cacheUse !== undefined) {
+      CacheUse.encode(message.cacheUse, writer.uint32(146).fork()).join();
+    }
+    if (message.accessCountsPending !== 0) {
+      writer.uint32(152).int64(message.accessCountsPending);
     }
     return writer;
   },
@@ -3397,6 +3440,22 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.processPeakRssBytes = longToNumber(reader.int64());
             continue;
           }
+          case 18: {
+            if (tag !== 146) {
+              break;
+            }
+
+            message.cacheUse = CacheUse.decode(reader, reader.uint32());
+            continue;
+          }
+          case 19: {
+            if (tag !== 152) {
+              break;
+            }
+
+            message.accessCountsPending = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3540,6 +3599,16 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.process_peak_rss_bytes)
         ? globalThis.Number(object.process_peak_rss_bytes)
         : 0,
+      cacheUse: isSet(object.cacheUse)
+        ? CacheUse.fromJSON(object.cacheUse)
+        : isSet(object.cache_use)
+        ? CacheUse.fromJSON(object.cache_use)
+        : undefined,
+      accessCountsPending: isSet(object.accessCountsPending)
+        ? globalThis.Number(object.accessCountsPending)
+        : isSet(object.access_counts_pending)
+        ? globalThis.Number(object.access_counts_pending)
+        : 0,
     };
   },
 
@@ -3608,6 +3677,12 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.processPeakRssBytes !== 0) {
       obj.processPeakRssBytes = Math.round(message.processPeakRssBytes);
     }
+    if (message.cacheUse !== undefined) {
+      obj.cacheUse = CacheUse.toJSON(message.cacheUse);
+    }
+    if (message.accessCountsPending !== 0) {
+      obj.accessCountsPending = Math.round(message.accessCountsPending);
+    }
     return obj;
   },
 
@@ -3649,6 +3724,10 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
       : undefined;
     message.writeLocks = object.writeLocks?.map((e) => WriteLockStats.fromPartial(e)) || [];
     message.processPeakRssBytes = object.processPeakRssBytes ?? 0;
+    message.cacheUse = (object.cacheUse !== undefined && object.cacheUse !== null)
+      ? CacheUse.fromPartial(object.cacheUse)
+      : undefined;
+    message.accessCountsPending = object.accessCountsPending ?? 0;
     return message;
   },
 };
@@ -3827,6 +3906,186 @@ export const GetStatusResponse_RankingFallbacksEntry: MessageFns<GetStatusRespon
     const message = createBaseGetStatusResponse_RankingFallbacksEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? 0;
+    return message;
+  },
+};
+
+function createBaseCacheUse(): CacheUse {
+  return {
+    indexSessionBytes: 0,
+    scopeVectorBytes: 0,
+    textPostingBytes: 0,
+    rowCacheRows: 0,
+    rowCacheHits: 0,
+    rowCacheMisses: 0,
+  };
+}
+
+export const CacheUse: MessageFns<CacheUse> = {
+  encode(message: CacheUse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.indexSessionBytes !== 0) {
+      writer.uint32(8).int64(message.indexSessionBytes);
+    }
+    if (message.scopeVectorBytes !== 0) {
+      writer.uint32(16).int64(message.scopeVectorBytes);
+    }
+    if (message.textPostingBytes !== 0) {
+      writer.uint32(24).int64(message.textPostingBytes);
+    }
+    if (message.rowCacheRows !== 0) {
+      writer.uint32(32).int64(message.rowCacheRows);
+    }
+    if (message.rowCacheHits !== 0) {
+      writer.uint32(40).int64(message.rowCacheHits);
+    }
+    if (message.rowCacheMisses !== 0) {
+      writer.uint32(48).int64(message.rowCacheMisses);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CacheUse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCacheUse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.indexSessionBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.scopeVectorBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.textPostingBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.rowCacheRows = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.rowCacheHits = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.rowCacheMisses = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CacheUse {
+    return {
+      indexSessionBytes: isSet(object.indexSessionBytes)
+        ? globalThis.Number(object.indexSessionBytes)
+        : isSet(object.index_session_bytes)
+        ? globalThis.Number(object.index_session_bytes)
+        : 0,
+      scopeVectorBytes: isSet(object.scopeVectorBytes)
+        ? globalThis.Number(object.scopeVectorBytes)
+        : isSet(object.scope_vector_bytes)
+        ? globalThis.Number(object.scope_vector_bytes)
+        : 0,
+      textPostingBytes: isSet(object.textPostingBytes)
+        ? globalThis.Number(object.textPostingBytes)
+        : isSet(object.text_posting_bytes)
+        ? globalThis.Number(object.text_posting_bytes)
+        : 0,
+      rowCacheRows: isSet(object.rowCacheRows)
+        ? globalThis.Number(object.rowCacheRows)
+        : isSet(object.row_cache_rows)
+        ? globalThis.Number(object.row_cache_rows)
+        : 0,
+      rowCacheHits: isSet(object.rowCacheHits)
+        ? globalThis.Number(object.rowCacheHits)
+        : isSet(object.row_cache_hits)
+        ? globalThis.Number(object.row_cache_hits)
+        : 0,
+      rowCacheMisses: isSet(object.rowCacheMisses)
+        ? globalThis.Number(object.rowCacheMisses)
+        : isSet(object.row_cache_misses)
+        ? globalThis.Number(object.row_cache_misses)
+        : 0,
+    };
+  },
+
+  toJSON(message: CacheUse): unknown {
+    const obj: any = {};
+    if (message.indexSessionBytes !== 0) {
+      obj.indexSessionBytes = Math.round(message.indexSessionBytes);
+    }
+    if (message.scopeVectorBytes !== 0) {
+      obj.scopeVectorBytes = Math.round(message.scopeVectorBytes);
+    }
+    if (message.textPostingBytes !== 0) {
+      obj.textPostingBytes = Math.round(message.textPostingBytes);
+    }
+    if (message.rowCacheRows !== 0) {
+      obj.rowCacheRows = Math.round(message.rowCacheRows);
+    }
+    if (message.rowCacheHits !== 0) {
+      obj.rowCacheHits = Math.round(message.rowCacheHits);
+    }
+    if (message.rowCacheMisses !== 0) {
+      obj.rowCacheMisses = Math.round(message.rowCacheMisses);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CacheUse>, I>>(base?: I): CacheUse {
+    return CacheUse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CacheUse>, I>>(object: I): CacheUse {
+    const message = createBaseCacheUse();
+    message.indexSessionBytes = object.indexSessionBytes ?? 0;
+    message.scopeVectorBytes = object.scopeVectorBytes ?? 0;
+    message.textPostingBytes = object.textPostingBytes ?? 0;
+    message.rowCacheRows = object.rowCacheRows ?? 0;
+    message.rowCacheHits = object.rowCacheHits ?? 0;
+    message.rowCacheMisses = object.rowCacheMisses ?? 0;
     return message;
   },
 };

@@ -60,6 +60,10 @@ class CrossEncoderConfig:
     random_negatives: int = 3
     positive_weight: float = 3.0
     max_pairs: int = 8_000
+    # The ranker learns from the fine-tune's training sessions scored by fold models that
+    # did not see them (learning/cross_fit.py): this many extra fine-tunes, each on the
+    # other folds' sessions. 0 or 1: scored by the fine-tune itself.
+    cross_fit_folds: int = 2
 
 
 @dataclass(frozen=True)

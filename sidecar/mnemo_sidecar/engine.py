@@ -62,11 +62,11 @@ class RankingEngine:
 
     # --- models ------------------------------------------------------------------------
 
-    def load_cross_encoder(self, directory: Path) -> CrossEncoderRuntime:
+    def load_cross_encoder(self, directory: Path, onnx_cache: Path | None = None) -> CrossEncoderRuntime:
         c = self.cfg.cross_encoder
         return CrossEncoderRuntime(
             directory,
-            self.onnx_cache,
+            onnx_cache or self.onnx_cache,
             precision=c.precision,
             intra_op_threads=self.cfg.inference.intra_op_threads,
             max_candidates=self.cfg.inference.max_candidates,

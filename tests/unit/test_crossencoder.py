@@ -486,10 +486,12 @@ def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp
     one; the ranker then trained records whose scores it learned, and one that learned
     another cross-encoder's scores is no incumbent."""
     from mnemo_sidecar.config import SidecarConfig
+    from mnemo_sidecar.deadlines import Deadline
     from mnemo_sidecar.engine import RankingEngine
+    from mnemo_sidecar.learning import cross_fit
     from mnemo_sidecar.learning.health import HealthTracker
     from mnemo_sidecar.learning.model import ModelKind
-    from mnemo_sidecar.learning.pair_store import PairStore
+    from mnemo_sidecar.learning.pair_store import PairStore, split_heldout
     from mnemo_sidecar.learning.registry import ModelRegistry
     from mnemo_sidecar.learning.trainer import Trainer
     from tests.unit.test_sidecar_learning import synthetic_session
@@ -514,6 +516,7 @@ def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp
         store.add_session("t", s, None, None, None)
     configured, _ = engine.cross_encoder("t")
     assert configured is not None
+    none = Deadline.none()
 
     def train() -> tuple[Any, Any]:
         ce_out, ranker_out = Trainer(engine).train(
@@ -528,12 +531,32 @@ def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp
     ce_out, ranker_out = train()
     assert ce_out.promoted and ce_out.reason.endswith("(as the ranker's feature)")
     served_ce, _ = engine.cross_encoder("t")
+    assert served_ce is not None
+    # The sessions the fine-tune learned from are scored by the fold models (cross_fit),
+    # the held-back ones by the fine-tune itself, and the ranker learns those scores.
+    sessions = store.sessions("t")
+    train_sessions, _ = split_heldout(sessions, cfg.training.heldout_fraction, cfg.training.min_heldout)
+    oof = cross_fit.load(served_ce)
+    assert set(oof) == {s.session_id for s in train_sessions} and all(len(v) == 5 for v in oof.values())
+    own = {
+        s.session_id: engine.ce_head_scores(served_ce, s.query, [c.candidate for c in s.candidates], none)
+        for s in sessions
+    }
+    assert any(oof[i] != pytest.approx(own[i]) for i in oof)  # other models' scores, not its own
+    features = Trainer(engine)._ce_features(served_ce, sessions, {}, lambda *a: None)
+    assert {i: features[i] for i in oof} == oof
+    assert all(features[i] == pytest.approx(own[i]) for i in own if i not in oof)
     served = engine.ranker("t")
     assert served_ce is not None and served_ce.version != configured.version
     assert ranker_out.promoted and served is not None
     assert served.model.uses_ce and served.model.ce_version == served_ce.version
-    # Another fine-tune replaces the cross-encoder; the ranker that learned the previous
-    # one's scores is not the incumbent the next ranker has to beat.
+    # More sessions, another fine-tune (from the configured model again, on all of them)
+    # replaces the cross-encoder; the ranker that learned the previous one's scores is not
+    # the incumbent the next ranker has to beat.
+    for s in (synthetic_session(i, rng, n=8) for i in range(24, 32)):
+        store.add_session("t", s, None, None, None)
     ce_again, ranker_again = train()
+    again, _ = engine.cross_encoder("t")
+    assert again is not None and again.version != served_ce.version
     assert ce_again.promoted and "another cross-encoder's scores" in ranker_again.reason
     assert ranker_again.current_ndcg == 0.0  # judged against the baseline alone

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -233,3 +236,32 @@ def test_deadline_and_admission_gate() -> None:
     gate2 = AdmissionGate(running=1, queued=1)
     with gate2.admit(Deadline(1.0)), pytest.raises(DeadlineExceeded), gate2.admit(Deadline(0.05)):
         pass
+
+
+def test_out_of_fold_scores_never_come_from_a_model_that_saw_the_session(tmp_path: Path) -> None:
+    """Each session is scored once, by the model of the one fold fitted without it; the
+    split is fixed by session id. (Model = a directory naming the sessions it was fitted
+    on; the real fine-tunes run in test_crossencoder's trainer test.)"""
+    from mnemo_sidecar.learning.cross_fit import fold_of, out_of_fold_scores
+
+    rng = random.Random(9)
+    sessions = [synthetic_session(i, rng, n=4) for i in range(30)]
+
+    def fit(on: Sequence[FeedbackSession], out_dir: Path) -> None:
+        out_dir.mkdir(parents=True)
+        (out_dir / "seen").write_text("\n".join(s.session_id for s in on))
+
+    def score(model: Any, s: FeedbackSession) -> dict[str, float]:
+        seen = (Path(model) / "seen").read_text().split()
+        assert s.session_id not in seen
+        return {c.candidate.id: float(len(seen)) for c in s.candidates}
+
+    oof = out_of_fold_scores(sessions, 3, fit, lambda model_dir, _cache: model_dir, score)
+    assert set(oof) == {s.session_id for s in sessions}
+    fold_size = Counter(fold_of(s.session_id, 3) for s in sessions)
+    assert len(fold_size) == 3 and all(fold_size.values())
+    for s in sessions:  # fitted on exactly the other folds' sessions
+        assert set(oof[s.session_id].values()) == {30 - fold_size[fold_of(s.session_id, 3)]}
+    # Fixed by the id (a hash, not Python's per-process one): a re-run splits the same way.
+    assert [fold_of(f"s{i}", 3) for i in range(6)] == [2, 0, 1, 2, 0, 2]
+    assert out_of_fold_scores(sessions[:1], 2, fit, lambda d, _c: d, score) == {}

@@ -1,8 +1,10 @@
 """Training from session feedback, and promotion on held-back sessions.
 
 The newest sessions (with any positive feedback) are held back. The cross-encoder is
-fine-tuned on the rest (question -> used memory vs. unused hard negatives), then the
-ranker is trained on the rest with the promoted cross-encoder's scores as one more feature.
+fine-tuned from the configured (or bundled) model on the rest (question -> used memory vs.
+unused hard negatives), then the ranker is trained on the rest with the promoted
+cross-encoder's scores as one more feature: for the sessions the fine-tune learned from,
+scores from fold models that did not see them (cross_fit.py).
 Each candidate version is compared on the held-back sessions with the current version (or,
 without one, with the baseline order); only a better one is promoted. A cross-encoder is
 judged by the ranker it makes (one fitted with its scores against one with the current
@@ -27,6 +29,7 @@ from mnemo_sidecar.crossencoder.finetune import bundled_base, finetune
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
 from mnemo_sidecar.deadlines import Deadline
 from mnemo_sidecar.engine import RankingEngine
+from mnemo_sidecar.learning import cross_fit
 from mnemo_sidecar.learning.health import decided_win_rate, win_of
 from mnemo_sidecar.learning.model import FeedbackSession, ModelKind, TrainingOutcome
 from mnemo_sidecar.learning.ndcg import ndcg_at, order_by
@@ -178,25 +181,50 @@ class Trainer:
         tenant, train, held, progress = run.tenant, run.train, run.held, run.progress
         c = self.cfg.cross_encoder
         kind = ModelKind.CROSS_ENCODER
-        pairs = ce_training_pairs(train, c.hard_negatives, c.random_negatives, c.max_pairs)
+
+        def pairs_of(sessions: Sequence[FeedbackSession]) -> list[LabelledPair]:
+            return ce_training_pairs(sessions, c.hard_negatives, c.random_negatives, c.max_pairs)
+
+        pairs = pairs_of(train)
         current, _ = self.engine.cross_encoder(tenant)
-        base = current.model_dir if current is not None else (Path(c.path) if c.path else bundled_base())
+        # From the configured (or bundled) model every time, on every session so far, not
+        # on from the current fine-tune: the fold models must not start from one that has
+        # seen the sessions they score (cross_fit), and the served one is fitted like them.
+        base = Path(c.path) if c.path else bundled_base()
         version, directory = self.engine.registry.new_version(tenant, kind)
         started = time.perf_counter()
+
+        def fit(on: Sequence[FeedbackSession], out_dir: Path, step: str) -> None:
+            finetune(
+                base,
+                pairs if on is train else pairs_of(on),
+                out_dir,
+                epochs=c.epochs,
+                lr=c.learning_rate,
+                batch_size=c.batch_size,
+                max_length=c.max_length,
+                pos_weight=c.positive_weight,
+                threads=self.cfg.training.torch_threads,
+                progress=lambda f, msg: progress(kind, step, f, msg),
+                should_stop=run.should_stop,
+            )
+
         progress(kind, "fine-tuning", 0.0, f"{len(pairs)} pairs from {len(train)} sessions, base {base.name}")
-        finetune(
-            base,
-            pairs,
-            directory / "model",
-            epochs=c.epochs,
-            lr=c.learning_rate,
-            batch_size=c.batch_size,
-            max_length=c.max_length,
-            pos_weight=c.positive_weight,
-            threads=self.cfg.training.torch_threads,
-            progress=lambda f, msg: progress(kind, "fine-tuning", f, msg),
-            should_stop=run.should_stop,
-        )
+        fit(train, directory / "model", "fine-tuning")
+        source = f"fine-tuned from {base.name} on {len(train)} sessions"
+        if self.cfg.training.ranker and c.cross_fit_folds >= 2:
+            oof = cross_fit.out_of_fold_scores(
+                train,
+                c.cross_fit_folds,
+                lambda on, out_dir: fit(on, out_dir, "cross-fitting"),
+                self.engine.load_cross_encoder,
+                lambda ce, s: self.engine.ce_head_scores(
+                    ce, s.query, [x.candidate for x in s.candidates], Deadline.none()
+                ),
+                lambda f, msg: progress(kind, "cross-fitting", f, msg),
+            )
+            cross_fit.save(directory, oof)
+            source += f" (the ranker learns their scores from {c.cross_fit_folds} fold models)"
         seconds = time.perf_counter() - started
         progress(kind, "evaluating", 0.0, f"{len(held)} held-back sessions")
         candidate = self.engine.load_cross_encoder(directory / "model")
@@ -224,7 +252,7 @@ class Trainer:
             kind,
             version,
             lambda: candidate,
-            f"fine-tuned from {base.name} on {len(train)} sessions",
+            source,
             (cand_ndcg, current_ndcg, base_ndcg),
             len(held),
             seconds,
@@ -242,8 +270,11 @@ class Trainer:
         kind: ModelKind = ModelKind.RANKER,
     ) -> dict[str, dict[str, float]]:
         """Per session, the cross-encoder's scores for the head of its candidates (what the
-        ranker gets as a feature when serving), kept in the run's cache by model version."""
+        ranker gets as a feature when serving), kept in the run's cache by model version;
+        for the sessions it was fine-tuned on, its fold models' scores (cross_fit)."""
         cached = cache.setdefault(ce.version, {})
+        if not cached:
+            cached.update(cross_fit.load(ce))
         todo = [s for s in sessions if s.session_id not in cached]
         for n, s in enumerate(todo, 1):
             cached[s.session_id] = self.engine.ce_head_scores(

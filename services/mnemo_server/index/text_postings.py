@@ -92,9 +92,8 @@ class _Flat:
 _SIZE_SAMPLE = 256
 
 
-def _strings_bytes(strings: Iterable[str], count: int) -> int:
-    """`count` strings' size from (about) the first _SIZE_SAMPLE of `strings`, or a spread of them."""
-    sample = strings[:: max(1, count // _SIZE_SAMPLE)] if isinstance(strings, list) else list(strings)
+def _strings_bytes(sample: Sequence[str], count: int) -> int:
+    """The size of `count` strings, estimated from a sample of them."""
     return 0 if not sample else sum(sys.getsizeof(x) for x in sample) * count // len(sample)
 
 
@@ -139,8 +138,8 @@ class TextPostings:
             arrays = (self._lengths, self._scope, self._alive, self._offsets, self._docs, self._tfs)
             held = sum(a.nbytes for a in arrays)
             held += sys.getsizeof(self._ids) + sys.getsizeof(self._slot_of) + sys.getsizeof(self._term_ids)
-            held += _strings_bytes(self._ids, len(self._ids))
-            held += _strings_bytes(itertools.islice(self._term_ids, _SIZE_SAMPLE), len(self._term_ids))
+            held += _strings_bytes(self._ids[:: max(1, len(self._ids) // _SIZE_SAMPLE)], len(self._ids))
+            held += _strings_bytes(list(itertools.islice(self._term_ids, _SIZE_SAMPLE)), len(self._term_ids))
             return held
 
     # --- writes --------------------------------------------------------------------------

@@ -197,7 +197,7 @@ class Trainer:
         def fit(on: Sequence[FeedbackSession], out_dir: Path, step: str) -> None:
             finetune(
                 base,
-                pairs if on is train else pairs_of(on),
+                pairs_of(on),
                 out_dir,
                 epochs=c.epochs,
                 lr=c.learning_rate,

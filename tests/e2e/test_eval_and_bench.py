@@ -107,6 +107,10 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
     assert caches["row_cache_rows"] > 0 and caches["row_cache_hits"] > 0, caches
     assert sum(v for k, v in caches.items() if k.endswith("_bytes")) < result["server_rss_mb"] * 2**20
     assert "in memory at the end: LanceDB session" in out.stdout
+    # The launched processes' logs are kept beside the JSON (the launcher's directory is not).
+    logs = [Path(p) for p in result["logs"]]
+    assert {p.name for p in logs} == {"server.log", "sidecar.log"}, logs
+    assert all(p.parent == tmp_path / "bench.logs" and p.stat().st_size > 0 for p in logs)
     assert "sidecar_killed" in out.stdout and "memories write lock: busy" in out.stdout  # the tables
 
 

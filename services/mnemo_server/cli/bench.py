@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from mnemo_server.launcher import Launcher
 
 
 def _ops_table(title: str, ops: dict[str, Any]) -> Table:
@@ -80,6 +84,19 @@ def print_tables(result: dict[str, Any]) -> None:
         f"row cache {c['row_cache_rows']} rows, {c['row_cache_hits'] / max(reads, 1):.0%} of "
         f"{reads} reads answered"
     )
+
+
+def keep_logs(launcher: Launcher, json_out: Path) -> list[str]:
+    """Copies of the launched processes' logs beside the JSON (`<name>.logs/`): what explains
+    a figure (a stall, an error's incident id) is only there, and the launcher's directory
+    goes when the bench ends."""
+    dest = json_out.with_name(json_out.stem + ".logs")
+    dest.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for proc in launcher.processes:
+        shutil.copyfile(proc.log, dest / proc.log.name)
+        kept.append(str(dest / proc.log.name))
+    return kept
 
 
 def parse_mix(text: str, known: list[str]) -> tuple[tuple[str, float], ...]:
@@ -203,6 +220,8 @@ def bench(
                     say=bar.console.print,
                 )
             )
+        if launcher is not None and json_out is not None:
+            result["logs"] = keep_logs(launcher, json_out)
     print_tables(result)
     click.echo(json.dumps(result, indent=1))
     if json_out:

@@ -417,8 +417,9 @@ class LanceIndex:
         """Fold the rows outside the indices in and drop versions nobody reads any more: with
         a compaction first, what LanceDB's table.optimize does. One path whether the caller
         holds the table lock throughout or works beside the writes."""
-        h.for_maintenance().optimize.optimize_indices()
-        h.for_maintenance().cleanup_old_versions(older_than=timedelta(seconds=self.cfg.keep_versions_s))
+        dataset = h.for_maintenance()
+        dataset.optimize.optimize_indices()
+        dataset.cleanup_old_versions(older_than=timedelta(seconds=self.cfg.keep_versions_s))
 
     def optimize(self, tenant_id: str, *, merge_deltas: bool = True) -> dict[str, Any]:
         """Compact small fragments, fold new rows into the indices, add the ANN index once

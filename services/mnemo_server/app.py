@@ -48,6 +48,13 @@ from mnemo_server.workers.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
+
+def _maintenance_level(seconds: float) -> int:
+    """Maintenance that runs for seconds competes with searches for the cores and for
+    LanceDB's threads: logged where the slow-call log can be read against it."""
+    return logging.INFO if seconds >= 1.0 else logging.DEBUG
+
+
 META_MODEL = "embedding_model"
 META_DIMENSION = "embedding_dimension"
 
@@ -160,7 +167,16 @@ class Core:
         tenants whose writes settled (or waited too long). Returns the tenants optimized."""
         work = self.indexer.maintenance.take(force)
         for tenant_id in work.compact:
-            self.index.compact(tenant_id)
+            started = time.monotonic()
+            removed = self.index.compact(tenant_id)
+            took = time.monotonic() - started
+            log.log(
+                _maintenance_level(took),
+                "compacted %s in %.2f s: %d fragments gone",
+                tenant_id,
+                took,
+                removed,
+            )
         for tenant_id in work.optimize:
             started = time.monotonic()
             done = self.index.optimize(tenant_id, merge_deltas=tenant_id not in work.backlog_only)
@@ -168,7 +184,7 @@ class Core:
             # A delta merge is rare (every ann_max_deltas optimizes) and long; charged to the
             # share it would hold the next few regular optimizes back for minutes.
             self.indexer.maintenance.optimized(tenant_id, took - done.get("merge_s", 0.0))
-            log.debug("optimized %s in %.2f s: %s", tenant_id, took, done)
+            log.log(_maintenance_level(took), "optimized %s in %.2f s: %s", tenant_id, took, done)
         return work.optimize
 
     def search_index_lag(self, tenant_id: str) -> int:
@@ -222,6 +238,7 @@ class MnemoServer:
             ApiInterceptor(
                 self._authenticate,
                 ComputeGate(config.server.compute_slots, config.server.compute_reserved_slots),
+                config.server.slow_call_ms,
             ),
         )
         self.grpc.add(

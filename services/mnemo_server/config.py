@@ -34,6 +34,8 @@ class ServerConfig:
     # Of those, slots only StartSession may take (at most compute_slots - 1), so it need not
     # queue behind Recalls: StartSession p50/p99 -25 % at the same throughput.
     compute_reserved_slots: int = 1
+    # A call that takes this long is logged with its stages (call_trace.py); 0: never.
+    slow_call_ms: float = 1000.0
     # Seconds in-flight calls get to finish on SIGTERM.
     shutdown_grace_s: float = 5.0
     # Cap on glibc malloc arenas for `mnemo serve`: less resident memory after bulk loads,

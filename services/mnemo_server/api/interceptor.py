@@ -1,9 +1,10 @@
-"""Authentication and error mapping for every RPC, in one interceptor.
+"""Authentication, error mapping and the slow-call log for every RPC, in one interceptor.
 
 The caller's principal is resolved from ``authorization: Bearer <key>`` and made available
 to servicers through a context variable; any domain error raised below becomes a canonical
 status with details, and anything unexpected becomes INTERNAL with an incident id (the
-traceback goes to the log, never to the client)."""
+traceback goes to the log, never to the client). A unary call slower than `slow_call_ms`
+is logged with where its time went (call_trace.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import grpc
 
 from mnemo_server.api.compute_gate import COMPUTE_PRIORITY, ComputeGate
 from mnemo_server.api.errors import internal_status, to_rpc_status
+from mnemo_server.call_trace import CallTrace, mark, traced
 from mnemo_server.errors import MnemoError, Unauthenticated
 from mnemo_server.tenancy.tenants import Principal
 
@@ -60,9 +62,15 @@ def _fail(context: grpc.ServicerContext, exc: BaseException, method: str) -> Non
 
 
 class ApiInterceptor(grpc.ServerInterceptor):
-    def __init__(self, authenticate: Callable[[str], Principal], gate: ComputeGate | None = None):
+    def __init__(
+        self,
+        authenticate: Callable[[str], Principal],
+        gate: ComputeGate | None = None,
+        slow_call_ms: float = 0.0,
+    ):
         self._authenticate = authenticate
         self._gate = gate or ComputeGate(0)
+        self._slow_call_ms = slow_call_ms
         # Handlers still running (a call cancelled by its client keeps its thread until it
         # returns): shutdown waits for them before closing the stores under their feet.
         self._active = 0
@@ -88,6 +96,12 @@ class ApiInterceptor(grpc.ServerInterceptor):
                     return False
                 self._idle.wait(remaining)
         return True
+
+    def _log_if_slow(self, method: str, trace: CallTrace) -> None:
+        # From the handler's start: time queued for a gRPC worker thread is not in it.
+        took_ms = trace.elapsed_ms()
+        if self._slow_call_ms > 0 and took_ms >= self._slow_call_ms:
+            log.warning("slow call %s (%s): %.0f ms: %s", method, trace.outcome, took_ms, trace.summary())
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
@@ -131,20 +145,25 @@ class ApiInterceptor(grpc.ServerInterceptor):
         priority = COMPUTE_PRIORITY.get(method)
 
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
-            with self._in_flight():
-                return guarded_unary(request, context)
+            with self._in_flight(), traced() as trace:
+                try:
+                    return guarded_unary(request, context, trace)
+                finally:
+                    self._log_if_slow(method, trace)
 
-        def guarded_unary(request: Any, context: grpc.ServicerContext) -> Any:
+        def guarded_unary(request: Any, context: grpc.ServicerContext, trace: CallTrace) -> Any:
             try:
                 token = _PRINCIPAL.set(principal())
                 try:
                     if priority is None:
                         return behavior(request, context)
                     with self._gate.slot(context.time_remaining(), priority):
+                        mark("gate")
                         return behavior(request, context)
                 finally:
                     _PRINCIPAL.reset(token)
             except Exception as exc:
+                trace.outcome = exc.reason if isinstance(exc, MnemoError) else type(exc).__name__
                 _fail(context, exc, method)
                 raise  # unreachable: abort raises
 

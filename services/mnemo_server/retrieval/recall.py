@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+from mnemo_server.call_trace import mark
 from mnemo_server.config import LimitsConfig, RankingConfig, RecallConfig
 from mnemo_server.embed.embedder import CachedQueryEmbedder, Vectors
 from mnemo_server.errors import InvalidArgument
@@ -182,20 +183,28 @@ class RecallPipeline:
         )
         analysis = analyse(q.text, speakers, strip=Stage.ENTITY_STRIP not in off)
         k = max(self.cfg.leg_min, min(self.cfg.leg_max, 2 * q.top_k))
+        mark("recall.analysis")
         vector = self.embedder.embed_one(analysis.text)
+        mark("recall.embedding")
         vec_hits = [] if Stage.VECTOR in off else self.index.vector_search(tenant_id, vector, k, q.filter)
+        mark("recall.vector")
         txt_hits = (
             [] if Stage.FULL_TEXT in off else self.index.text_search(tenant_id, analysis.text, k, q.filter)
         )
+        mark("recall.full_text")
         pool = self._fuse(vec_hits, txt_hits)
         links = self._expand(tenant_id, pool, vector) if Stage.ADJACENCY not in off and pool else {}
+        mark("recall.neighbours")
         self._signals(pool, links, analysis, off)
         ranked = sorted(pool.items(), key=lambda kv: (-kv[1].score, kv[1].attrs.seq))
+        mark("recall.signals")
         hits = self._hydrate(tenant_id, ranked, q)
+        mark("recall.hydration")
         result = RecallResult(hits, len(vec_hits), len(txt_hits), 0.0)
         result.neighbours = {h.memory.id: links[h.memory.id] for h in hits if h.memory.id in links}
         if q.rerank and hits:
             self._rerank(tenant_id, q, result, started)
+            mark("recall.rerank")
         if q.explain:
             for h in result.hits:
                 h.explanation = self._explain(h.scores)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+from mnemo_server.call_trace import mark
 from mnemo_server.config import LimitsConfig, RankingConfig
 from mnemo_server.errors import AlreadyExists, FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.memory.model import IdempotencyKey, Memory, MemoryFilter, Scope, ScopeKind, now_ns
@@ -184,6 +185,7 @@ class SessionService:
             limit=self.cfg.pool_recent,
             cache=self.db.rows,
         )
+        mark("pinned_and_recent")
         for origin, rows in (("pinned", pinned), ("recent", recent)):
             for m in rows:
                 by_id.setdefault(m.id, Candidate(m, set())).origins.add(origin)
@@ -205,8 +207,10 @@ class SessionService:
             c.baseline_rank = rank
         outside = sorted({n for c in pool for n in (c.prev_id, c.next_id) if n} - {c.memory.id for c in pool})
         names = compute_features(pool, now, req.context, self.recall.indexed_texts(tenant_id, outside))
+        mark("features")
 
         decision = self._rank(tenant_id, req, pool, names, started, caller_remaining_s)
+        mark("sidecar")
         path, reason, version, weight = decision.path, decision.reason, decision.version, decision.weight
         sidecar_ms, deadline_ms, predictor = decision.sidecar_ms, decision.deadline_ms, decision.predictor
 
@@ -274,6 +278,7 @@ class SessionService:
         ]
         rows = session_repo.member_table(tenant_id, req.session_id, members)
         session.took_ms = (time.perf_counter() - started) * 1000.0
+        mark("packing")
         try:
             with self.db.transaction(WriteDomain.SESSIONS) as cur:
                 session_repo.insert_session(cur, session, rows)

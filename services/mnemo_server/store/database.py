@@ -24,6 +24,7 @@ from typing import Any
 
 import duckdb
 
+from mnemo_server.call_trace import mark
 from mnemo_server.errors import Aborted, FailedPrecondition
 from mnemo_server.store import row_cache
 from mnemo_server.store.row_cache import RowCache
@@ -165,8 +166,10 @@ class Database:
         """One short write transaction; commits on success, rolls back on any exception.
         It holds the locks of the given domains, all of them when none is named."""
         asked, held_domains = time.perf_counter(), domains or ALL_DOMAINS
+        mark("before_transaction")
         with self._holding(held_domains):
             got = time.perf_counter()
+            mark("write_lock_wait")
             try:
                 if self._closed:  # checked under the locks close() takes, so no race with it
                     raise FailedPrecondition("the store is closed", reason="STORE_CLOSED")
@@ -180,6 +183,7 @@ class Database:
                         cur.execute("ROLLBACK")
                         raise
                     cur.execute("COMMIT")  # a COMMIT that fails has ended the transaction itself
+                    mark("transaction")
                 finally:
                     # After the transaction ended, before the writer returns (row_cache).
                     self.rows.drop(row_cache.end_changes())

@@ -490,3 +490,35 @@ def test_optimize_and_compaction_run_beside_appends_updates_and_deletes(index: L
     check()
     check_reopened = LanceIndex(index.path, DIM, index.cfg)
     assert check_reopened.count(TENANT) == len(live)
+
+
+@pytest.mark.parametrize("keep_s", [0.0, 3600.0])
+def test_optimize_drops_versions_older_than_kept_and_searches_still_agree(
+    tmp_path: Path, keep_s: float
+) -> None:
+    """Every write commits a Lance version; optimize drops those older than keep_versions_s
+    (a search may still read one that young), so the table's history does not pile up."""
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, keep_versions_s=keep_s))
+    rng = np.random.default_rng(11)
+    vectors = {i: _unit(rng) for i in range(300)}
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"base{i}") for i in range(300)])
+    index.optimize(TENANT)
+    for i in range(300, 312):
+        vectors[i] = _unit(rng)
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"fresh{i}")])
+    versions_dir = tmp_path / "lance" / f"{LanceIndex.table_name(TENANT)}.lance" / "_versions"
+    before = len(list(versions_dir.glob("*.manifest")))
+    assert before > 12  # one version a write at least
+
+    index.optimize(TENANT)
+
+    after = len(list(versions_dir.glob("*.manifest")))
+    if keep_s:
+        assert after > before  # all kept, the optimize's own versions added
+    else:
+        assert after <= 2, after  # the newest, and at most the one a concurrent reader pinned
+    expected = {f"m{i}": (vectors[i], f"fresh{i}") for i in range(300, 312)}
+    expected |= {f"m{i}": (vectors[i], f"base{i}") for i in (0, 150, 299)}
+    _check(index, expected, set())
+    reopened = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, keep_versions_s=keep_s))
+    _check(reopened, expected, set())

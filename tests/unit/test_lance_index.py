@@ -42,7 +42,10 @@ def _unit(rng: np.random.Generator) -> np.ndarray:
 
 @pytest.fixture
 def index(tmp_path: Path) -> LanceIndex:
-    return LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64))
+    # These cases compact a few fragments on purpose: compaction is not skipped for their number.
+    return LanceIndex(
+        tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64, compact_min_fragments=0)
+    )
 
 
 def _check(index: LanceIndex, expected: dict[str, tuple[np.ndarray, str]], gone: set[str]) -> None:
@@ -115,7 +118,8 @@ def test_rows_outside_the_ann_index_are_searched_in_memory_with_the_filter(tmp_p
     """Once the ANN index holds every row, newer rows are searched from memory and LanceDB
     is asked for indexed rows only; the filter applies to both, an optimize hands the rows
     over, and a process that did not write them (a restart) lets LanceDB scan them."""
-    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64)
+    # Compaction of a few fragments below is part of the case: not skipped for their number.
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, compact_min_fragments=0)
     rng = np.random.default_rng(5)
     vectors = {i: _unit(rng) for i in range(330)}
 
@@ -195,7 +199,7 @@ def test_a_table_whose_ann_index_no_longer_reads_is_dropped_for_rebuilding(tmp_p
     """A data directory from a server that compacted with the remap deferred: its ANN index
     fails every search that reaches the broken delta. At start-up the table is dropped (the
     caller re-indexes the tenant from DuckDB); a sound table stays."""
-    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64)
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, compact_min_fragments=0)
     rng = np.random.default_rng(5)
     vectors = {i: _unit(rng) for i in range(330)}
     broken = LanceIndex(tmp_path / "lance", DIM, cfg)
@@ -522,3 +526,21 @@ def test_optimize_drops_versions_older_than_kept_and_searches_still_agree(
     _check(index, expected, set())
     reopened = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, keep_versions_s=keep_s))
     _check(reopened, expected, set())
+
+
+def test_compaction_waits_for_enough_fragments(tmp_path: Path) -> None:
+    """Each compaction commits a version and remaps the indices; below
+    index.compact_min_fragments fragments it is not worth that and is skipped."""
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, compact_min_fragments=6))
+    rng = np.random.default_rng(5)
+    vectors = {i: _unit(rng) for i in range(9)}
+    for i in range(4):
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}")])
+    assert index.stats(TENANT)["fragments"] == 4
+    assert index.compact(TENANT) == 0
+    assert index.stats(TENANT)["fragments"] == 4
+    for i in range(4, 9):
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}")])
+    assert index.compact(TENANT) > 0
+    assert index.stats(TENANT)["fragments"] < 9
+    _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in range(9)}, set())

@@ -377,21 +377,25 @@ class LanceIndex:
 
     def compact(self, tenant_id: str) -> int:
         """Merge the small fragments that appends leave behind (one per index batch); many
-        of them slow every search. Cheap (about 0.1 s), so it runs often; folding the rows
-        into the indices is optimize()'s, less frequent, job. Returns fragments removed.
+        of them slow every search. Not before index.compact_min_fragments of them: merging
+        a few costs about as much as merging many (the indices' remap dominates); folding the
+        rows into the indices is optimize()'s job. Returns fragments removed.
 
         The indices' row addresses are remapped at once, not deferred: a deferred remap
         (Lance 14) left an ANN delta whose rows had since been rewritten unreadable, and
         every vector search of the table failed from then on, optimize or not. Measured at
         100k rows, compacting a few writes' fragments costs the same either way (~10 ms)."""
         h = self._handle(tenant_id, create=False)
-        if h is None:
+        if h is None or not self._needs_compaction(h):
             return 0
         metrics = self._compact_files(h)
         with h.lock:
             h.table.checkout_latest()
             h.refresh()
         return int(metrics.fragments_removed)
+
+    def _needs_compaction(self, h: _Handle) -> bool:
+        return len(h.reader.get_fragments()) >= self.cfg.compact_min_fragments
 
     @staticmethod
     def _compact(h: _Handle) -> Any:
@@ -530,7 +534,8 @@ class LanceIndex:
         Lance commits these beside the appends (as it does the ANN merges). `before` is the
         pending set when the work began: its rows are all in the indices afterwards, so the
         rows written since are the ones left pending."""
-        self._compact_files(h)
+        if self._needs_compaction(h):
+            self._compact_files(h)
         self._fold_and_clean(h)
         with h.lock:
             h.table.checkout_latest()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -247,9 +248,10 @@ def test_out_of_fold_scores_never_come_from_a_model_that_saw_the_session(tmp_pat
     rng = random.Random(9)
     sessions = [synthetic_session(i, rng, n=4) for i in range(30)]
 
-    def fit(on: Sequence[FeedbackSession], out_dir: Path) -> None:
+    def fit(on: Sequence[FeedbackSession], out_dir: Path) -> bool:
         out_dir.mkdir(parents=True)
         (out_dir / "seen").write_text("\n".join(s.session_id for s in on))
+        return True
 
     def score(model: Any, s: FeedbackSession) -> dict[str, float]:
         seen = (Path(model) / "seen").read_text().split()
@@ -265,3 +267,33 @@ def test_out_of_fold_scores_never_come_from_a_model_that_saw_the_session(tmp_pat
     # Fixed by the id (a hash, not Python's per-process one): a re-run splits the same way.
     assert [fold_of(f"s{i}", 3) for i in range(6)] == [2, 0, 1, 2, 0, 2]
     assert out_of_fold_scores(sessions[:1], 2, fit, lambda d, _c: d, score) == {}
+    # A fold whose complement has nothing to learn from (here: lacks s0) gets no model and
+    # no scores; the others are scored as before.
+    picky = out_of_fold_scores(
+        sessions, 3, lambda on, d: "s0" in {x.session_id for x in on} and fit(on, d), lambda d, _c: d, score
+    )
+    unscored = {s.session_id for s in sessions if fold_of(s.session_id, 3) != fold_of("s0", 3)}
+    assert set(picky) == unscored and picky == {k: oof[k] for k in unscored}
+
+
+def test_forced_training_without_pairs_keeps_the_cross_encoder_instead_of_failing(tmp_path: Path) -> None:
+    """No session with both a used and an unused memory (every candidate used): the
+    fine-tune has no pairs to learn from; the run says so and goes on, rather than failing
+    the whole training (a fold of the cross-fitting did, in a bench)."""
+    cfg = SidecarConfig().replace(
+        storage={"data_dir": str(tmp_path)}, training={"min_sessions": 20, "heldout_fraction": 0.25}
+    )
+    store = PairStore(tmp_path / "p.sqlite")
+    engine = RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    rng = random.Random(4)
+    for i in range(12):
+        s = synthetic_session(i, rng)
+        used = tuple(FeedbackCandidate(c.candidate, 1.0, c.baseline_rank) for c in s.candidates)
+        store.add_session("t", replace(s, candidates=used), None, None, None)
+    [out] = Trainer(engine).train(
+        "t", {ModelKind.CROSS_ENCODER}, force=True, progress=lambda *a: None, should_stop=lambda: False
+    )
+    assert out.model is ModelKind.CROSS_ENCODER and not out.promoted and out.train_pairs == 0
+    trained_on = 12 - out.heldout_sessions
+    assert out.reason == f"kept the current version: {trained_on} training sessions give no pairs"
+    assert engine.cross_encoder("t")[0] is None

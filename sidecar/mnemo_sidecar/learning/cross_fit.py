@@ -25,7 +25,8 @@ from mnemo_sidecar.learning.model import FeedbackSession
 OOF_FILE = "oof_scores.json"
 
 SessionScores = dict[str, dict[str, float]]  # session id -> candidate id -> score
-FitFold = Callable[[Sequence[FeedbackSession], Path], None]  # fine-tune on sessions into a dir
+# Fine-tune on sessions into a dir; False when they hold nothing to learn from (no pairs).
+FitFold = Callable[[Sequence[FeedbackSession], Path], bool]
 LoadModel = Callable[[Path, Path], CrossEncoderRuntime]  # (model dir, ONNX cache dir)
 ScoreSession = Callable[[CrossEncoderRuntime, FeedbackSession], dict[str, float]]
 
@@ -44,7 +45,8 @@ def out_of_fold_scores(
     progress: Callable[[float, str], None] = lambda _f, _m: None,
 ) -> SessionScores:
     """Every session scored by a model fine-tuned without its fold. A fold with no
-    sessions, or whose complement has none, is skipped (its sessions get no scores)."""
+    sessions, or whose complement has none or nothing to learn from, is skipped (its
+    sessions get no scores)."""
     out: SessionScores = {}
     for k in range(folds):
         held = [s for s in sessions if fold_of(s.session_id, folds) == k]
@@ -53,7 +55,8 @@ def out_of_fold_scores(
             continue
         progress(k / folds, f"fold {k + 1}/{folds}: fine-tuning on {len(rest)} sessions")
         with tempfile.TemporaryDirectory(prefix="ce-fold-") as tmp:
-            fit(rest, Path(tmp) / "model")
+            if not fit(rest, Path(tmp) / "model"):
+                continue
             model = load(Path(tmp) / "model", Path(tmp) / "onnx")
             for s in held:
                 out[s.session_id] = score(model, s)

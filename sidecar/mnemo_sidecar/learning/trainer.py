@@ -186,6 +186,14 @@ class Trainer:
             return ce_training_pairs(sessions, c.hard_negatives, c.random_negatives, c.max_pairs)
 
         pairs = pairs_of(train)
+        if not pairs:
+            # Forced training with no training session holding both a used and an unused
+            # memory: nothing to fine-tune on, which is no reason to fail the ranker's turn.
+            reason = f"kept the current version: {len(train)} training sessions give no pairs"
+            progress(kind, "done", 1.0, reason)
+            return TrainingOutcome(
+                kind, "", False, len(held), 0.0, 0.0, baseline_ndcg(held), reason, 0.0, 0, time.time_ns()
+            )
         current, _ = self.engine.cross_encoder(tenant)
         # From the configured (or bundled) model every time, on every session so far, not
         # on from the current fine-tune: the fold models must not start from one that has
@@ -194,10 +202,10 @@ class Trainer:
         version, directory = self.engine.registry.new_version(tenant, kind)
         started = time.perf_counter()
 
-        def fit(on: Sequence[FeedbackSession], out_dir: Path, step: str) -> None:
+        def fit(on_pairs: list[LabelledPair], out_dir: Path, step: str) -> None:
             finetune(
                 base,
-                pairs_of(on),
+                on_pairs,
                 out_dir,
                 epochs=c.epochs,
                 lr=c.learning_rate,
@@ -210,13 +218,21 @@ class Trainer:
             )
 
         progress(kind, "fine-tuning", 0.0, f"{len(pairs)} pairs from {len(train)} sessions, base {base.name}")
-        fit(train, directory / "model", "fine-tuning")
+        fit(pairs, directory / "model", "fine-tuning")
         source = f"fine-tuned from {base.name} on {len(train)} sessions"
+
+        def fit_fold(on: Sequence[FeedbackSession], out_dir: Path) -> bool:
+            # A fold's complement may hold no session with both a used and an unused memory.
+            fold_pairs = pairs_of(on)
+            if fold_pairs:
+                fit(fold_pairs, out_dir, "cross-fitting")
+            return bool(fold_pairs)
+
         if self.cfg.training.ranker and c.cross_fit_folds >= 2:
             oof = cross_fit.out_of_fold_scores(
                 train,
                 c.cross_fit_folds,
-                lambda on, out_dir: fit(on, out_dir, "cross-fitting"),
+                fit_fold,
                 self.engine.load_cross_encoder,
                 lambda ce, s: self.engine.ce_head_scores(
                     ce, s.query, [x.candidate for x in s.candidates], Deadline.none()

@@ -125,6 +125,13 @@ class Bench:
             scope=_scope(self.counter % self.cfg.scopes),
         )
 
+    async def outbox_delivered(self, stub: pb_grpc.MemoryServiceAsyncStub, timeout_s: float = 60.0) -> None:
+        """Wait until the server's outbox has handed every session's feedback to the sidecar
+        (training before that would miss pairs); a fixed sleep raced a slow delivery."""
+        deadline = time.monotonic() + timeout_s
+        while (await self.status(stub)).feedback_outbox_pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+
     async def status(self, stub: pb_grpc.MemoryServiceAsyncStub) -> pb.GetStatusResponse:
         resp: pb.GetStatusResponse = await stub.GetStatus(pb.GetStatusRequest(), metadata=self.md, timeout=30)
         return resp
@@ -407,7 +414,7 @@ async def run_bench(
         if sidecar is not None and cfg.train_sessions:
             say(f"replaying {cfg.train_sessions} sessions with feedback, then training the sidecar")
             await Bench(api_key, replace(cfg, seed=cfg.seed + 100)).replay_sessions(stub, cfg.train_sessions)
-            await asyncio.sleep(2.0)  # let the outbox deliver
+            await bench.outbox_delivered(stub)
             result["training"] = await train_sidecar(sidecar.address, tenant)
         scenarios: dict[str, Any] = {}
         say("mixed workload, sidecar running")

@@ -120,6 +120,11 @@ class CapsConfig:
 class IndexConfig:
     # Above this many rows a tenant's vector column gets an ANN index (IVF-HNSW-SQ).
     ann_min_rows: int = 20_000
+    # Lance's CPU thread pool (LANCE_CPU_THREADS, unless the environment sets it); 0: the
+    # cores + 2. Lance's own default, the cores, let an ANN delta merge take the whole pool
+    # and every vector search wait for it: 8.8 s of a 8.9 s merge at 100k on 2 cores, and
+    # Recalls timed out in full benches; with 4 threads searches took at most 59 ms meanwhile.
+    lance_cpu_threads: int = 0
     # IVF partitions searched per query once the ANN index exists. LanceDB's optimize folds
     # the index we create with sqrt(rows) partitions into one (Lance 14), where this has no
     # effect; measured at 100k, 316 partitions were slower at the same recall, so it stays so.

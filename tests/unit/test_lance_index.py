@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mnemo_server.config import IndexConfig
+from mnemo_server.index import lance_index
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
 from mnemo_server.memory.model import MemoryFilter, Scope, ScopeKind
 
@@ -544,3 +545,16 @@ def test_compaction_waits_for_enough_fragments(tmp_path: Path) -> None:
     assert index.compact(TENANT) > 0
     assert index.stats(TENANT)["fragments"] < 9
     _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in range(9)}, set())
+
+
+def test_lance_cpu_pool_has_threads_beyond_the_cores_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With Lance's default pool (one thread a core) an ANN delta merge held the whole pool
+    and a vector search waited for all of it (8.8 s of an 8.9 s merge at 100k, measured with
+    /work/exp/merge_block.py on a copy of bench data); cores + 2 let searches go on."""
+    monkeypatch.delenv("LANCE_CPU_THREADS", raising=False)
+    monkeypatch.setattr(lance_index.os, "cpu_count", lambda: 2)
+    assert lance_index.size_lance_cpu_pool(0) == "4"
+    monkeypatch.delenv("LANCE_CPU_THREADS")
+    assert lance_index.size_lance_cpu_pool(6) == "6"
+    monkeypatch.setenv("LANCE_CPU_THREADS", "3")  # an operator's own setting stands
+    assert lance_index.size_lance_cpu_pool(0) == "3"

@@ -12,6 +12,7 @@ row's vector is kept in memory by scope for exact searches within a few small sc
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import threading
@@ -158,8 +159,17 @@ class _Handle:
         return lance.dataset(self.uri, session=self.session)
 
 
+def size_lance_cpu_pool(threads: int) -> str:
+    """Set Lance's CPU pool size for this process unless the environment already does
+    (see IndexConfig.lance_cpu_threads); it takes effect if Lance has not made its pool yet,
+    i.e. before this process's first Lance operation. Returns the size in force."""
+    wanted = threads if threads > 0 else (os.cpu_count() or 1) + 2
+    return os.environ.setdefault("LANCE_CPU_THREADS", str(wanted))
+
+
 class LanceIndex:
     def __init__(self, path: Path, dimension: int, cfg: IndexConfig):
+        size_lance_cpu_pool(cfg.lance_cpu_threads)
         import lancedb
 
         self.path = path

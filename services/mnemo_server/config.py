@@ -122,7 +122,7 @@ class IndexConfig:
     ann_min_rows: int = 20_000
     # Lance's CPU thread pool (LANCE_CPU_THREADS, unless the environment sets it); 0: the
     # cores + 2. Lance's own default, the cores, let an ANN delta merge take the whole pool
-    # and every vector search wait for it: 8.8 s of a 8.9 s merge at 100k on 2 cores, and
+    # and every vector search wait for it: 8.8 s of an 8.9 s merge at 100k on 2 cores, and
     # Recalls timed out in full benches; with 4 threads searches took at most 59 ms meanwhile.
     lance_cpu_threads: int = 0
     # IVF partitions searched per query once the ANN index exists. LanceDB's optimize folds

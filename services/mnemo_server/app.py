@@ -117,7 +117,13 @@ class Core:
             self.indexer = IndexWorker(self.db, self.index, index_embedder, config.index)
             self.validator = Validator(config.limits)
             self.memories = MemoryService(
-                self.db, self.indexer, self.validator, config.caps, config.index, self.embedder.model_id
+                self.db,
+                self.indexer,
+                self.validator,
+                config.caps,
+                config.index,
+                self.embedder.model_id,
+                group_commit_max_memories=config.storage.group_commit_max_memories,
             )
             self.tenants = TenantService(self.db)
             self.ranking = RankingClient(config.ranking)

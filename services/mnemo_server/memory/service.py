@@ -11,13 +11,13 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
 from mnemo_server.config import CapsConfig, IndexConfig
 from mnemo_server.errors import AlreadyExists, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import NO_CACHE_USE, CacheUse
+from mnemo_server.memory.creates import CreateRequest, CreateWriter, counted_write
 from mnemo_server.memory.live_counts import LiveCounts
 from mnemo_server.memory.model import (
     CreateResult,
@@ -25,7 +25,6 @@ from mnemo_server.memory.model import (
     Memory,
     MemoryDraft,
     MemoryFilter,
-    MemoryType,
     Scope,
     ScopeKind,
     now_ns,
@@ -35,7 +34,7 @@ from mnemo_server.memory.paging import decode_token, encode_token, query_fingerp
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store import idempotency_repo, memory_repo
-from mnemo_server.store.database import Cursor, Database, WriteDomain
+from mnemo_server.store.database import Cursor, Database
 
 EXTERNAL_PREFIX = "external:"
 UPDATABLE_PATHS = ("importance", "confidence", "pinned", "category", "metadata", "event_time", "content")
@@ -75,6 +74,7 @@ class MemoryService:
         index_cfg: IndexConfig,
         embedding_model: str,
         clock: Callable[[], int] = now_ns,
+        group_commit_max_memories: int = 0,
     ):
         self.db = db
         self.indexer = indexer
@@ -84,17 +84,14 @@ class MemoryService:
         self.embedding_model = embedding_model
         self.clock = clock
         self.live_counts = LiveCounts()
+        self.creates = CreateWriter(
+            db, caps, self.live_counts, embedding_model, clock, group_commit_max_memories
+        )
 
     @contextmanager
     def _write(self, tenant_id: str) -> Iterator[Cursor]:
-        """A write transaction; if it fails, the tenant's cached live counts are dropped
-        (they may have been changed by the part that rolled back)."""
-        try:
-            with self.db.transaction(WriteDomain.MEMORIES) as cur:
-                yield cur
-        except BaseException:
-            self.live_counts.forget(tenant_id)
-            raise
+        with counted_write(self.db, self.live_counts, [tenant_id]) as cur:
+            yield cur
 
     # --- create ------------------------------------------------------------------------
 
@@ -147,28 +144,10 @@ class MemoryService:
                 seen_external[d.external_id] = p
         raise_if(violations)
 
-        now = self.clock()
-        with self._write(tenant_id) as cur:
-            replay = idempotency_repo.lookup(cur, tenant_id, key)
-            if replay is not None:
-                stored = memory_repo.get_many(cur, tenant_id, replay["ids"])
-                results = [
-                    CreateResult(stored[i], bool(dd))
-                    for i, dd in zip(replay["ids"], replay["dedup"], strict=True)
-                ]
-                new_ids: list[str] = []
-                pruned: list[str] = []
-            else:
-                results, new_ids, pruned = self._insert(cur, tenant_id, prepared, prefixes, now)
-                idempotency_repo.record(
-                    cur,
-                    tenant_id,
-                    key,
-                    {"ids": [r.memory.id for r in results], "dedup": [r.deduplicated for r in results]},
-                    now,
-                )
-        if new_ids or pruned:
-            self.indexer.submit(tenant_id, [*new_ids, *pruned])
+        written = self.creates.write(CreateRequest(tenant_id, prepared, prefixes, key))
+        results = written.results
+        if written.new_ids or written.pruned:
+            self.indexer.submit(tenant_id, [*written.new_ids, *written.pruned])
         if wait_for_index:
             ids = [r.memory.id for r in results]
             if self.indexer.wait_indexed(tenant_id, ids, self._wait_budget(wait_timeout_s)):
@@ -186,110 +165,6 @@ class MemoryService:
             scope = Scope.workspace()
         raise_if(self.validator.draft(replace(d, scope=scope), prefix))
         return replace(d, scope=scope, category=sanitize_category(d.category))
-
-    def _insert(
-        self, cur: Cursor, tenant_id: str, drafts: Sequence[MemoryDraft], prefixes: Sequence[str], now: int
-    ) -> tuple[list[CreateResult], list[str], list[str]]:
-        normalized = [normalize_content(d.content) for d in drafts]
-        existing = memory_repo.find_live_duplicates(cur, tenant_id, [n.hash for n in normalized])
-        owners = memory_repo.live_by_external_ids(
-            cur, tenant_id, [d.external_id for d in drafts if d.external_id]
-        )
-        results: list[CreateResult] = []
-        to_insert: list[tuple[Memory, str]] = []
-        seqs = iter(memory_repo.next_seqs(cur, len(drafts)))  # gaps are harmless; order is what counts
-        batch_seen: dict[tuple[str, str], Memory] = {}
-        for k, (d, norm) in enumerate(zip(drafts, normalized, strict=True)):
-            dedup_key = (d.scope.key, norm.hash)
-            if d.external_id:
-                # The caller names the memory: the same name with the same content is a
-                # retry (deduplicated); the same name with other content is a conflict; the
-                # same content under another name is a distinct memory (two chat turns may
-                # both say "thanks!").
-                owner = owners.get(d.external_id)
-                if owner is not None:
-                    if owner.scope == d.scope and owner.content_hash == norm.hash:
-                        results.append(CreateResult(owner, True))
-                        continue
-                    raise AlreadyExists(
-                        f"{prefixes[k]}.external_id: {d.external_id!r} is already used by memory {owner.id}",
-                        reason="EXTERNAL_ID_TAKEN",
-                        metadata={"memory_id": owner.id},
-                    )
-            else:
-                dup = existing.get(dedup_key) or batch_seen.get(dedup_key)
-                if dup is not None:
-                    results.append(CreateResult(dup, True))
-                    continue
-            m = Memory(
-                id=str(uuid.uuid4()),
-                tenant_id=tenant_id,
-                seq=next(seqs),
-                external_id=d.external_id,
-                scope=d.scope,
-                type=d.type,
-                category=d.category,
-                content=norm.storage,
-                content_hash=norm.hash,
-                importance=d.importance,
-                confidence=d.confidence,
-                pinned=d.pinned,
-                source=d.source,
-                metadata=d.metadata,
-                event_time_ns=d.event_time_ns if d.event_time_ns is not None else now,
-                create_time_ns=now,
-                update_time_ns=now,
-                revision=1,
-                embedding_model=self.embedding_model,
-            )
-            to_insert.append((m, norm.normalized))
-            batch_seen.setdefault(dedup_key, m)
-            if m.external_id:
-                owners[m.external_id] = m
-            results.append(CreateResult(m, False))
-        memory_repo.insert_many(cur, to_insert)
-        memory_repo.record_history(
-            cur,
-            [
-                (tenant_id, m.id, "create", m.source.who or "api", m.source.why, {"type": m.type.value})
-                for m, _ in to_insert
-            ],
-            now,
-        )
-        pruned = self._enforce_caps(cur, tenant_id, [m for m, _ in to_insert], now)
-        return results, [m.id for m, _ in to_insert], pruned
-
-    def _cap_for(self, mtype: MemoryType) -> int:
-        cap: int = getattr(self.caps, mtype.value)
-        return cap
-
-    def _enforce_caps(self, cur: Cursor, tenant_id: str, inserted: list[Memory], now: int) -> list[str]:
-        """Prune the oldest unpinned memories of every (scope, type) the insert pushed over its cap."""
-        groups: dict[tuple[str, str, MemoryType], tuple[Scope, int]] = {}
-        for m in inserted:
-            k = self.live_counts.key(tenant_id, m.scope, m.type)
-            scope, n = groups.get(k, (m.scope, 0))
-            groups[k] = (scope, n + 1)
-        pruned: list[str] = []
-        for key in sorted(groups):
-            scope, n = groups[key]
-            mtype = key[2]
-            live = self.live_counts.after_insert(
-                key, n, partial(memory_repo.count_live_in, cur, tenant_id, scope, mtype)
-            )
-            cap = self._cap_for(mtype)
-            if cap <= 0 or live <= cap:
-                continue
-            victims = memory_repo.oldest_unpinned(cur, tenant_id, scope, mtype, live - cap)
-            memory_repo.tombstone(cur, tenant_id, victims, now)
-            memory_repo.record_history(
-                cur,
-                [(tenant_id, v, "prune", "mnemo", f"{mtype.value} cap {cap} reached", {}) for v in victims],
-                now,
-            )
-            self.live_counts.removed(key, len(victims))
-            pruned.extend(victims)
-        return pruned
 
     # --- read --------------------------------------------------------------------------
 

@@ -1,0 +1,284 @@
+"""Writing new memories: dedup, external ids, per-type caps and the idempotency record, in one
+transaction per group of concurrent creates (store/group_commit.py says why groups).
+
+A group is written as the requests would have been one after another: a request that
+repeats a request_id written earlier in the group replays it, content already written by
+an earlier request deduplicates to it, an external id is owned by the first request that
+wrote it. If any request fails, the group's transaction is rolled back and every request is
+written again alone, so one request's error (a taken external id, a request_id reused for
+another request) fails that request only, with the same error as when it runs alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+
+from mnemo_server.config import CapsConfig
+from mnemo_server.errors import AlreadyExists
+from mnemo_server.memory.live_counts import LiveCounts
+from mnemo_server.memory.model import CreateResult, IdempotencyKey, Memory, MemoryDraft, MemoryType, Scope
+from mnemo_server.memory.normalize import normalize_content
+from mnemo_server.store import idempotency_repo, memory_repo
+from mnemo_server.store.database import Cursor, Database, WriteDomain
+from mnemo_server.store.group_commit import GroupCommit, GroupStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """One CreateMemory or BatchCreateMemories call, validated and prepared."""
+
+    tenant_id: str
+    drafts: Sequence[MemoryDraft]
+    prefixes: Sequence[str]  # each draft's field path, for errors
+    key: IdempotencyKey | None
+
+
+@dataclass(frozen=True)
+class CreateWritten:
+    results: list[CreateResult]
+    new_ids: list[str]  # inserted by this request: to index
+    pruned: list[str]  # tombstoned by the caps: to drop from the index
+
+
+@contextmanager
+def counted_write(db: Database, live_counts: LiveCounts, tenant_ids: Iterable[str]) -> Iterator[Cursor]:
+    """A memories write transaction; if it fails, the tenants' cached live counts are
+    dropped (they may have been changed by the part that rolled back)."""
+    try:
+        with db.transaction(WriteDomain.MEMORIES) as cur:
+            yield cur
+    except BaseException:
+        for t in set(tenant_ids):
+            live_counts.forget(t)
+        raise
+
+
+class CreateWriter:
+    def __init__(
+        self,
+        db: Database,
+        caps: CapsConfig,
+        live_counts: LiveCounts,
+        embedding_model: str,
+        clock: Callable[[], int],
+        group_max_memories: int,
+    ):
+        self.db = db
+        self.caps = caps
+        self.live_counts = live_counts
+        self.embedding_model = embedding_model
+        self.clock = clock
+        # 0: every create is its own transaction.
+        self._groups: GroupCommit[CreateRequest, CreateWritten] | None = (
+            GroupCommit(self._write_group, group_max_memories, lambda r: len(r.drafts))
+            if group_max_memories > 0
+            else None
+        )
+
+        self._alone_lock = threading.Lock()
+        self._alone = GroupStats()  # writes without groups, each a group of one
+
+    def write(self, request: CreateRequest) -> CreateWritten:
+        if self._groups is not None:
+            return self._groups.submit(request)
+        written = self._write_alone(request)
+        with self._alone_lock:
+            self._alone = self._alone.plus(1)
+        return written
+
+    @property
+    def group_stats(self) -> GroupStats:
+        """Create calls written and the transactions they took."""
+        if self._groups is not None:
+            return self._groups.stats
+        with self._alone_lock:
+            return self._alone
+
+    @property
+    def waiting(self) -> int:
+        """Creates queued for the next group."""
+        return self._groups.waiting if self._groups is not None else 0
+
+    @property
+    def writing(self) -> int:
+        """Creates of the group being written now."""
+        return self._groups.writing if self._groups is not None else 0
+
+    def _write_group(self, requests: Sequence[CreateRequest]) -> list[CreateWritten | BaseException]:
+        if len(requests) > 1:
+            try:
+                with counted_write(self.db, self.live_counts, [r.tenant_id for r in requests]) as cur:
+                    return list(self._write_in(cur, requests, self.clock()))
+            except Exception as exc:
+                log.debug("a group of %d creates is written one by one: %s", len(requests), exc)
+        outcomes: list[CreateWritten | BaseException] = []
+        for r in requests:
+            try:
+                outcomes.append(self._write_alone(r))
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def _write_alone(self, request: CreateRequest) -> CreateWritten:
+        with counted_write(self.db, self.live_counts, [request.tenant_id]) as cur:
+            return self._write_in(cur, [request], self.clock())[0]
+
+    def _write_in(self, cur: Cursor, requests: Sequence[CreateRequest], now: int) -> list[CreateWritten]:
+        written: dict[int, CreateWritten] = {}
+        fresh: dict[str, list[int]] = {}  # tenant -> indices of requests to insert, in order
+        keyed: dict[tuple[str, str], int] = {}  # (tenant, request_id) -> its first request here
+        repeats: dict[int, int] = {}  # a retry sent while its first copy was in this group
+        for i, r in enumerate(requests):
+            if r.key is not None:
+                first = keyed.setdefault((r.tenant_id, r.key.request_id), i)
+                if first != i:
+                    if requests[first].key != r.key:
+                        # The same request_id for another request: written alone, it fails.
+                        raise RuntimeError("a request_id is repeated in the group by another request")
+                    repeats[i] = first
+                    continue
+            replay = idempotency_repo.lookup(cur, r.tenant_id, r.key)
+            if replay is None:
+                fresh.setdefault(r.tenant_id, []).append(i)
+                continue
+            stored = memory_repo.get_many(cur, r.tenant_id, replay["ids"])
+            results = [
+                CreateResult(stored[m], bool(dd))
+                for m, dd in zip(replay["ids"], replay["dedup"], strict=True)
+            ]
+            written[i] = CreateWritten(results, [], [])
+        for tenant_id, indices in fresh.items():
+            # One insert for all of a tenant's requests; _insert treats its drafts in order,
+            # as if each request had been written after the ones before it.
+            drafts = [d for i in indices for d in requests[i].drafts]
+            prefixes = [p for i in indices for p in requests[i].prefixes]
+            results, _, pruned = self._insert(cur, tenant_id, drafts, prefixes, now)
+            at = 0
+            for k, i in enumerate(indices):
+                r = requests[i]
+                mine = results[at : at + len(r.drafts)]
+                at += len(r.drafts)
+                idempotency_repo.record(
+                    cur,
+                    tenant_id,
+                    r.key,
+                    {"ids": [c.memory.id for c in mine], "dedup": [c.deduplicated for c in mine]},
+                    now,
+                )
+                new_ids = [c.memory.id for c in mine if not c.deduplicated]
+                written[i] = CreateWritten(mine, new_ids, pruned if k == 0 else [])
+        for i, first in repeats.items():
+            written[i] = CreateWritten(written[first].results, [], [])  # a replay of the first
+        return [written[i] for i in range(len(requests))]
+
+    def _insert(
+        self, cur: Cursor, tenant_id: str, drafts: Sequence[MemoryDraft], prefixes: Sequence[str], now: int
+    ) -> tuple[list[CreateResult], list[str], list[str]]:
+        normalized = [normalize_content(d.content) for d in drafts]
+        existing = memory_repo.find_live_duplicates(cur, tenant_id, [n.hash for n in normalized])
+        owners = memory_repo.live_by_external_ids(
+            cur, tenant_id, [d.external_id for d in drafts if d.external_id]
+        )
+        results: list[CreateResult] = []
+        to_insert: list[tuple[Memory, str]] = []
+        seqs = iter(memory_repo.next_seqs(cur, len(drafts)))  # gaps are harmless; order is what counts
+        batch_seen: dict[tuple[str, str], Memory] = {}
+        for k, (d, norm) in enumerate(zip(drafts, normalized, strict=True)):
+            dedup_key = (d.scope.key, norm.hash)
+            if d.external_id:
+                # The caller names the memory: the same name with the same content is a
+                # retry (deduplicated); the same name with other content is a conflict; the
+                # same content under another name is a distinct memory (two chat turns may
+                # both say "thanks!").
+                owner = owners.get(d.external_id)
+                if owner is not None:
+                    if owner.scope == d.scope and owner.content_hash == norm.hash:
+                        results.append(CreateResult(owner, True))
+                        continue
+                    raise AlreadyExists(
+                        f"{prefixes[k]}.external_id: {d.external_id!r} is already used by memory {owner.id}",
+                        reason="EXTERNAL_ID_TAKEN",
+                        metadata={"memory_id": owner.id},
+                    )
+            else:
+                dup = existing.get(dedup_key) or batch_seen.get(dedup_key)
+                if dup is not None:
+                    results.append(CreateResult(dup, True))
+                    continue
+            m = Memory(
+                id=str(uuid.uuid4()),
+                tenant_id=tenant_id,
+                seq=next(seqs),
+                external_id=d.external_id,
+                scope=d.scope,
+                type=d.type,
+                category=d.category,
+                content=norm.storage,
+                content_hash=norm.hash,
+                importance=d.importance,
+                confidence=d.confidence,
+                pinned=d.pinned,
+                source=d.source,
+                metadata=d.metadata,
+                event_time_ns=d.event_time_ns if d.event_time_ns is not None else now,
+                create_time_ns=now,
+                update_time_ns=now,
+                revision=1,
+                embedding_model=self.embedding_model,
+            )
+            to_insert.append((m, norm.normalized))
+            batch_seen.setdefault(dedup_key, m)
+            if m.external_id:
+                owners[m.external_id] = m
+            results.append(CreateResult(m, False))
+        memory_repo.insert_many(cur, to_insert)
+        memory_repo.record_history(
+            cur,
+            [
+                (tenant_id, m.id, "create", m.source.who or "api", m.source.why, {"type": m.type.value})
+                for m, _ in to_insert
+            ],
+            now,
+        )
+        pruned = self._enforce_caps(cur, tenant_id, [m for m, _ in to_insert], now)
+        return results, [m.id for m, _ in to_insert], pruned
+
+    def _cap_for(self, mtype: MemoryType) -> int:
+        cap: int = getattr(self.caps, mtype.value)
+        return cap
+
+    def _enforce_caps(self, cur: Cursor, tenant_id: str, inserted: list[Memory], now: int) -> list[str]:
+        """Prune the oldest unpinned memories of every (scope, type) the insert pushed over its cap."""
+        groups: dict[tuple[str, str, MemoryType], tuple[Scope, int]] = {}
+        for m in inserted:
+            k = self.live_counts.key(tenant_id, m.scope, m.type)
+            scope, n = groups.get(k, (m.scope, 0))
+            groups[k] = (scope, n + 1)
+        pruned: list[str] = []
+        for key in sorted(groups):
+            scope, n = groups[key]
+            mtype = key[2]
+            live = self.live_counts.after_insert(
+                key, n, partial(memory_repo.count_live_in, cur, tenant_id, scope, mtype)
+            )
+            cap = self._cap_for(mtype)
+            if cap <= 0 or live <= cap:
+                continue
+            victims = memory_repo.oldest_unpinned(cur, tenant_id, scope, mtype, live - cap)
+            memory_repo.tombstone(cur, tenant_id, victims, now)
+            memory_repo.record_history(
+                cur,
+                [(tenant_id, v, "prune", "mnemo", f"{mtype.value} cap {cap} reached", {}) for v in victims],
+                now,
+            )
+            self.live_counts.removed(key, len(victims))
+            pruned.extend(victims)
+        return pruned

@@ -1,0 +1,134 @@
+"""GroupCommit: requests queued while a group is being written form the next group, in
+order, within the size limit, and each caller gets its own outcome."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from mnemo_server.store.group_commit import GroupCommit
+
+
+class Writer:
+    """Records each group; the first group blocks until released, so others queue."""
+
+    def __init__(self, block_first: bool = False):
+        self.groups: list[list[str]] = []
+        self.first_inside = threading.Event()
+        self.release = threading.Event()
+        if not block_first:
+            self.release.set()
+
+    def __call__(self, requests: Sequence[str]) -> list[str | BaseException]:
+        self.groups.append(list(requests))
+        if len(self.groups) == 1:
+            self.first_inside.set()
+            assert self.release.wait(5)
+        return [ValueError(f"bad {r}") if r.startswith("bad") else r.upper() for r in requests]
+
+
+def _submit_in_threads(gc: GroupCommit[str, str], requests: list[str]) -> dict[str, object]:
+    """Submit each request from its own thread, one after another (each queued before the
+    next starts); returns request -> result or exception once all are done."""
+    outcomes: dict[str, object] = {}
+    threads = []
+
+    def run(r: str) -> None:
+        try:
+            outcomes[r] = gc.submit(r)
+        except Exception as exc:
+            outcomes[r] = exc
+
+    for r in requests:
+        before = gc.waiting
+        t = threading.Thread(target=run, args=(r,))
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + 5
+        while gc.waiting == before and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert gc.waiting == before + 1, "the request did not queue"
+    for t in threads:
+        t.join(5)
+    return outcomes
+
+
+def _queued_behind_a_slow_group(
+    gc: GroupCommit[str, str], writer: Writer, requests: list[str]
+) -> dict[str, object]:
+    """A first request leads and blocks in the writer; `requests` queue behind it; then the
+    writer is released. Returns each queued request's outcome."""
+    first = threading.Thread(target=gc.submit, args=("first",))
+    first.start()
+    assert writer.first_inside.wait(5)
+    done: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: done.update(_submit_in_threads(gc, requests)))
+    runner.start()
+    deadline = time.monotonic() + 5
+    while gc.waiting < len(requests) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert gc.waiting == len(requests)
+    writer.release.set()
+    first.join(5)
+    runner.join(5)
+    return done
+
+
+def test_a_lone_request_is_written_alone_and_returns_its_result() -> None:
+    writer = Writer()
+    gc = GroupCommit(writer, max_size=10)
+    assert gc.submit("a") == "A"
+    assert writer.groups == [["a"]]
+    assert gc.stats.groups == 1 and gc.stats.largest == 1
+
+
+def test_requests_queued_behind_a_slow_group_are_written_together_in_order() -> None:
+    writer = Writer(block_first=True)
+    gc = GroupCommit(writer, max_size=10)
+    later = ["b", "c", "d", "e"]
+    done = _queued_behind_a_slow_group(gc, writer, later)
+    assert writer.groups == [["first"], later]
+    assert done == {r: r.upper() for r in later}
+    assert gc.stats.groups == 2 and gc.stats.requests == 5 and gc.stats.largest == 4
+
+
+def test_a_failed_request_fails_alone() -> None:
+    writer = Writer(block_first=True)
+    gc = GroupCommit(writer, max_size=10)
+    done = _queued_behind_a_slow_group(gc, writer, ["x", "bad1", "y"])
+    assert writer.groups[1] == ["x", "bad1", "y"]
+    assert done["x"] == "X" and done["y"] == "Y"
+    assert isinstance(done["bad1"], ValueError) and str(done["bad1"]) == "bad bad1"
+
+
+def test_groups_keep_within_the_size_limit_and_an_oversized_request_goes_alone() -> None:
+    writer = Writer(block_first=True)
+    gc: GroupCommit[str, str] = GroupCommit(writer, max_size=4, size_of=len)
+    queued = ["aa", "bb", "c", "dddddd", "e"]  # sizes 2, 2, 1, 6, 1
+    done = _queued_behind_a_slow_group(gc, writer, queued)
+    assert writer.groups == [["first"], ["aa", "bb"], ["c"], ["dddddd"], ["e"]]
+    assert done == {r: r.upper() for r in queued}
+
+
+def test_a_writer_that_fails_fails_every_request_of_its_group() -> None:
+    def broken(requests: Sequence[str]) -> list[str | BaseException]:
+        raise OSError("disk gone")
+
+    gc = GroupCommit(broken, max_size=10)
+    with pytest.raises(OSError, match="disk gone"):
+        gc.submit("a")
+
+    def short(requests: Sequence[str]) -> list[str | BaseException]:
+        return []
+
+    gc = GroupCommit(short, max_size=10)
+    with pytest.raises(RuntimeError, match="0 outcomes for a group of 1"):
+        gc.submit("a")
+
+
+def test_the_size_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_size"):
+        GroupCommit(Writer(), max_size=0)

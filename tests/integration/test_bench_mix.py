@@ -38,6 +38,11 @@ def test_bench_runs_one_operation_alone(server: LiveServer, tmp_path: Path) -> N
     locks = data["scenarios"]["sidecar_ok"]["write_locks"]
     assert set(locks) == {"memories", "sessions"}
     assert all(0 <= lock["utilization"] < 1 for lock in locks.values())
+    assert data["scenarios"]["sidecar_ok"]["create_groups"] == {
+        "calls": 0,
+        "groups": 0,
+        "calls_per_group": 0.0,
+    }
     assert data["scenarios"]["sidecar_ok"]["start_session_p99_within_deadline_plus_10ms"] is None
     assert "n/a (no StartSession in the mix)" in " ".join(result.output.split())  # rich wraps lines
 

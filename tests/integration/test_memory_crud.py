@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import grpc
 import pytest
 from google.protobuf import field_mask_pb2, struct_pb2, timestamp_pb2
@@ -231,3 +233,44 @@ def test_external_ids_name_distinct_memories_with_equal_content(tenant_a: Tenant
             timeout=10,
         )
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+def test_concurrent_creates_are_each_written_once_and_counted(tenant_a: TenantClient) -> None:
+    """Creates sent at once may share a transaction (group commit): each call is answered
+    as if alone, equal content dedups to one memory, a taken external id fails only its
+    own call, and GetStatus counts every call and the transactions they took."""
+    stub = tenant_a.memory()
+    before = stub.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=10).create_group_commit
+    stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("owned text", external_id="owned")),
+        metadata=tenant_a.md,
+        timeout=10,
+    )
+    requests = [_mem(f"parallel fact {i}") for i in range(12)]
+    requests += [_mem("said twice at once"), _mem("said twice at once")]
+    requests.append(_mem("other text", external_id="owned"))
+
+    def create(m: memory_pb2.Memory) -> pb.CreateMemoryResponse | grpc.RpcError:
+        try:
+            return stub.CreateMemory(pb.CreateMemoryRequest(memory=m), metadata=tenant_a.md, timeout=10)
+        except grpc.RpcError as err:
+            return err
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(create, requests))
+    created = [a for a in answers[:12] if isinstance(a, pb.CreateMemoryResponse)]
+    assert len(created) == 12 and not any(a.deduplicated for a in created)
+    assert sorted(a.memory.content for a in created) == sorted(m.content for m in requests[:12])
+    twice = [a for a in answers[12:14] if isinstance(a, pb.CreateMemoryResponse)]
+    assert len(twice) == 2 and twice[0].memory.id == twice[1].memory.id
+    assert sorted(a.deduplicated for a in twice) == [False, True]
+    taken = answers[14]
+    assert isinstance(taken, grpc.RpcError) and taken.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert error_info(taken)[0] == "EXTERNAL_ID_TAKEN"
+    listed = stub.ListMemories(pb.ListMemoriesRequest(page_size=100), metadata=tenant_a.md, timeout=10)
+    contents = [m.content for m in listed.memories]
+    assert contents.count("said twice at once") == 1 and "other text" not in contents
+    after = stub.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=10).create_group_commit
+    calls, groups = after.calls - before.calls, after.groups - before.groups
+    assert calls == 1 + len(requests), (before, after)
+    assert 1 <= groups <= calls and 1 <= after.largest_group <= calls

@@ -242,6 +242,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
         s = self.memories.status(_tenant())
         rows = self.memories.db.rows.stats()
+        groups = self.memories.creates.group_stats
         locks = [
             pb.WriteLockStats(
                 domain=d.value, transactions=x.transactions, held_seconds=x.held_s, waited_seconds=x.waited_s
@@ -276,6 +277,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 row_cache_misses=rows.misses,
             ),
             access_counts_pending=self.sessions.access.pending(),
+            create_group_commit=pb.GroupCommitStats(
+                calls=groups.requests, groups=groups.groups, largest_group=groups.largest
+            ),
         )
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))

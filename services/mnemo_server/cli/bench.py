@@ -65,6 +65,11 @@ def print_tables(result: dict[str, Any]) -> None:
                 f"  {domain} write lock: busy {lock['utilization']:.0%} of the time, "
                 f"{lock['transactions']} writes waited {lock['mean_wait_ms']} ms on average"
             )
+        g = sc["create_groups"]
+        console.print(
+            f"  create calls: {g['calls']} written in {g['groups']} transactions "
+            f"({g['calls_per_group']} a transaction)"
+        )
     cs = result["create_searchable"]
     console.print(
         f"created → searchable under load: p50 {cs['p50_s']} s, p99 {cs['p99_s']} s, "

@@ -309,11 +309,11 @@ class Bench:
                 rss_peak = max(rss_peak, (await self.status(stub)).process_rss_bytes)
                 await asyncio.sleep(1.0)
 
-        lock_before = (await self.status(stub)).write_locks
+        before = await self.status(stub)
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(cfg.concurrency)), sample_rss())
         elapsed = time.perf_counter() - started
-        lock_after = (await self.status(stub)).write_locks
+        after = await self.status(stub)
         await asyncio.gather(*self._watchers, return_exceptions=True)
         lags = sorted(self._lags)
         return {
@@ -327,7 +327,8 @@ class Bench:
                 "max_s": round(lags[-1], 3) if lags else 0.0,
             },
             "rss_peak_bytes": rss_peak,
-            "write_locks": _lock_use(lock_before, lock_after, elapsed),
+            "write_locks": _lock_use(before.write_locks, after.write_locks, elapsed),
+            "create_groups": _group_use(before.create_group_commit, after.create_group_commit),
         }
 
     async def _watch(self, stub: pb_grpc.MemoryServiceAsyncStub, memory_id: str, acked_at: float) -> None:
@@ -359,6 +360,12 @@ def _lock_use(
     return out
 
 
+def _group_use(before: pb.GroupCommitStats, after: pb.GroupCommitStats) -> dict[str, float]:
+    """Create calls over one phase and the transactions they were written in."""
+    calls, groups = after.calls - before.calls, after.groups - before.groups
+    return {"calls": calls, "groups": groups, "calls_per_group": round(calls / groups, 2) if groups else 0.0}
+
+
 def _code(err: grpc.RpcError) -> str:
     code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
     return str(code.name)
@@ -383,6 +390,7 @@ def _scenario(mixed: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
         "ops": mixed["ops"],
         "fallbacks": mixed["fallbacks"],
         "write_locks": mixed["write_locks"],
+        "create_groups": mixed["create_groups"],
         # None when the mix had no StartSession (see --mix).
         "start_session_p99_within_deadline_plus_10ms": start["p99_ms"] <= deadline_ms + 10 if start else None,
         "failed_calls": sum(sum(s["errors"].values()) for s in mixed["ops"].values()),

@@ -466,6 +466,12 @@ export interface GetStatusResponse {
    * tenants; written every ranking.access_flush_interval_s).
    */
   accessCountsPending: number;
+  /**
+   * Create calls (CreateMemory, BatchCreateMemories) handled since the server started and
+   * the transactions they took: calls that queue while another is being written go into
+   * one transaction together (storage.group_commit_max_memories).
+   */
+  createGroupCommit?: GroupCommitStats | undefined;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -476,6 +482,15 @@ export interface GetStatusResponse_MemoryCountByTypeEntry {
 export interface GetStatusResponse_RankingFallbacksEntry {
   key: string;
   value: number;
+}
+
+export interface GroupCommitStats {
+  /** Calls handled (failed ones and replays of a request_id included). */
+  calls: number;
+  /** Transactions (groups) they were written in; calls / groups is the mean group size. */
+  groups: number;
+  /** The most calls written in one group. */
+  largestGroup: number;
 }
 
 /**
@@ -3220,6 +3235,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     processPeakRssBytes: 0,
     cacheUse: undefined,
     accessCountsPending: 0,
+    createGroupCommit: undefined,
   };
 }
 
@@ -3281,6 +3297,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.accessCountsPending !== 0) {
       writer.uint32(152).int64(message.accessCountsPending);
+    }
+    if (message.createGroupCommit !== undefined) {
+      GroupCommitStats.encode(message.createGroupCommit, writer.uint32(162).fork()).join();
     }
     return writer;
   },
@@ -3456,6 +3475,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.accessCountsPending = longToNumber(reader.int64());
             continue;
           }
+          case 20: {
+            if (tag !== 162) {
+              break;
+            }
+
+            message.createGroupCommit = GroupCommitStats.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3609,6 +3636,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.access_counts_pending)
         ? globalThis.Number(object.access_counts_pending)
         : 0,
+      createGroupCommit: isSet(object.createGroupCommit)
+        ? GroupCommitStats.fromJSON(object.createGroupCommit)
+        : isSet(object.create_group_commit)
+        ? GroupCommitStats.fromJSON(object.create_group_commit)
+        : undefined,
     };
   },
 
@@ -3683,6 +3715,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.accessCountsPending !== 0) {
       obj.accessCountsPending = Math.round(message.accessCountsPending);
     }
+    if (message.createGroupCommit !== undefined) {
+      obj.createGroupCommit = GroupCommitStats.toJSON(message.createGroupCommit);
+    }
     return obj;
   },
 
@@ -3728,6 +3763,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
       ? CacheUse.fromPartial(object.cacheUse)
       : undefined;
     message.accessCountsPending = object.accessCountsPending ?? 0;
+    message.createGroupCommit = (object.createGroupCommit !== undefined && object.createGroupCommit !== null)
+      ? GroupCommitStats.fromPartial(object.createGroupCommit)
+      : undefined;
     return message;
   },
 };
@@ -3906,6 +3944,111 @@ export const GetStatusResponse_RankingFallbacksEntry: MessageFns<GetStatusRespon
     const message = createBaseGetStatusResponse_RankingFallbacksEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? 0;
+    return message;
+  },
+};
+
+function createBaseGroupCommitStats(): GroupCommitStats {
+  return { calls: 0, groups: 0, largestGroup: 0 };
+}
+
+export const GroupCommitStats: MessageFns<GroupCommitStats> = {
+  encode(message: GroupCommitStats, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.calls !== 0) {
+      writer.uint32(8).int64(message.calls);
+    }
+    if (message.groups !== 0) {
+      writer.uint32(16).int64(message.groups);
+    }
+    if (message.largestGroup !== 0) {
+      writer.uint32(24).int64(message.largestGroup);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GroupCommitStats {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGroupCommitStats();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.calls = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.groups = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.largestGroup = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GroupCommitStats {
+    return {
+      calls: isSet(object.calls) ? globalThis.Number(object.calls) : 0,
+      groups: isSet(object.groups) ? globalThis.Number(object.groups) : 0,
+      largestGroup: isSet(object.largestGroup)
+        ? globalThis.Number(object.largestGroup)
+        : isSet(object.largest_group)
+        ? globalThis.Number(object.largest_group)
+        : 0,
+    };
+  },
+
+  toJSON(message: GroupCommitStats): unknown {
+    const obj: any = {};
+    if (message.calls !== 0) {
+      obj.calls = Math.round(message.calls);
+    }
+    if (message.groups !== 0) {
+      obj.groups = Math.round(message.groups);
+    }
+    if (message.largestGroup !== 0) {
+      obj.largestGroup = Math.round(message.largestGroup);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GroupCommitStats>, I>>(base?: I): GroupCommitStats {
+    return GroupCommitStats.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GroupCommitStats>, I>>(object: I): GroupCommitStats {
+    const message = createBaseGroupCommitStats();
+    message.calls = object.calls ?? 0;
+    message.groups = object.groups ?? 0;
+    message.largestGroup = object.largestGroup ?? 0;
     return message;
   },
 };

@@ -4,14 +4,11 @@ transaction per group of concurrent creates (store/group_commit.py says why grou
 A group is written as the requests would have been one after another: a request that
 repeats a request_id written earlier in the group replays it, content already written by
 an earlier request deduplicates to it, an external id is owned by the first request that
-wrote it. If any request fails, the group's transaction is rolled back and every request is
-written again alone, so one request's error (a taken external id, a request_id reused for
-another request) fails that request only, with the same error as when it runs alone.
+wrote it. If any request fails, GroupCommit writes each request again alone.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -27,8 +24,6 @@ from mnemo_server.memory.normalize import normalize_content
 from mnemo_server.store import idempotency_repo, memory_repo
 from mnemo_server.store.database import Cursor, Database, WriteDomain
 from mnemo_server.store.group_commit import GroupCommit, GroupStats
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,7 +73,7 @@ class CreateWriter:
         self.clock = clock
         # 0: every create is its own transaction.
         self._groups: GroupCommit[CreateRequest, CreateWritten] | None = (
-            GroupCommit(self._write_group, group_max_memories, lambda r: len(r.drafts))
+            GroupCommit(self._write_together, self._write_alone, group_max_memories, lambda r: len(r.drafts))
             if group_max_memories > 0
             else None
         )
@@ -112,20 +107,9 @@ class CreateWriter:
         """Creates of the group being written now."""
         return self._groups.writing if self._groups is not None else 0
 
-    def _write_group(self, requests: Sequence[CreateRequest]) -> list[CreateWritten | BaseException]:
-        if len(requests) > 1:
-            try:
-                with counted_write(self.db, self.live_counts, [r.tenant_id for r in requests]) as cur:
-                    return list(self._write_in(cur, requests, self.clock()))
-            except Exception as exc:
-                log.debug("a group of %d creates is written one by one: %s", len(requests), exc)
-        outcomes: list[CreateWritten | BaseException] = []
-        for r in requests:
-            try:
-                outcomes.append(self._write_alone(r))
-            except Exception as exc:
-                outcomes.append(exc)
-        return outcomes
+    def _write_together(self, requests: Sequence[CreateRequest]) -> list[CreateWritten]:
+        with counted_write(self.db, self.live_counts, [r.tenant_id for r in requests]) as cur:
+            return self._write_in(cur, requests, self.clock())
 
     def _write_alone(self, request: CreateRequest) -> CreateWritten:
         with counted_write(self.db, self.live_counts, [request.tenant_id]) as cur:

@@ -8,18 +8,24 @@ request queued so far (up to a size) and writes them in one go, so a create that
 a slow transaction is written by the next one instead of waiting for its own turn after all
 the others. Followers whose request a leader wrote just collect the outcome.
 
-The group's writer decides what a failure means: `run` returns one outcome per request
-(a result or the exception that request would have raised on its own).
+A group is written by `write_together` (one transaction for all its requests, which must
+read as if they had been written one after another). If that raises, whatever the cause, the
+group is written again one request at a time by `write_alone` (each its own transaction, the
+first attempt having rolled back), so one request's error (a taken id, a reused request_id)
+fails that request alone, with the error it would have had on its own.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from mnemo_server.call_trace import mark
+
+log = logging.getLogger(__name__)
 
 Req = TypeVar("Req")
 Res = TypeVar("Res")
@@ -52,13 +58,15 @@ class GroupCommit(Generic[Req, Res]):
 
     def __init__(
         self,
-        run: Callable[[Sequence[Req]], Sequence[Res | BaseException]],
+        write_together: Callable[[Sequence[Req]], Sequence[Res]],
+        write_alone: Callable[[Req], Res],
         max_size: int,
         size_of: Callable[[Req], int] = lambda _: 1,
     ):
         if max_size < 1:
             raise ValueError("max_size must be at least 1")
-        self._run = run
+        self._together = write_together
+        self._alone = write_alone
         self._max_size = max_size
         self._size_of = size_of
         self._queue: list[_Slot[Req, Res]] = []
@@ -99,21 +107,35 @@ class GroupCommit(Generic[Req, Res]):
 
     def _write(self, group: list[_Slot[Req, Res]]) -> None:
         try:
-            outcomes = list(self._run([s.request for s in group]))
-            if len(outcomes) != len(group):
-                raise RuntimeError(f"{len(outcomes)} outcomes for a group of {len(group)} requests")
-        except BaseException as exc:  # the writer itself failed: every request sees it
-            outcomes = [exc] * len(group)
-        for s, outcome in zip(group, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                s.error = outcome
-            else:
-                s.result = outcome
-            s.done = True
-        with self._queue_lock:
-            self._writing = 0
-        with self._stats_lock:
-            self._stats = self._stats.plus(len(group))
+            if len(group) > 1 and self._write_together(group):
+                return
+            for s in group:
+                try:
+                    s.result = self._alone(s.request)
+                except Exception as exc:
+                    s.error = exc
+                s.done = True
+        finally:
+            for s in group:
+                if not s.done:  # not reached: a BaseException (e.g. KeyboardInterrupt) above
+                    s.error, s.done = RuntimeError("the group's write was interrupted"), True
+            with self._queue_lock:
+                self._writing = 0
+            with self._stats_lock:
+                self._stats = self._stats.plus(len(group))
+
+    def _write_together(self, group: list[_Slot[Req, Res]]) -> bool:
+        """True when the group was written as one; False when it must be written one by one."""
+        try:
+            results = list(self._together([s.request for s in group]))
+            if len(results) != len(group):
+                raise RuntimeError(f"{len(results)} results for a group of {len(group)} requests")
+        except Exception as exc:
+            log.debug("a group of %d requests is written one by one: %s", len(group), exc)
+            return False
+        for s, result in zip(group, results, strict=True):
+            s.result, s.done = result, True
+        return True
 
     @property
     def waiting(self) -> int:

@@ -148,6 +148,7 @@ class Core:
                 config.limits,
                 config.ranking,
                 on_feedback=self.delivery.notify,
+                group_commit_max_sessions=config.storage.group_commit_max_sessions,
             )
             self.learnings = LearningService(self.db, self.validator)
             self.skills = SkillService(self.db, self.validator)

@@ -234,6 +234,29 @@ def test_concurrent_copies_of_a_start_session_get_one_answer(
     assert got.session.session_id == "race-rivals"
 
 
+def test_sessions_started_at_once_are_each_recorded_with_their_candidates(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """StartSessions that queue while another is being recorded share its transaction
+    (group commit): each is recorded with its own candidates, and a taken id among them
+    fails only its own call."""
+    seed(tenant_a)
+    start(tenant_a, "at-once-taken", "staging database")
+    ids = [f"at-once-{i}" for i in range(6)] + ["at-once-taken"]
+    answers = race(lambda sid: start(tenant_a, sid, "staging database"), ids)
+    assert codes(answers) == ["ALREADY_EXISTS"] + ["OK"] * 6, answers
+    taken = answers[-1]
+    assert isinstance(taken, grpc.RpcError) and error_info(taken)[0] == "SESSION_EXISTS"
+    for sid, answer in zip(ids[:6], answers[:6], strict=True):
+        assert isinstance(answer, pb.StartSessionResponse) and answer.memories
+        ended = tenant_a.memory().EndSession(
+            pb.EndSessionRequest(session_id=sid, transcript="the staging database"),
+            metadata=tenant_a.md,
+            timeout=10,
+        )
+        assert ended.training_pairs > 0  # pairs come from the candidates recorded with it
+
+
 def test_concurrent_end_sessions_end_it_once(server: LiveServer, tenant_a: TenantClient) -> None:
     """EndSession reads and works out its pairs before taking the write lock, then checks
     the session is still active inside it: copies of one request all get its answer, rival

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo_server.call_trace import mark
 from mnemo_server.config import LimitsConfig, RankingConfig
@@ -34,6 +36,7 @@ from mnemo_server.sessions.features import Candidate, compute_features
 from mnemo_server.sessions.packing import pack, render
 from mnemo_server.store import idempotency_repo, memory_repo, session_repo
 from mnemo_server.store.database import Cursor, Database, WriteDomain
+from mnemo_server.store.group_commit import GroupCommit
 from mnemo_server.store.session_repo import SessionMemoryRow, SessionRow
 
 MODEL, BASELINE, FALLBACK = "model", "baseline", "fallback"
@@ -110,6 +113,7 @@ class SessionService:
         cfg: RankingConfig,
         on_feedback: Callable[[], None] = lambda: None,
         clock: Callable[[], int] = now_ns,
+        group_commit_max_sessions: int = 0,
     ):
         self.db = db
         self.recall = recall
@@ -120,6 +124,13 @@ class SessionService:
         self.cfg = cfg
         self.on_feedback = on_feedback
         self.clock = clock
+        # Session records that queue while another is being written share its transaction
+        # (store/group_commit.py); 0: each its own.
+        self._records: GroupCommit[tuple[SessionRow, pa.Table], None] | None = (
+            GroupCommit(self._record_together, self._record_alone, group_commit_max_sessions)
+            if group_commit_max_sessions > 0
+            else None
+        )
 
     # --- start -------------------------------------------------------------------------
 
@@ -280,8 +291,10 @@ class SessionService:
         session.took_ms = (time.perf_counter() - started) * 1000.0
         mark("packing")
         try:
-            with self.db.transaction(WriteDomain.SESSIONS) as cur:
-                session_repo.insert_session(cur, session, rows)
+            if self._records is not None:
+                self._records.submit((session, rows))
+            else:
+                self._record_alone((session, rows))
         except session_repo.SessionTaken:
             # The insert is the check, not a read before the work: a copy of this request
             # running at the same time (a client's retry after a timeout) would pass a read.
@@ -289,6 +302,14 @@ class SessionService:
         # Counted after the session's commit and written in batches (access_counts).
         self.access.record(tenant_id, [x.memory.id for x in injected], now)
         return SessionBundle(session, injected, render([x.memory for x in injected]))
+
+    def _record_together(self, records: Sequence[tuple[SessionRow, pa.Table]]) -> list[None]:
+        with self.db.transaction(WriteDomain.SESSIONS) as cur:
+            session_repo.insert_sessions(cur, records)
+        return [None] * len(records)
+
+    def _record_alone(self, record: tuple[SessionRow, pa.Table]) -> None:
+        self._record_together([record])
 
     def _existing(self, tenant_id: str, req: StartSessionInput) -> SessionBundle:
         """The answer to a StartSession whose id is taken: the recorded session again for

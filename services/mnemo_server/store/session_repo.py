@@ -97,44 +97,48 @@ def member_table(tenant_id: str, session_id: str, members: Sequence[SessionMemor
     )
 
 
-def insert_session(cur: Cursor, s: SessionRow, members: pa.Table) -> None:
-    """The session and its candidates (from member_table)."""
+def insert_sessions(cur: Cursor, sessions: Sequence[tuple[SessionRow, pa.Table]]) -> None:
+    """Sessions and their candidates (from member_table), in two statements whatever their
+    number. A taken id fails the whole insert (SessionTaken names the first of them)."""
+    one = "(" + ", ".join("?" * 22) + ")"
     try:
-        _insert_session_row(cur, s)
+        cur.execute(
+            f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES {', '.join([one] * len(sessions))}",
+            [v for s, _ in sessions for v in _session_values(s)],
+        )
     except duckdb.ConstraintException as exc:
-        raise SessionTaken(s.id) from exc
-    if members.num_rows:
-        insert_table(cur, "session_memories", members)
+        raise SessionTaken(sessions[0][0].id) from exc
+    tables = [m for _, m in sessions if m.num_rows]
+    if tables:
+        # A column all None in one session's table (relevance) is typed null there.
+        insert_table(cur, "session_memories", pa.concat_tables(tables, promote_options="default"))
 
 
-def _insert_session_row(cur: Cursor, s: SessionRow) -> None:
-    cur.execute(
-        f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES ({', '.join('?' * 22)})",
-        [
-            s.tenant_id,
-            s.id,
-            s.agent_id,
-            s.persona_id,
-            s.project_id,
-            s.context,
-            s.state,
-            s.request_fingerprint,
-            s.ranking_path,
-            s.fallback_reason,
-            s.model_version,
-            s.predictor_weight,
-            s.sidecar_ms,
-            s.sidecar_deadline_ms,
-            s.took_ms,
-            s.token_budget,
-            s.tokens_used,
-            s.dropped_count,
-            json.dumps(s.feature_names),
-            s.start_time_ns,
-            s.end_time_ns,
-            s.feedback_delivered,
-        ],
-    )
+def _session_values(s: SessionRow) -> list[Any]:
+    return [
+        s.tenant_id,
+        s.id,
+        s.agent_id,
+        s.persona_id,
+        s.project_id,
+        s.context,
+        s.state,
+        s.request_fingerprint,
+        s.ranking_path,
+        s.fallback_reason,
+        s.model_version,
+        s.predictor_weight,
+        s.sidecar_ms,
+        s.sidecar_deadline_ms,
+        s.took_ms,
+        s.token_budget,
+        s.tokens_used,
+        s.dropped_count,
+        json.dumps(s.feature_names),
+        s.start_time_ns,
+        s.end_time_ns,
+        s.feedback_delivered,
+    ]
 
 
 def get_session(cur: Cursor, tenant_id: str, session_id: str) -> SessionRow | None:

@@ -1,0 +1,80 @@
+"""session_repo.insert_sessions: several StartSession records (a session row and its
+candidates) in one transaction, as group commit writes them; a taken id fails them all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from mnemo_server.store import session_repo
+from mnemo_server.store.database import Database, WriteDomain
+from mnemo_server.store.session_repo import SessionMemoryRow, SessionRow, SessionTaken
+
+
+def _session(sid: str) -> SessionRow:
+    return SessionRow(
+        tenant_id="t",
+        id=sid,
+        agent_id="a",
+        persona_id="",
+        project_id="",
+        context=f"context of {sid}",
+        state="active",
+        request_fingerprint=f"fp-{sid}",
+        ranking_path="baseline",
+        fallback_reason="cold_start",
+        model_version="",
+        predictor_weight=0.0,
+        sidecar_ms=0.0,
+        sidecar_deadline_ms=120,
+        took_ms=1.0,
+        token_budget=100,
+        tokens_used=10,
+        dropped_count=0,
+        feature_names=["x"],
+        start_time_ns=1,
+    )
+
+
+def _members(sid: str, n: int, relevance: float | None = None) -> pa.Table:
+    rows = [
+        SessionMemoryRow(f"{sid}-m{i}", i, i + 1, "vector", 1.0, i + 1, 0.0, 0, 1.0, 5, [0.5], relevance)
+        for i in range(n)
+    ]
+    return session_repo.member_table("t", sid, rows)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Database:
+    return Database(tmp_path / "d.duckdb")
+
+
+def _write(db: Database, records: list[tuple[SessionRow, pa.Table]]) -> None:
+    with db.transaction(WriteDomain.SESSIONS) as cur:
+        session_repo.insert_sessions(cur, records)
+
+
+def test_several_sessions_and_their_candidates_are_written_together(db: Database) -> None:
+    # s2's relevance is set (a float column), s1's is all None (a null column), s3 has none.
+    _write(db, [(_session("s1"), _members("s1", 3)), (_session("s2"), _members("s2", 2, 0.5))])
+    _write(db, [(_session("s3"), _members("s3", 0))])
+    cur = db.reader()
+    for sid, n in (("s1", 3), ("s2", 2), ("s3", 0)):
+        stored = session_repo.get_session(cur, "t", sid)
+        assert stored is not None and stored.context == f"context of {sid}" and stored.feature_names == ["x"]
+        members = session_repo.session_memories(cur, "t", sid)
+        assert [m.memory_id for m in members] == [f"{sid}-m{i}" for i in range(n)]
+    assert [m.relevance for m in session_repo.session_memories(cur, "t", "s2")] == [0.5, 0.5]
+    assert [m.relevance for m in session_repo.session_memories(cur, "t", "s1")] == [None, None, None]
+
+
+def test_a_taken_id_fails_the_whole_group_and_writes_none_of_it(db: Database) -> None:
+    _write(db, [(_session("s1"), _members("s1", 1))])
+    with pytest.raises(SessionTaken):
+        _write(db, [(_session("s4"), _members("s4", 2)), (_session("s1"), _members("s1", 1))])
+    cur = db.reader()
+    assert session_repo.get_session(cur, "t", "s4") is None
+    assert session_repo.session_memories(cur, "t", "s4") == []
+    assert len(session_repo.session_memories(cur, "t", "s1")) == 1

@@ -146,6 +146,25 @@ def test_a_lone_request_that_fails_gets_its_error_and_a_short_group_is_written_o
     assert done == {"p": "P", "q": "Q"} and writer.groups == [["first"], ["p"], ["q"]]
 
 
-def test_the_size_limit_must_be_positive() -> None:
+def test_size_zero_writes_each_request_alone_and_counts_it() -> None:
+    writer = Writer()
+    gc = writer.commit(max_size=0)
+    assert gc.submit("a") == "A"
+    with pytest.raises(ValueError, match="bad bad2"):
+        gc.submit("bad2")
+    assert writer.groups == [["a"], ["bad2"]]
+    assert gc.stats.groups == 2 and gc.stats.requests == 2 and gc.stats.largest == 1
     with pytest.raises(ValueError, match="max_size"):
-        Writer().commit(max_size=0)
+        writer.commit(max_size=-1)
+
+
+def test_a_caller_that_leads_a_group_without_its_own_request_leads_again_until_it_is_written() -> None:
+    """The queue's head goes first: a caller that wins the lead while requests queued ahead
+    of it fill the group must not return before its own request is written. Which waiting
+    caller wins is up to the scheduler, so the race is run repeatedly."""
+    for _ in range(20):
+        writer = Writer(block_first=True)
+        gc = writer.commit(max_size=4, size_of=len)
+        done = _queued_behind_a_slow_group(gc, writer, ["aaaa", "b", "cccc", "d"])
+        assert done == {"aaaa": "AAAA", "b": "B", "cccc": "CCCC", "d": "D"}
+        assert writer.groups == [["first"], ["aaaa"], ["b"], ["cccc"], ["d"]]

@@ -9,7 +9,6 @@ wrote it. If any request fails, GroupCommit writes each request again alone.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -71,41 +70,28 @@ class CreateWriter:
         self.live_counts = live_counts
         self.embedding_model = embedding_model
         self.clock = clock
-        # 0: every create is its own transaction.
-        self._groups: GroupCommit[CreateRequest, CreateWritten] | None = (
-            GroupCommit(self._write_together, self._write_alone, group_max_memories, lambda r: len(r.drafts))
-            if group_max_memories > 0
-            else None
+        # max 0: every create is its own transaction.
+        self._groups: GroupCommit[CreateRequest, CreateWritten] = GroupCommit(
+            self._write_together, self._write_alone, group_max_memories, lambda r: len(r.drafts)
         )
 
-        self._alone_lock = threading.Lock()
-        self._alone = GroupStats()  # writes without groups, each a group of one
-
     def write(self, request: CreateRequest) -> CreateWritten:
-        if self._groups is not None:
-            return self._groups.submit(request)
-        written = self._write_alone(request)
-        with self._alone_lock:
-            self._alone = self._alone.plus(1)
-        return written
+        return self._groups.submit(request)
 
     @property
     def group_stats(self) -> GroupStats:
         """Create calls written and the transactions they took."""
-        if self._groups is not None:
-            return self._groups.stats
-        with self._alone_lock:
-            return self._alone
+        return self._groups.stats
 
     @property
     def waiting(self) -> int:
         """Creates queued for the next group."""
-        return self._groups.waiting if self._groups is not None else 0
+        return self._groups.waiting
 
     @property
     def writing(self) -> int:
         """Creates of the group being written now."""
-        return self._groups.writing if self._groups is not None else 0
+        return self._groups.writing
 
     def _write_together(self, requests: Sequence[CreateRequest]) -> list[CreateWritten]:
         with counted_write(self.db, self.live_counts, [r.tenant_id for r in requests]) as cur:

@@ -79,7 +79,6 @@ class MemoryService:
         self.db = db
         self.indexer = indexer
         self.validator = validator
-        self.caps = caps
         self.index_cfg = index_cfg
         self.embedding_model = embedding_model
         self.clock = clock

@@ -125,11 +125,9 @@ class SessionService:
         self.on_feedback = on_feedback
         self.clock = clock
         # Session records that queue while another is being written share its transaction
-        # (store/group_commit.py); 0: each its own.
-        self._records: GroupCommit[tuple[SessionRow, pa.Table], None] | None = (
-            GroupCommit(self._record_together, self._record_alone, group_commit_max_sessions)
-            if group_commit_max_sessions > 0
-            else None
+        # (store/group_commit.py); max 0: each its own.
+        self._records: GroupCommit[tuple[SessionRow, pa.Table], None] = GroupCommit(
+            self._record_together, self._record_alone, group_commit_max_sessions
         )
 
     # --- start -------------------------------------------------------------------------
@@ -291,10 +289,7 @@ class SessionService:
         session.took_ms = (time.perf_counter() - started) * 1000.0
         mark("packing")
         try:
-            if self._records is not None:
-                self._records.submit((session, rows))
-            else:
-                self._record_alone((session, rows))
+            self._records.submit((session, rows))
         except session_repo.SessionTaken:
             # The insert is the check, not a read before the work: a copy of this request
             # running at the same time (a client's retry after a timeout) would pass a read.

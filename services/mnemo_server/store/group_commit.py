@@ -54,7 +54,8 @@ class GroupStats:
 class GroupCommit(Generic[Req, Res]):
     """Writes queued requests in groups of at most `max_size` units (a request's size is
     what `size_of` says; one larger than `max_size` goes alone). Requests are taken in the
-    order they queued."""
+    order they queued. With `max_size` 0 nothing is grouped: each request is written alone
+    as it comes (counted as a group of one)."""
 
     def __init__(
         self,
@@ -63,46 +64,66 @@ class GroupCommit(Generic[Req, Res]):
         max_size: int,
         size_of: Callable[[Req], int] = lambda _: 1,
     ):
-        if max_size < 1:
-            raise ValueError("max_size must be at least 1")
+        if max_size < 0:
+            raise ValueError("max_size must be 0 (no groups) or more")
         self._together = write_together
         self._alone = write_alone
         self._max_size = max_size
         self._size_of = size_of
         self._queue: list[_Slot[Req, Res]] = []
-        self._queue_lock = threading.Lock()
-        self._writing = 0  # requests taken by the leader, not yet done
-        # Held by the leader while its group is written; the next leader waits here, so
-        # requests that queue meanwhile form the next group.
-        self._leader = threading.Lock()
+        # Guards the queue and the leader's flag. Followers wait on it until either their
+        # request is done or no one leads (then one of them leads); waiting on a lock held
+        # through the write instead would keep a follower whose request is written waiting
+        # behind the next group too.
+        self._turn = threading.Condition()
+        self._leading = False
+        self._writing = 0  # requests of the group being written, not yet done
         self._stats_lock = threading.Lock()
         self._stats = GroupStats()
 
     def submit(self, request: Req) -> Res:
+        if self._max_size == 0:
+            try:
+                return self._alone(request)
+            finally:
+                with self._stats_lock:
+                    self._stats = self._stats.plus(1)
         slot: _Slot[Req, Res] = _Slot(request, self._size_of(request))
-        with self._queue_lock:
+        with self._turn:
             self._queue.append(slot)
-        with self._leader:
-            if not slot.done:
-                # This slot is still queued, and no one else can take it while we lead:
-                # the group below includes it (it is in the queue and the head always goes).
-                self._write(self._take_group())
+        while not slot.done:
+            with self._turn:
+                while self._leading and not slot.done:
+                    self._turn.wait()
+                if slot.done:
+                    break
+                # No one leads: lead, writing the queue's head. Requests queued ahead of this
+                # one go first, so the group may not hold it yet; then lead again.
+                self._leading = True
+                group = self._take_group()
+            try:
+                self._write(group)
+            finally:
+                with self._turn:
+                    self._leading = False
+                    self._writing = 0
+                    self._turn.notify_all()
         mark("group_commit")
         if slot.error is not None:
             raise slot.error
         return slot.result  # type: ignore[return-value]  # done without error: a result
 
     def _take_group(self) -> list[_Slot[Req, Res]]:
-        with self._queue_lock:
-            group: list[_Slot[Req, Res]] = []
-            total = 0
-            for s in self._queue:
-                if group and total + s.size > self._max_size:
-                    break
-                group.append(s)
-                total += s.size
-            del self._queue[: len(group)]
-            self._writing = len(group)
+        """The queue's head, up to the size limit (called holding `_turn`)."""
+        group: list[_Slot[Req, Res]] = []
+        total = 0
+        for s in self._queue:
+            if group and total + s.size > self._max_size:
+                break
+            group.append(s)
+            total += s.size
+        del self._queue[: len(group)]
+        self._writing = len(group)
         return group
 
     def _write(self, group: list[_Slot[Req, Res]]) -> None:
@@ -119,8 +140,6 @@ class GroupCommit(Generic[Req, Res]):
             for s in group:
                 if not s.done:  # not reached: a BaseException (e.g. KeyboardInterrupt) above
                     s.error, s.done = RuntimeError("the group's write was interrupted"), True
-            with self._queue_lock:
-                self._writing = 0
             with self._stats_lock:
                 self._stats = self._stats.plus(len(group))
 
@@ -140,13 +159,13 @@ class GroupCommit(Generic[Req, Res]):
     @property
     def waiting(self) -> int:
         """Requests queued and not yet taken by a leader."""
-        with self._queue_lock:
+        with self._turn:
             return len(self._queue)
 
     @property
     def writing(self) -> int:
         """Requests of the group being written now."""
-        with self._queue_lock:
+        with self._turn:
             return self._writing
 
     @property

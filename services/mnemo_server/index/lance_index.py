@@ -509,10 +509,15 @@ class LanceIndex:
         caps are full: right after a 100k load it held 321 MB where a fresh one, warm after a
         minute of searches, held 85 MB; with the tenant's handle opened afresh the server's
         peak RSS over the next minute was ~200 MB lower at the same throughput. The new
-        session is warmed (the whole ANN index read, ~1 s at 100k rows, here in maintenance)
-        before it replaces the old one, so no search pays for loading it; searches already on
-        the old one finish there. Returns the MB held before and after, or None when nothing
-        was renewed."""
+        session replaces the old one first and is warmed after (the whole ANN index read
+        here in maintenance): warming it beside the old one held both, and reading the index
+        briefly takes twice what it keeps (at 100k rows +130 MB for 65 MB kept), which set
+        the bench's high-water mark (VmHWM sampled every 0.1 s: each renewal +70 MB for a
+        moment, the highest at 1,379 MiB). Searches already on the old session finish there,
+        which frees it; one that arrives while the index loads waits for that one load
+        (Lance shares it: four cold searches at once took 100-103 ms and as much memory as
+        one), ~100 ms at 100k rows. Returns the MB held before and after, or None when
+        nothing was renewed."""
         if self.cfg.cache_renew_factor <= 0:
             return None
         held = h.session.size_bytes()
@@ -525,16 +530,19 @@ class LanceIndex:
         import lance
 
         session = self._new_session()
+        with h.lock:
+            h.session = session
+            h.refresh()
         fresh = lance.dataset(h.uri, session=session)
         if any(d.name == "vector_idx" for d in descriptions):
             self._read_whole_ann_index(fresh)
         if h.has_text_index:
             fresh.to_table(columns=["id", "_score"], full_text_query="warm", limit=1)
+        warm = session.size_bytes()
         with h.lock:
-            h.session = session
-            h.warm_session_bytes = session.size_bytes()
-            h.refresh()
-        return held >> 20, h.warm_session_bytes >> 20
+            if h.session is session:
+                h.warm_session_bytes = warm
+        return held >> 20, warm >> 20
 
     def _optimize_beside_writes(self, h: _Handle, before: PendingRows) -> None:
         """Compact, fold the rows outside the indices in and drop old versions while the

@@ -81,6 +81,33 @@ class WriteLockStats:
     waited_s: float
 
 
+class StoredSequence:
+    """Numbers past the largest stored in `table.column`, handed out in memory.
+
+    A DuckDB sequence costs a statement of its own in every transaction that takes a number:
+    in a lone CreateMemory at 100k rows ~10 % of the transaction (nextval 0.66 ms median
+    beside the INSERT's ~1 ms), paid under the memories write lock. Numbers only order rows
+    (gaps from rolled-back transactions are harmless) and one process owns the file, so the
+    largest stored is read once and counted on from there. Callers take numbers inside the
+    write transaction that stores them, holding the write lock for `table`, so numbers come
+    out in commit order, as with the sequence.
+    """
+
+    def __init__(self, table: str, column: str):
+        self._sql = f"SELECT coalesce(max({column}), 0) FROM {table}"
+        self._next: int | None = None
+        self._lock = threading.Lock()
+
+    def take(self, cur: Cursor, n: int) -> list[int]:
+        with self._lock:
+            if self._next is None:
+                row = fetch_one(cur, self._sql)
+                self._next = int(row[0]) + 1 if row else 1
+            first = self._next
+            self._next += n
+        return list(range(first, first + n))
+
+
 class Database:
     def __init__(
         self, path: Path, *, read_only: bool = False, memory_limit: str = "", rows: RowCache | None = None
@@ -88,6 +115,7 @@ class Database:
         self.path = path
         # Memory rows for the hot read paths, kept exact by `transaction` (see row_cache).
         self.rows = rows or RowCache(0)
+        self.memory_seqs = StoredSequence("memories", "seq")
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = duckdb.connect(str(path), read_only=read_only)

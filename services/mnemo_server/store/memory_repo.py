@@ -211,11 +211,6 @@ def _row_values(m: Memory, normalized: str) -> dict[str, Any]:
     }
 
 
-def next_seqs(cur: Cursor, n: int) -> list[int]:
-    rows = cur.execute("SELECT nextval('memory_seq') FROM range(?)", [n]).fetchall()
-    return [int(r[0]) for r in rows]
-
-
 def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]]) -> None:
     """Insert (memory, normalized_content) pairs in one statement."""
     if rows:

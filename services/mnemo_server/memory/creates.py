@@ -159,7 +159,7 @@ class CreateWriter:
         )
         results: list[CreateResult] = []
         to_insert: list[tuple[Memory, str]] = []
-        seqs = iter(self.db.memory_seqs.take(cur, len(drafts)))  # gaps are harmless; order is what counts
+        seqs = iter(self.db.memory_seqs.take(len(drafts)))  # gaps are harmless; order is what counts
         batch_seen: dict[tuple[str, str], Memory] = {}
         for k, (d, norm) in enumerate(zip(drafts, normalized, strict=True)):
             dedup_key = (d.scope.key, norm.hash)

@@ -435,7 +435,7 @@ class MemoryService:
                         norm.normalized,
                     )
                 )
-            seqs = self.db.memory_seqs.take(cur, len(rows))
+            seqs = self.db.memory_seqs.take(len(rows))
             rows = [(replace(m, seq=s), n) for (m, n), s in zip(rows, seqs, strict=True)]
             memory_repo.insert_many(cur, rows)
             memory_repo.record_history(

@@ -88,21 +88,22 @@ class StoredSequence:
     in a lone CreateMemory at 100k rows ~10 % of the transaction (nextval 0.66 ms median
     beside the INSERT's ~1 ms), paid under the memories write lock. Numbers only order rows
     (gaps from rolled-back transactions are harmless) and one process owns the file, so the
-    largest stored is read once and counted on from there. Callers take numbers inside the
-    write transaction that stores them, holding the write lock for `table`, so numbers come
-    out in commit order, as with the sequence.
+    largest stored is read once, when the file is opened, and counted on from there. Callers
+    take numbers inside the write transaction that stores them, holding the write lock for
+    `table`, so numbers come out in commit order, as with the sequence.
     """
 
-    def __init__(self, table: str, column: str):
-        self._sql = f"SELECT coalesce(max({column}), 0) FROM {table}"
-        self._next: int | None = None
+    def __init__(self, first: int):
+        self._next = first
         self._lock = threading.Lock()
 
-    def take(self, cur: Cursor, n: int) -> list[int]:
+    @classmethod
+    def after_largest(cls, con: Cursor, table: str, column: str) -> StoredSequence:
+        row = fetch_one(con, f"SELECT coalesce(max({column}), 0) FROM {table}")
+        return cls(int(row[0]) + 1 if row else 1)
+
+    def take(self, n: int) -> list[int]:
         with self._lock:
-            if self._next is None:
-                row = fetch_one(cur, self._sql)
-                self._next = int(row[0]) + 1 if row else 1
             first = self._next
             self._next += n
         return list(range(first, first + n))
@@ -115,7 +116,6 @@ class Database:
         self.path = path
         # Memory rows for the hot read paths, kept exact by `transaction` (see row_cache).
         self.rows = rows or RowCache(0)
-        self.memory_seqs = StoredSequence("memories", "seq")
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = duckdb.connect(str(path), read_only=read_only)
@@ -144,6 +144,10 @@ class Database:
         self._closed = False
         if not read_only:
             self._migrate()
+        # Read-only: nothing takes numbers (and the file may predate the table).
+        self.memory_seqs = (
+            StoredSequence(1) if read_only else StoredSequence.after_largest(self._conn, "memories", "seq")
+        )
 
     def _migrate(self) -> None:
         con = self._conn

@@ -175,6 +175,15 @@ def test_update_with_field_mask(tenant_a: TenantClient) -> None:
     assert updated.confidence == pytest.approx(m.confidence)
     hits = stub.Recall(pb.RecallRequest(query="rewritten"), metadata=tenant_a.md, timeout=10).hits
     assert [h.memory.id for h in hits][:1] == [m.id]
+    # The new content is what a later create deduplicates to (the old is free again).
+    again = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("Rewritten text.")), metadata=tenant_a.md, timeout=10
+    )
+    assert again.deduplicated and again.memory.id == m.id
+    old = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("original text")), metadata=tenant_a.md, timeout=10
+    )
+    assert not old.deduplicated and old.memory.id != m.id
     with pytest.raises(grpc.RpcError) as err:
         stub.UpdateMemory(
             pb.UpdateMemoryRequest(

@@ -32,5 +32,7 @@ def database_with_memories(path: Path, count: int = 3) -> Database:
     """A store file holding memories m0 .. m<count - 1> (see stored_memory)."""
     database = Database(path)
     with database.transaction() as cur:
-        memory_repo.insert_many(cur, [(stored_memory(i, i), f"memory {i}") for i in range(count)])
+        memory_repo.insert_many(
+            cur, [(stored_memory(i, i), f"memory {i}") for i in range(count)], database.content_hashes
+        )
     return database

@@ -153,7 +153,12 @@ class CreateWriter:
         self, cur: Cursor, tenant_id: str, drafts: Sequence[MemoryDraft], prefixes: Sequence[str], now: int
     ) -> tuple[list[CreateResult], list[str], list[str]]:
         normalized = [normalize_content(d.content) for d in drafts]
-        existing = memory_repo.find_live_duplicates(cur, tenant_id, [n.hash for n in normalized])
+        existing = memory_repo.find_live_duplicates(
+            cur,
+            self.db.content_hashes,
+            tenant_id,
+            [n.hash for d, n in zip(drafts, normalized, strict=True) if not d.external_id],
+        )
         owners = memory_repo.live_by_external_ids(
             cur, tenant_id, [d.external_id for d in drafts if d.external_id]
         )
@@ -209,7 +214,7 @@ class CreateWriter:
             if m.external_id:
                 owners[m.external_id] = m
             results.append(CreateResult(m, False))
-        memory_repo.insert_many(cur, to_insert)
+        memory_repo.insert_many(cur, to_insert, self.db.content_hashes)
         memory_repo.record_history(
             cur,
             [

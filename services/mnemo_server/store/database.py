@@ -27,6 +27,7 @@ import duckdb
 from mnemo_server.call_trace import mark
 from mnemo_server.errors import Aborted, FailedPrecondition
 from mnemo_server.store import row_cache
+from mnemo_server.store.hash_filter import ContentHashFilter
 from mnemo_server.store.row_cache import RowCache
 from mnemo_server.store.schema import MIGRATIONS
 
@@ -144,9 +145,12 @@ class Database:
         self._closed = False
         if not read_only:
             self._migrate()
-        # Read-only: nothing takes numbers (and the file may predate the table).
+        # Read-only: nothing takes numbers or stores hashes (and the file may predate the table).
         self.memory_seqs = (
             StoredSequence(1) if read_only else StoredSequence.after_largest(self._conn, "memories", "seq")
+        )
+        self.content_hashes = (
+            ContentHashFilter(saturated=True) if read_only else ContentHashFilter.of_table(self._conn)
         )
 
     def _migrate(self) -> None:

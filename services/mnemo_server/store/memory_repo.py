@@ -22,6 +22,7 @@ from mnemo_server.memory.model import (
 )
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store.database import Cursor, fetch_one
+from mnemo_server.store.hash_filter import ContentHashFilter
 from mnemo_server.store.row_cache import Row, RowCache, all_rows_changed, rows_changed
 
 # Column order shared by SELECTs and the row decoder.
@@ -211,9 +212,11 @@ def _row_values(m: Memory, normalized: str) -> dict[str, Any]:
     }
 
 
-def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]]) -> None:
-    """Insert (memory, normalized_content) pairs in one statement."""
+def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]], stored_hashes: ContentHashFilter) -> None:
+    """Insert (memory, normalized_content) pairs in one statement; their hashes join
+    `stored_hashes` (before COMMIT, so no later duplicate check can miss them)."""
     if rows:
+        stored_hashes.add(m.content_hash for m, _ in rows)
         insert_rows(cur, "memories", [_row_values(m, normalized) for m, normalized in rows])
 
 
@@ -265,8 +268,12 @@ def read_many(cur: Cursor, cache: RowCache, tenant_id: str, ids: Sequence[str]) 
     return {r[1]: _decode(r) for r in found}
 
 
-def find_live_duplicates(cur: Cursor, tenant_id: str, hashes: Sequence[str]) -> dict[tuple[str, str], Memory]:
-    """Live memories with any of these content hashes, keyed by (scope key, hash)."""
+def find_live_duplicates(
+    cur: Cursor, stored_hashes: ContentHashFilter, tenant_id: str, hashes: Sequence[str]
+) -> dict[tuple[str, str], Memory]:
+    """Live memories with any of these content hashes, keyed by (scope key, hash). Hashes
+    the filter has never seen stored are not looked up (most creates: no query at all)."""
+    hashes = [h for h in hashes if stored_hashes.may_contain(h)]
     if not hashes:
         return {}
     rows = cur.execute(
@@ -438,10 +445,19 @@ UPDATABLE_COLUMNS = frozenset(
 )
 
 
-def update_columns(cur: Cursor, tenant_id: str, memory_id: str, changes: dict[str, Any], now_ns: int) -> None:
+def update_columns(
+    cur: Cursor,
+    stored_hashes: ContentHashFilter,
+    tenant_id: str,
+    memory_id: str,
+    changes: dict[str, Any],
+    now_ns: int,
+) -> None:
     bad = set(changes) - UPDATABLE_COLUMNS
     if bad:
         raise ValueError(f"not updatable: {sorted(bad)}")
+    if "content_hash" in changes:
+        stored_hashes.add([changes["content_hash"]])
     values = dict(changes)
     if "metadata" in values:
         values["metadata"] = json.dumps(

@@ -457,6 +457,23 @@ def test_training_pairs_carry_query_and_neighbour_features(
     assert access == {m.memory.id: pytest.approx(math.log1p(1)) for m in r.memories}
     assert {m.memory.id for m in r2.memories} == set(ids)
 
+    # Feedback may rate a candidate that was not injected: the pairs are the injected ones
+    # and the rated one, each with its memory's text.
+    r3 = start(t, "s3", "Which city did Ann visit in spring?", max_memories=2)
+    injected = [m.memory.id for m in r3.memories]
+    outside = next(i for i in ids if i not in injected)  # a candidate still (recent, same scope)
+    t.memory().EndSession(
+        pb.EndSessionRequest(session_id="s3", feedback=[pb.MemoryFeedback(memory_id=outside, relevance=0.5)]),
+        metadata=t.md,
+        timeout=5,
+    )
+    wait_for(lambda: side.store.counts("acme")[0] == 3)
+    third = side.store.sessions("acme")[2]
+    assert len(injected) == 2
+    assert {c.candidate.id: c.candidate.text for c in third.candidates} == {
+        i: turns[ids.index(i)] for i in [*injected, outside]
+    }
+
 
 def test_feedback_survives_sidecar_and_server_restarts(
     start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any], tmp_path: Any

@@ -2,7 +2,7 @@
 duplicate check's query.
 
 Every CreateMemory looks up live memories with its content's hash before inserting. At 100k
-rows that query was ~22 % of a lone create in-process (`/work/exp/create_prof.py`), paid
+rows that query was ~22 % of a lone create in-process (pyinstrument, 300 creates), paid
 under the memories write lock, and almost every create is new content, so the query finds
 nothing. A Bloom filter (two bits per hash in a fixed 2 MiB bitmap) answers "certainly never
 stored" for those without a query; "may be stored" still goes to DuckDB, which decides.

@@ -48,11 +48,20 @@ class Writer:
         return GroupCommit(self.together, self.alone, max_size, size_of)
 
 
-def _submit_in_threads(gc: GroupCommit[str, str], requests: list[str]) -> dict[str, object]:
-    """Submit each request from its own thread, one after another (each queued before the
-    next starts); returns request -> result or exception once all are done."""
+def _queued_behind_a_slow_group(
+    gc: GroupCommit[str, str], writer: Writer, requests: list[str]
+) -> dict[str, object]:
+    """A first request leads and blocks in the writer; `requests` queue behind it, each from
+    its own thread and each queued before the next starts; then the writer is released.
+    Returns each queued request's outcome (its result or exception).
+
+    Only this thread releases the writer, after every request has queued: counting the
+    queue from another thread raced with the release (its last check could come after the
+    group had been taken, and found the queue empty)."""
+    first = threading.Thread(target=gc.submit, args=("first",))
+    first.start()
+    assert writer.first_inside.wait(5)
     outcomes: dict[str, object] = {}
-    threads = []
 
     def run(r: str) -> None:
         try:
@@ -60,39 +69,20 @@ def _submit_in_threads(gc: GroupCommit[str, str], requests: list[str]) -> dict[s
         except Exception as exc:
             outcomes[r] = exc
 
-    for r in requests:
-        before = gc.waiting
+    threads = []
+    for queued, r in enumerate(requests):
         t = threading.Thread(target=run, args=(r,))
         t.start()
         threads.append(t)
         deadline = time.monotonic() + 5
-        while gc.waiting == before and time.monotonic() < deadline:
+        while gc.waiting == queued and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert gc.waiting == before + 1, "the request did not queue"
+        assert gc.waiting == queued + 1, "the request did not queue"
+    writer.release.set()
+    first.join(5)
     for t in threads:
         t.join(5)
     return outcomes
-
-
-def _queued_behind_a_slow_group(
-    gc: GroupCommit[str, str], writer: Writer, requests: list[str]
-) -> dict[str, object]:
-    """A first request leads and blocks in the writer; `requests` queue behind it; then the
-    writer is released. Returns each queued request's outcome."""
-    first = threading.Thread(target=gc.submit, args=("first",))
-    first.start()
-    assert writer.first_inside.wait(5)
-    done: dict[str, object] = {}
-    runner = threading.Thread(target=lambda: done.update(_submit_in_threads(gc, requests)))
-    runner.start()
-    deadline = time.monotonic() + 5
-    while gc.waiting < len(requests) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert gc.waiting == len(requests)
-    writer.release.set()
-    first.join(5)
-    runner.join(5)
-    return done
 
 
 def test_a_lone_request_is_written_alone_and_returns_its_result() -> None:

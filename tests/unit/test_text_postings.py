@@ -6,7 +6,9 @@ LanceDB itself is the reference here: real tables with its default full-text ind
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
+from collections import Counter
 from pathlib import Path
 
 import lancedb
@@ -185,3 +187,50 @@ def test_ties_break_by_insertion_order(k: int) -> None:
     p = TextPostings()
     p.load([(f"r{i}", "s", "same words here") for i in range(6)])
     assert [i for i, _ in p.search("same words", k)] == [f"r{i}" for i in range(k)]
+
+
+def _bm25_by_hand(rows: dict[str, tuple[str, str]], query: str, scopes: list[str] | None) -> dict[str, float]:
+    """BM25 over live rows (id -> (scope, text)) computed directly, term by term."""
+    counted = {mid: (scope, Counter(terms(text))) for mid, (scope, text) in rows.items()}
+    average = sum(sum(c.values()) for _, c in counted.values()) / len(counted)
+    scores: dict[str, float] = {}
+    for term, repeats in sorted(Counter(terms(query)).items()):
+        having = [mid for mid, (_, c) in counted.items() if term in c]
+        idf = repeats * math.log(1.0 + (len(counted) - len(having) + 0.5) / (len(having) + 0.5))
+        for mid in having:
+            scope, c = counted[mid]
+            if scopes is not None and scope not in scopes:
+                continue
+            tf = float(c[term])
+            norm = 1.2 * (1.0 - 0.75 + 0.75 * sum(c.values()) / average)
+            scores[mid] = scores.get(mid, 0.0) + float(np.float32(idf * tf * 2.2 / (tf + norm)))
+    return scores
+
+
+def test_searches_one_after_another_score_as_bm25_by_hand() -> None:
+    """Searches reuse score arrays: none may carry another's sums, whatever the terms,
+    scopes, writes and folds in between."""
+    rng = random.Random(7)
+    p = TextPostings()
+    p.MERGE_EVERY = 50
+    rows = {f"r{i}": (f"s{i % 4}", " ".join(rng.choices(WORDS, k=rng.randint(2, 12)))) for i in range(300)}
+    p.load([(mid, scope, text) for mid, (scope, text) in rows.items()])
+    for step in range(60):
+        if step % 10 == 9:  # rewrites, new rows and deletes between searches
+            for mid in rng.sample(sorted(rows), 5):
+                rows[mid] = (rows[mid][0], " ".join(rng.choices(WORDS, k=4)))
+                p.put([(mid, *rows[mid])])
+            new = f"n{step}"
+            rows[new] = ("s1", " ".join(rng.choices(WORDS, k=6)))
+            p.put([(new, *rows[new])])
+            gone = rng.choice(sorted(rows))
+            del rows[gone]
+            p.remove([gone])
+        query = " ".join(rng.choices(WORDS, k=rng.randint(1, 4)))
+        scopes = None if step % 3 else [f"s{step % 4}", "s9"]
+        expected = _bm25_by_hand(rows, query, scopes)
+        found = p.search(query, 1000, scopes)
+        assert dict(found) == pytest.approx(expected, rel=1e-5)  # float32 steps in both
+        assert [s for _, s in found] == sorted((s for _, s in found), reverse=True)
+        best = p.search(query, 3, scopes)
+        assert best == found[:3]

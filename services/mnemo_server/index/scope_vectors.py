@@ -28,8 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from mnemo_server.index.scratch import ScratchArrays
+
 CHUNK = 1024
 _SCALE = 127.0
+# Chunks converted to float32 for a search, shared by every tenant: one per search at once.
+_BLOCKS = ScratchArrays(np.float32, kept=4)
 
 
 @dataclass(frozen=True)
@@ -173,9 +177,13 @@ class ScopeVectors:
         norm = float(np.linalg.norm(vector)) or 1.0
         query = np.asarray(vector, dtype=np.float32) / norm
         best: list[tuple[float, str]] = []
+        block = _BLOCKS.take(CHUNK, self.dimension)
         for c in chunks:
-            cos = (c.codes.astype(np.float32) @ query) * c.scales
+            rows = block[: len(c.ids)]
+            np.copyto(rows, c.codes)  # to float32 in a kept array (index/scratch.py)
+            cos = (rows @ query) * c.scales
             top = np.argpartition(-cos, k)[:k] if len(cos) > k else range(len(cos))
             best.extend((float(cos[i]), c.ids[i]) for i in top)
+        _BLOCKS.give_back(block)
         best.sort(key=lambda t: -t[0])
         return [(mid, score) for score, mid in best[:k]]

@@ -691,6 +691,11 @@ class LanceIndex:
             ids = sorted(scores, key=lambda i: -scores[i])[:k]
         return self._leg_hits(h, ids, [scores[i] for i in ids])
 
+    def scope_rows(self, tenant_id: str, scope_key: str) -> int | None:
+        """Indexed rows in a scope, from the scope vectors; None while they are not loaded."""
+        h = self._handle(tenant_id, create=False)
+        return None if h is None or not h.vectors.loaded else h.vectors.rows_in([scope_key])
+
     def _exact_in_memory(self, h: _Handle, f: MemoryFilter, scopes: list[str]) -> bool:
         """Whether a search is answered from the scope vectors: filtered by scopes alone,
         few enough rows to scan (past ~30k rows at 100k a scan costs more than LanceDB's)."""

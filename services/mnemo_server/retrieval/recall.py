@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence, Set
@@ -39,6 +38,7 @@ from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.ranking.client import RankingClient
 from mnemo_server.retrieval.query_analysis import QueryAnalysis, analyse, has_time_expression, speaker_of
 from mnemo_server.retrieval.scoring import minmax
+from mnemo_server.retrieval.speakers import ScopeSpeakers
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
 
@@ -132,8 +132,7 @@ class RecallPipeline:
         self.cfg = cfg
         self.ranking = ranking
         self.ranking_cfg = ranking_cfg or RankingConfig()
-        self._speakers: dict[tuple[str, MemoryFilter], tuple[float, list[str]]] = {}
-        self._speakers_lock = threading.Lock()
+        self._speakers = ScopeSpeakers(db, index, cfg.min_speaker_memories, cfg.speakers_cache_s)
 
     def validate(self, q: RecallQuery) -> RecallQuery:
         if not q.text.strip():
@@ -159,18 +158,7 @@ class RecallPipeline:
         return {i: a.text for i, a in self.index.attrs(tenant_id, ids).items()}
 
     def speakers(self, tenant_id: str, f: MemoryFilter) -> list[str]:
-        key = (tenant_id, MemoryFilter(scopes=f.scopes))
-        now = time.monotonic()
-        with self._speakers_lock:
-            hit = self._speakers.get(key)
-            if hit is not None and now - hit[0] < self.cfg.speakers_cache_s:
-                return hit[1]
-        names = memory_repo.scope_speakers(self.db.reader(), tenant_id, key[1], self.cfg.min_speaker_memories)
-        with self._speakers_lock:
-            if len(self._speakers) > 10_000:
-                self._speakers.clear()
-            self._speakers[key] = (now, names)
-        return names
+        return self._speakers.names(tenant_id, f.scopes)
 
     # --- the pipeline ------------------------------------------------------------------
 

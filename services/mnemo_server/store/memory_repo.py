@@ -507,15 +507,29 @@ def history(cur: Cursor, tenant_id: str, memory_id: str) -> list[dict[str, Any]]
 # --- recall signals ------------------------------------------------------------------
 
 
-def scope_speakers(cur: Cursor, tenant_id: str, f: MemoryFilter, min_count: int = 3) -> list[str]:
-    """Speakers with at least min_count live memories among those the filter covers."""
-    where = _filter_where(tenant_id, f, include_deleted=False)
+def speaker_counts(cur: Cursor, tenant_id: str) -> dict[str, int]:
+    """Live memories per speaker over the whole tenant."""
     rows = cur.execute(
-        f"SELECT speaker FROM memories WHERE {where.sql()} AND speaker <> '' GROUP BY speaker "
-        "HAVING count(*) >= ? ORDER BY speaker",
-        [*where.params, min_count],
+        "SELECT speaker, count(*) FROM memories WHERE tenant_id = ? AND delete_time_ns IS NULL "
+        "AND speaker <> '' GROUP BY speaker",
+        [tenant_id],
     ).fetchall()
-    return [r[0] for r in rows]
+    return {r[0]: int(r[1]) for r in rows}
+
+
+def speaker_counts_by_scope(
+    cur: Cursor, tenant_id: str, scopes: Sequence[Scope]
+) -> dict[Scope, dict[str, int]]:
+    """Live memories per speaker in each of these scopes (every one keyed, empty if none)."""
+    where = _filter_where(tenant_id, MemoryFilter(scopes=tuple(scopes)), include_deleted=False)
+    out: dict[Scope, dict[str, int]] = {s: {} for s in scopes}
+    for kind, scope_id, speaker, n in cur.execute(
+        f"SELECT scope_kind, scope_id, speaker, count(*) FROM memories WHERE {where.sql()} "
+        "AND speaker <> '' GROUP BY scope_kind, scope_id, speaker",
+        where.params,
+    ).fetchall():
+        out[Scope(ScopeKind(kind), scope_id)][speaker] = int(n)
+    return out
 
 
 def session_neighbours(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, tuple[str, str]]:

@@ -148,12 +148,18 @@ def test_each_domain_counts_its_transactions_held_time_and_waits(db: Database) -
         raise RuntimeError("rolled back: still a transaction that held the lock")
     holder = Holder(db, MEMORIES)
 
+    asking = threading.Event()
+
     def queued_write() -> None:
+        asking.set()
         with db.transaction(MEMORIES) as cur:
             _bump(cur)
 
     thread, done = _timed(queued_write)
-    time.sleep(0.2)  # the second writer is queued by now
+    # Released 0.2 s after the writer asked for the lock (not after the thread was
+    # started: on a loaded machine starting it can take a while).
+    assert asking.wait(5)
+    time.sleep(0.2)
     assert holder.finish() is None
     assert done.wait(5)
     thread.join()

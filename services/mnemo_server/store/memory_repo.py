@@ -528,7 +528,7 @@ def speaker_counts_by_scope(
         "AND speaker <> '' GROUP BY scope_kind, scope_id, speaker",
         where.params,
     ).fetchall():
-        out[Scope(ScopeKind(kind), scope_id)][speaker] = int(n)
+        out[Scope(_SCOPE_KINDS[kind], scope_id)][speaker] = int(n)
     return out
 
 

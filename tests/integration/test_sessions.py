@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+from google.protobuf import field_mask_pb2
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
@@ -104,6 +105,36 @@ def _access_counts(live: LiveServer, ids: Sequence[str]) -> dict[str, int]:
     sql = f"SELECT id, access_count FROM memories WHERE id IN ({marks})"
     rows = live.server.core.db.reader().execute(sql, list(ids)).fetchall()
     return {str(i): int(n) for i, n in rows}
+
+
+def test_a_memory_pinned_later_is_a_pinned_candidate_of_the_next_session(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """A tenant that never pinned anything skips the pinned query; pinning one of its
+    memories through UpdateMemory must bring the query (and the memory) back at once."""
+    scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p")
+    stub = tenant_a.memory()
+    made = [
+        stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f, scope=scope)), metadata=tenant_a.md
+        ).memory
+        for f in FACTS
+    ]
+    before = start(tenant_a, "before-pin", "", max_memories=20)
+    assert before.memories and not any("pinned" in m.origin for m in before.memories)
+    oldest = made[0]
+    stub.UpdateMemory(
+        pb.UpdateMemoryRequest(
+            memory=memory_pb2.Memory(id=oldest.id, pinned=True),
+            update_mask=field_mask_pb2.FieldMask(paths=["pinned"]),
+        ),
+        metadata=tenant_a.md,
+        timeout=10,
+    )
+    after = start(tenant_a, "after-pin", "", max_memories=20)
+    origins = {m.memory.id: m.origin for m in after.memories}
+    assert "pinned" in origins[oldest.id].split("+")
+    assert [i for i, o in origins.items() if "pinned" in o] == [oldest.id]
 
 
 def test_injections_are_counted_as_accesses_in_batches_and_at_stop(

@@ -33,6 +33,6 @@ def database_with_memories(path: Path, count: int = 3) -> Database:
     database = Database(path)
     with database.transaction() as cur:
         memory_repo.insert_many(
-            cur, [(stored_memory(i, i), f"memory {i}") for i in range(count)], database.content_hashes
+            cur, [(stored_memory(i, i), f"memory {i}") for i in range(count)], database.stored
         )
     return database

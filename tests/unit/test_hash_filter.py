@@ -47,7 +47,7 @@ def test_a_saturated_filter_never_rules_out() -> None:
 def test_a_hash_the_filter_never_saw_is_not_looked_up(tmp_path: Path) -> None:
     db = database_with_memories(tmp_path / "d.duckdb", count=3)  # hashes h0, h1, h2
     cur = db.reader()
-    found = memory_repo.find_live_duplicates(cur, db.content_hashes, "t", ["h1", "never stored"])
+    found = memory_repo.find_live_duplicates(cur, db.stored.hashes, "t", ["h1", "never stored"])
     assert [m.id for m in found.values()] == ["m1"]
     # An empty filter says nothing was stored, so the stored row is not even read.
     assert memory_repo.find_live_duplicates(cur, ContentHashFilter(), "t", ["h1"]) == {}
@@ -59,7 +59,7 @@ def test_the_filter_is_rebuilt_from_the_file_when_it_is_opened(tmp_path: Path) -
     first_id, dedup = _create(Database(path), "The user prefers dark mode.")
     assert not dedup
     reopened = Database(path)
-    assert reopened.content_hashes.may_contain(normalize_content("The user prefers dark mode.").hash)
+    assert reopened.stored.hashes.may_contain(normalize_content("The user prefers dark mode.").hash)
     assert _create(reopened, "the user prefers dark mode") == (first_id, True)
 
 
@@ -78,7 +78,7 @@ def test_a_rolled_back_insert_leaves_no_row_and_its_content_is_written_later(tmp
         insert_then_fail()
     assert memory_repo.count(db.reader(), "t", MemoryFilter(), include_deleted=True) == 0
     # The filter still has the hash (it only grows); the query then finds no live row.
-    assert db.content_hashes.may_contain(normalize_content("rolled back").hash)
+    assert db.stored.hashes.may_contain(normalize_content("rolled back").hash)
     new_id, dedup = _create(db, "rolled back")
     assert not dedup and memory_repo.get(db.reader(), "t", new_id) is not None
 
@@ -89,7 +89,7 @@ def test_content_changed_by_an_update_is_found_as_a_duplicate(tmp_path: Path) ->
     with db.transaction(MEMORIES) as cur:
         memory_repo.update_columns(
             cur,
-            db.content_hashes,
+            db.stored,
             "t",
             "m0",
             {

@@ -19,9 +19,7 @@ def test_sweep_purges_only_expired_and_unindexed_tombstones(tmp_path: Path) -> N
     db = Database(tmp_path / "d.duckdb")
     now = 100 * DAY
     with db.transaction() as cur:
-        memory_repo.insert_many(
-            cur, [(stored_memory(i, 0), f"memory {i}") for i in range(4)], db.content_hashes
-        )
+        memory_repo.insert_many(cur, [(stored_memory(i, 0), f"memory {i}") for i in range(4)], db.stored)
         memory_repo.tombstone(cur, "t", ["m0", "m1"], now - 40 * DAY)  # past the 30-day window
         memory_repo.tombstone(cur, "t", ["m2"], now - 5 * DAY)  # still inside it
         # m1 is still in the search index: it must not be purged before the index row is gone.

@@ -17,8 +17,8 @@ import pytest
 from mnemo_server.memory.model import Memory, MemoryFilter, Scope
 from mnemo_server.store import memory_repo, row_cache, session_repo
 from mnemo_server.store.database import Cursor, Database
-from mnemo_server.store.hash_filter import ContentHashFilter
 from mnemo_server.store.row_cache import RowCache, RowChange
+from mnemo_server.store.stored_summary import StoredSummary
 from tests.unit.stored import stored_memory
 
 COUNT = 8
@@ -27,9 +27,7 @@ COUNT = 8
 def _db(path: Path, rows: int = 1000) -> Database:
     db = Database(path, rows=memory_repo.new_row_cache(rows))
     with db.transaction() as cur:
-        memory_repo.insert_many(
-            cur, [(stored_memory(i, i), f"memory {i}") for i in range(COUNT)], db.content_hashes
-        )
+        memory_repo.insert_many(cur, [(stored_memory(i, i), f"memory {i}") for i in range(COUNT)], db.stored)
     return db
 
 
@@ -48,7 +46,7 @@ def _truth(db: Database) -> dict[str, Memory]:
 WRITES: dict[str, Callable[[Cursor], None]] = {
     "tombstone": lambda cur: memory_repo.tombstone(cur, "t", ["m1", "m2"], 99),
     "update_columns": lambda cur: memory_repo.update_columns(
-        cur, ContentHashFilter(), "t", "m3", {"content": "changed", "importance": 0.9, "pinned": True}, 99
+        cur, StoredSummary(), "t", "m3", {"content": "changed", "importance": 0.9, "pinned": True}, 99
     ),
     "mark_indexed": lambda cur: memory_repo.mark_indexed(cur, [("t", "m4", 1), ("t", "m5", 1)], "m"),
     "add_accesses": lambda cur: session_repo.add_accesses(cur, [("t", "m0", 2, 99), ("t", "m6", 1, 99)]),
@@ -104,7 +102,7 @@ def test_a_rolled_back_write_leaves_the_cache_consistent(tmp_path: Path) -> None
 
     def change_then_fail() -> None:
         with db.transaction() as cur:
-            memory_repo.update_columns(cur, db.content_hashes, "t", "m3", {"content": "never"}, 99)
+            memory_repo.update_columns(cur, db.stored, "t", "m3", {"content": "never"}, 99)
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
@@ -128,7 +126,7 @@ def test_listing_through_the_cache_matches_duckdb(tmp_path: Path) -> None:
     cached, plain = both(MemoryFilter())
     assert [m.id for m in plain] == ["m7", "m6", "m5", "m4", "m3"] and cached == plain
     with db.transaction() as w:
-        memory_repo.update_columns(w, db.content_hashes, "t", "m2", {"pinned": True}, 9)
+        memory_repo.update_columns(w, db.stored, "t", "m2", {"pinned": True}, 9)
         memory_repo.tombstone(w, "t", ["m6"], 9)
     cached, plain = both(MemoryFilter())
     assert "m6" not in [m.id for m in plain] and cached == plain
@@ -200,10 +198,8 @@ def test_readers_racing_a_writer_never_see_a_row_older_than_an_acknowledged_writ
     def write() -> None:
         for n in range(1, 200):
             with db.transaction() as cur:
-                memory_repo.update_columns(
-                    cur, db.content_hashes, "t", f"m{n % COUNT}", {"importance": n / 1000}, n
-                )
-                memory_repo.update_columns(cur, db.content_hashes, "t", "m0", {"category": str(n)}, n)
+                memory_repo.update_columns(cur, db.stored, "t", f"m{n % COUNT}", {"importance": n / 1000}, n)
+                memory_repo.update_columns(cur, db.stored, "t", "m0", {"category": str(n)}, n)
             acknowledged[0] = n
         stop.set()
 

@@ -38,7 +38,7 @@ def _memory(i: int, scope: Scope, content: str) -> Memory:
 
 def _store(db: Database, index: LanceIndex, memories: list[Memory]) -> None:
     with db.transaction() as cur:
-        memory_repo.insert_many(cur, [(m, m.content) for m in memories], db.content_hashes)
+        memory_repo.insert_many(cur, [(m, m.content) for m in memories], db.stored)
     index.upsert(
         "t",
         [
@@ -121,7 +121,7 @@ def test_counts_by_scope_are_live_memories_of_each_scope(tmp_path: Path) -> None
                     dataclasses.replace(_memory(2, PROJECT, "Bob: gone"), delete_time_ns=5),
                 ]
             ],
-            db.content_hashes,
+            db.stored,
         )
     got = memory_repo.speaker_counts_by_scope(db.reader(), "t", [PROJECT, SESSION])  # not the deleted one
     assert got == {PROJECT: {"Bob": 1}, SESSION: {}}

@@ -32,7 +32,7 @@ def _create(writer: CreateWriter, content: str) -> int:
 def test_numbers_go_on_past_the_largest_stored_when_the_file_is_opened(tmp_path: Path) -> None:
     db = database_with_memories(tmp_path / "d.duckdb", count=3)  # seqs 0, 1, 2
     with db.transaction(MEMORIES) as cur:  # one stored out of order (an older server, a restore)
-        memory_repo.insert_many(cur, [(stored_memory(40, 40), "memory 40")], db.content_hashes)
+        memory_repo.insert_many(cur, [(stored_memory(40, 40), "memory 40")], db.stored)
     db.close()
 
     reopened = Database(tmp_path / "d.duckdb")

@@ -155,7 +155,7 @@ class CreateWriter:
         normalized = [normalize_content(d.content) for d in drafts]
         existing = memory_repo.find_live_duplicates(
             cur,
-            self.db.content_hashes,
+            self.db.stored.hashes,
             tenant_id,
             [n.hash for d, n in zip(drafts, normalized, strict=True) if not d.external_id],
         )
@@ -214,7 +214,7 @@ class CreateWriter:
             if m.external_id:
                 owners[m.external_id] = m
             results.append(CreateResult(m, False))
-        memory_repo.insert_many(cur, to_insert, self.db.content_hashes)
+        memory_repo.insert_many(cur, to_insert, self.db.stored)
         memory_repo.record_history(
             cur,
             [

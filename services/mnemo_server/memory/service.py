@@ -229,7 +229,7 @@ class MemoryService:
                     raise NotFound("memory", memory_id)
                 if "content_hash" in changes and changes["content_hash"] != current.content_hash:
                     dup = memory_repo.find_live_duplicates(
-                        cur, self.db.content_hashes, tenant_id, [changes["content_hash"]]
+                        cur, self.db.stored.hashes, tenant_id, [changes["content_hash"]]
                     ).get((current.scope.key, changes["content_hash"]))
                     if dup is not None and dup.id != memory_id:
                         raise AlreadyExists(
@@ -238,7 +238,7 @@ class MemoryService:
                             reason="DUPLICATE_CONTENT",
                             metadata={"memory_id": dup.id},
                         )
-                memory_repo.update_columns(cur, self.db.content_hashes, tenant_id, memory_id, changes, now)
+                memory_repo.update_columns(cur, self.db.stored, tenant_id, memory_id, changes, now)
                 memory_repo.record_history(
                     cur, [(tenant_id, memory_id, "update", "api", "", {"paths": sorted(paths)})], now
                 )
@@ -404,7 +404,7 @@ class MemoryService:
             existing = memory_repo.get_many(cur, tenant_id, [m.id for m in memories])
             normalized = {m.id: normalize_content(m.content) for m in memories}
             dups = memory_repo.find_live_duplicates(
-                cur, self.db.content_hashes, tenant_id, [n.hash for n in normalized.values()]
+                cur, self.db.stored.hashes, tenant_id, [n.hash for n in normalized.values()]
             )
             revive = [m.id for m in memories if m.id in existing and existing[m.id].deleted]
             if revive:
@@ -439,7 +439,7 @@ class MemoryService:
                 )
             seqs = self.db.memory_seqs.take(len(rows))
             rows = [(replace(m, seq=s), n) for (m, n), s in zip(rows, seqs, strict=True)]
-            memory_repo.insert_many(cur, rows, self.db.content_hashes)
+            memory_repo.insert_many(cur, rows, self.db.stored)
             memory_repo.record_history(
                 cur, [(tenant_id, m.id, "import", "api", "", {}) for m, _ in rows], now
             )

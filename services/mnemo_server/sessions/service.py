@@ -177,14 +177,18 @@ class SessionService:
                     h.memory, {"recall"}, h.scores, h.score, prev_id=prev_id, next_id=next_id
                 )
         cur = self.db.reader()
-        pinned = memory_repo.list_page(
-            cur,
-            tenant_id,
-            MemoryFilter(scopes=scopes, pinned_only=True),
-            include_deleted=False,
-            before_seq=None,
-            limit=self.cfg.pool_pinned,
-            cache=self.db.rows,
+        pinned = (
+            memory_repo.list_page(
+                cur,
+                tenant_id,
+                MemoryFilter(scopes=scopes, pinned_only=True),
+                include_deleted=False,
+                before_seq=None,
+                limit=self.cfg.pool_pinned,
+                cache=self.db.rows,
+            )
+            if self.db.stored.pinned_tenants.may_hold(tenant_id)
+            else []
         )
         recent = memory_repo.list_page(
             cur,

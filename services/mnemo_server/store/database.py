@@ -27,9 +27,9 @@ import duckdb
 from mnemo_server.call_trace import mark
 from mnemo_server.errors import Aborted, FailedPrecondition
 from mnemo_server.store import row_cache
-from mnemo_server.store.hash_filter import ContentHashFilter
 from mnemo_server.store.row_cache import RowCache
 from mnemo_server.store.schema import MIGRATIONS
+from mnemo_server.store.stored_summary import StoredSummary
 
 Cursor = duckdb.DuckDBPyConnection
 
@@ -149,9 +149,7 @@ class Database:
         self.memory_seqs = (
             StoredSequence(1) if read_only else StoredSequence.after_largest(self._conn, "memories", "seq")
         )
-        self.content_hashes = (
-            ContentHashFilter(saturated=True) if read_only else ContentHashFilter.of_table(self._conn)
-        )
+        self.stored = StoredSummary.saturated() if read_only else StoredSummary.of_table(self._conn)
 
     def _migrate(self) -> None:
         con = self._conn

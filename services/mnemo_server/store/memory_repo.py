@@ -24,6 +24,7 @@ from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store.database import Cursor, fetch_one
 from mnemo_server.store.hash_filter import ContentHashFilter
 from mnemo_server.store.row_cache import Row, RowCache, all_rows_changed, rows_changed
+from mnemo_server.store.stored_summary import StoredSummary
 
 # Column order shared by SELECTs and the row decoder.
 _COLUMNS = (
@@ -212,11 +213,11 @@ def _row_values(m: Memory, normalized: str) -> dict[str, Any]:
     }
 
 
-def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]], stored_hashes: ContentHashFilter) -> None:
-    """Insert (memory, normalized_content) pairs in one statement; their hashes join
-    `stored_hashes` (before COMMIT, so no later duplicate check can miss them)."""
+def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]], stored: StoredSummary) -> None:
+    """Insert (memory, normalized_content) pairs in one statement; they join the `stored`
+    summary before COMMIT, so no later duplicate check or pinned read can miss them."""
     if rows:
-        stored_hashes.add(m.content_hash for m, _ in rows)
+        stored.inserting(m for m, _ in rows)
         insert_rows(cur, "memories", [_row_values(m, normalized) for m, normalized in rows])
 
 
@@ -447,7 +448,7 @@ UPDATABLE_COLUMNS = frozenset(
 
 def update_columns(
     cur: Cursor,
-    stored_hashes: ContentHashFilter,
+    stored: StoredSummary,
     tenant_id: str,
     memory_id: str,
     changes: dict[str, Any],
@@ -456,8 +457,7 @@ def update_columns(
     bad = set(changes) - UPDATABLE_COLUMNS
     if bad:
         raise ValueError(f"not updatable: {sorted(bad)}")
-    if "content_hash" in changes:
-        stored_hashes.add([changes["content_hash"]])
+    stored.updating(tenant_id, changes)
     values = dict(changes)
     if "metadata" in values:
         values["metadata"] = json.dumps(

@@ -42,6 +42,7 @@ from mnemo_server.sessions.service import SessionService
 from mnemo_server.skills.service import SkillService
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
+from mnemo_server.store.recent_ids import RecentIds
 from mnemo_server.tenancy.tenants import Principal, TenantService
 from mnemo_server.workers.retention import RetentionWorker
 from mnemo_server.workers.scheduler import Scheduler
@@ -101,6 +102,7 @@ class Core:
             self.paths.duckdb,
             memory_limit=config.storage.duckdb_memory_limit,
             rows=memory_repo.new_row_cache(config.storage.row_cache_rows),
+            recent=RecentIds(config.storage.recent_ids_depth),
         )
         try:
             models = self.paths.models(config)

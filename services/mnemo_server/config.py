@@ -67,6 +67,9 @@ class StorageConfig:
     # Memory rows kept in memory for Recall's and StartSession's reads (~1.1 KB each; 0: none).
     # Reading rows by id from DuckDB costs ~0.4 ms a row at 100k (see store/row_cache.py).
     row_cache_rows: int = 50_000
+    # Each scope's newest live ids kept in memory (store/recent_ids.py) for StartSession's
+    # recent candidates, this many a scope (0: none; used when >= sessions.pool_recent).
+    recent_ids_depth: int = 32
     # Creates that queue while another is being written are written together, up to this
     # many memories in one transaction (store/group_commit.py); 0: each on its own.
     group_commit_max_memories: int = 500

@@ -190,14 +190,8 @@ class SessionService:
             if self.db.stored.pinned_tenants.may_hold(tenant_id)
             else []
         )
-        recent = memory_repo.list_page(
-            cur,
-            tenant_id,
-            f,
-            include_deleted=False,
-            before_seq=None,
-            limit=self.cfg.pool_recent,
-            cache=self.db.rows,
+        recent = memory_repo.newest_in_scopes(
+            cur, self.db.recent, self.db.stored, self.db.rows, tenant_id, scopes, self.cfg.pool_recent
         )
         mark("pinned_and_recent")
         for origin, rows in (("pinned", pinned), ("recent", recent)):

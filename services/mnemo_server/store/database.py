@@ -27,6 +27,7 @@ import duckdb
 from mnemo_server.call_trace import mark
 from mnemo_server.errors import Aborted, FailedPrecondition
 from mnemo_server.store import row_cache
+from mnemo_server.store.recent_ids import RecentIds
 from mnemo_server.store.row_cache import RowCache
 from mnemo_server.store.schema import MIGRATIONS
 from mnemo_server.store.stored_summary import StoredSummary
@@ -112,11 +113,19 @@ class StoredSequence:
 
 class Database:
     def __init__(
-        self, path: Path, *, read_only: bool = False, memory_limit: str = "", rows: RowCache | None = None
+        self,
+        path: Path,
+        *,
+        read_only: bool = False,
+        memory_limit: str = "",
+        rows: RowCache | None = None,
+        recent: RecentIds | None = None,
     ):
         self.path = path
-        # Memory rows for the hot read paths, kept exact by `transaction` (see row_cache).
+        # Memory rows and each scope's newest ids for the hot read paths, kept exact by
+        # `transaction` (see row_cache, recent_ids).
         self.rows = rows or RowCache(0)
+        self.recent = recent or RecentIds(0)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = duckdb.connect(str(path), read_only=read_only)
@@ -210,6 +219,7 @@ class Database:
                 cur = self.reader()
                 cur.execute("BEGIN TRANSACTION")
                 row_cache.begin_changes()
+                committed = False
                 try:
                     try:
                         yield cur
@@ -217,10 +227,14 @@ class Database:
                         cur.execute("ROLLBACK")
                         raise
                     cur.execute("COMMIT")  # a COMMIT that fails has ended the transaction itself
+                    committed = True
                     mark("transaction")
                 finally:
                     # After the transaction ended, before the writer returns (row_cache).
-                    self.rows.drop(row_cache.end_changes())
+                    changes = row_cache.end_changes()
+                    self.rows.drop(changes)
+                    if committed:
+                        self.recent.apply(changes)
             except duckdb.TransactionException as exc:
                 if not _is_conflict(exc):
                     raise

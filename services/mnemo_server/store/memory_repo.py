@@ -21,8 +21,10 @@ from mnemo_server.memory.model import (
     TimeRange,
 )
 from mnemo_server.retrieval.query_analysis import speaker_of
+from mnemo_server.store import recent_ids
 from mnemo_server.store.database import Cursor, fetch_one
 from mnemo_server.store.hash_filter import ContentHashFilter
+from mnemo_server.store.recent_ids import RecentIds
 from mnemo_server.store.row_cache import Row, RowCache, all_rows_changed, rows_changed
 from mnemo_server.store.stored_summary import StoredSummary
 
@@ -218,6 +220,7 @@ def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]], stored: StoredS
     summary before COMMIT, so no later duplicate check or pinned read can miss them."""
     if rows:
         stored.inserting(m for m, _ in rows)
+        recent_ids.rows_added(m for m, _ in rows)
         insert_rows(cur, "memories", [_row_values(m, normalized) for m, normalized in rows])
 
 
@@ -372,6 +375,40 @@ def list_page(
     return [_decode(r) for r in rows]
 
 
+def newest_in_scopes(
+    cur: Cursor,
+    recent: RecentIds,
+    stored: StoredSummary,
+    cache: RowCache,
+    tenant_id: str,
+    scopes: Sequence[Scope],
+    limit: int,
+) -> list[Memory]:
+    """`list_page`'s first page for a filter of scopes alone (StartSession's recent
+    candidates), answered from the in-memory lists of `recent` where they reach; scopes
+    that never held a row are skipped. Reads outside a write transaction only."""
+    f = MemoryFilter(scopes=tuple(scopes))
+    if recent.enabled and limit <= recent.depth:
+        keys = [k for k in (recent_ids.scope_key(tenant_id, s) for s in scopes) if stored.scopes.may_hold(k)]
+        for _ in range(2):
+            ids, missing = recent.newest(keys, limit)
+            if not missing:
+                by_id = read_many(cur, cache, tenant_id, ids) if ids else {}
+                page = [by_id.get(i) for i in ids]
+                if all(m is not None and not m.deleted and f.matches(m) for m in page):
+                    return [m for m in page if m is not None]
+                break  # changed since the lists were read: DuckDB decides
+            since = recent.generation(tenant_id)
+            for key in missing:
+                rows = cur.execute(
+                    "SELECT seq, id FROM memories WHERE tenant_id = ? AND scope_kind = ? AND scope_id = ? "
+                    "AND delete_time_ns IS NULL ORDER BY seq DESC LIMIT ?",
+                    [*key, recent.depth],
+                ).fetchall()
+                recent.fill(key, [(int(seq), i) for seq, i in rows], since)
+    return list_page(cur, tenant_id, f, include_deleted=False, before_seq=None, limit=limit, cache=cache)
+
+
 def scan(
     cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool, after_seq: int, limit: int
 ) -> list[Memory]:
@@ -420,6 +457,7 @@ def oldest_unpinned(cur: Cursor, tenant_id: str, scope: Scope, mtype: MemoryType
 def tombstone(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int) -> None:
     if ids:
         rows_changed(tenant_id, ids)
+        recent_ids.rows_gone(tenant_id, ids)
         cur.execute(
             "UPDATE memories SET delete_time_ns = ?, update_time_ns = ?, revision = revision + 1 "
             f"WHERE id IN ({id_list(ids)}) AND tenant_id = ? AND delete_time_ns IS NULL",
@@ -465,6 +503,11 @@ def update_columns(
         )
     sets = ", ".join(f"{c} = ?" for c in values)
     rows_changed(tenant_id, [memory_id])
+    if "delete_time_ns" in changes:
+        if changes["delete_time_ns"] is None:
+            recent_ids.rows_revived(tenant_id)
+        else:
+            recent_ids.rows_gone(tenant_id, [memory_id])
     cur.execute(
         f"UPDATE memories SET {sets}, update_time_ns = ?, revision = revision + 1 "
         "WHERE id = ? AND tenant_id = ?",
@@ -670,6 +713,7 @@ def delete_rows(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> None:
     """Remove rows outright (an import replacing tombstoned memories of the same ids)."""
     if ids:
         rows_changed(tenant_id, ids)
+        recent_ids.rows_gone(tenant_id, ids)
         cur.execute(f"DELETE FROM memories WHERE id IN ({id_list(ids)}) AND tenant_id = ?", [tenant_id])
 
 
@@ -686,6 +730,7 @@ def purge_tombstones(cur: Cursor, before_ns: int, limit: int) -> list[tuple[str,
             by_tenant.setdefault(t, []).append(i)
         for t, ids in by_tenant.items():
             rows_changed(t, ids)
+            recent_ids.rows_gone(t, ids)  # tombstones are listed nowhere; kept exact regardless
         with arrow_view(cur, "doomed", [{"tenant_id": t, "id": i} for t, i in rows]):
             cur.execute(
                 "DELETE FROM memories USING doomed WHERE memories.id = doomed.id "

@@ -44,8 +44,10 @@ def begin_changes() -> None:
     _changes.pending = []
 
 
-def end_changes() -> list[RowChange]:
-    pending: list[RowChange] = getattr(_changes, "pending", None) or []
+def end_changes() -> list[object]:
+    """The changes recorded since `begin_changes`: `RowChange`s and whatever other views of
+    the rows recorded through `record_change` (each view picks out its own)."""
+    pending: list[object] = getattr(_changes, "pending", None) or []
     _changes.pending = None
     return pending
 
@@ -61,8 +63,14 @@ def all_rows_changed() -> None:
     _record(RowChange(None, None))
 
 
-def _record(change: RowChange) -> None:
-    pending: list[RowChange] | None = getattr(_changes, "pending", None)
+def record_change(change: object) -> None:
+    """Record a change another in-memory view of the rows applies after the transaction
+    (`recent_ids`); like `rows_changed`, only inside `Database.transaction`."""
+    _record(change)
+
+
+def _record(change: object) -> None:
+    pending: list[object] | None = getattr(_changes, "pending", None)
     if pending is None:
         raise RuntimeError("memory rows changed outside Database.transaction(): the row cache would go stale")
     pending.append(change)
@@ -167,12 +175,13 @@ class RowCache:
             banned |= change.ids
         return banned
 
-    def drop(self, changes: Sequence[RowChange]) -> None:
+    def drop(self, changes: Sequence[object]) -> None:
         """Forget changed rows; runs after the transaction that changed them ended."""
-        if not changes:
+        row_changes = [c for c in changes if isinstance(c, RowChange)]
+        if not row_changes:
             return
         with self._lock:
-            for change in changes:
+            for change in row_changes:
                 self._generation += 1
                 tenant, ids = change.tenant_id, change.ids
                 big = ids is not None and len(ids) > self.LOG_IDS

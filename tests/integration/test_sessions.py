@@ -137,6 +137,34 @@ def test_a_memory_pinned_later_is_a_pinned_candidate_of_the_next_session(
     assert [i for i, o in origins.items() if "pinned" in o] == [oldest.id]
 
 
+def test_recent_candidates_follow_every_acknowledged_write(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """StartSession's recent candidates come from lists of each scope's newest ids kept in
+    memory: a memory deleted or created just before must be gone or there in the next
+    session at once, and the lists, not DuckDB, answer once they are filled."""
+    scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p")
+    stub = tenant_a.memory()
+
+    def create(text: str) -> memory_pb2.Memory:
+        req = pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=text, scope=scope))
+        made: memory_pb2.Memory = stub.CreateMemory(req, metadata=tenant_a.md, timeout=10).memory
+        return made
+
+    def recent(sid: str) -> set[str]:
+        r = start(tenant_a, sid, "", max_memories=20)  # no context: pinned and recent only
+        return {m.memory.id for m in r.memories if "recent" in m.origin.split("+")}
+
+    made = [create(f"Weekly report number {i} went out on time") for i in range(12)]
+    assert recent("r1") == {m.id for m in made[-10:]}  # ranking.pool_recent = 10
+    stub.DeleteMemory(pb.DeleteMemoryRequest(id=made[-1].id), metadata=tenant_a.md, timeout=5)
+    assert recent("r2") == {m.id for m in made[-11:-1]}
+    later = create("A later note on the weekly report")
+    assert recent("r3") == {later.id} | {m.id for m in made[-10:-1]}
+    use = stub.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=5).cache_use
+    assert use.recent_id_scopes >= 1 and use.recent_id_hits >= 2 and use.recent_id_misses >= 1
+
+
 def test_injections_are_counted_as_accesses_in_batches_and_at_stop(
     start_server: Callable[..., LiveServer], tmp_path: Any
 ) -> None:

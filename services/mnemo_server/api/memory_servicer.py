@@ -241,7 +241,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
         s = self.memories.status(_tenant())
-        rows = self.memories.db.rows.stats()
+        rows, recent = self.memories.db.rows.stats(), self.memories.db.recent.stats()
         groups = self.memories.creates.group_stats
         locks = [
             pb.WriteLockStats(
@@ -275,6 +275,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 row_cache_rows=rows.rows,
                 row_cache_hits=rows.hits,
                 row_cache_misses=rows.misses,
+                recent_id_scopes=recent.scopes,
+                recent_id_hits=recent.hits,
+                recent_id_misses=recent.misses,
             ),
             access_counts_pending=self.sessions.access.pending(),
             create_group_commit=pb.GroupCommitStats(

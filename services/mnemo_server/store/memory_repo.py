@@ -390,12 +390,13 @@ def newest_in_scopes(
     f = MemoryFilter(scopes=tuple(scopes))
     if recent.enabled and limit <= recent.depth:
         keys = [k for k in (recent_ids.scope_key(tenant_id, s) for s in scopes) if stored.scopes.may_hold(k)]
-        for _ in range(2):
+        for attempt in range(2):
             ids, missing = recent.newest(keys, limit)
             if not missing:
                 by_id = read_many(cur, cache, tenant_id, ids) if ids else {}
                 page = [by_id.get(i) for i in ids]
                 if all(m is not None and not m.deleted and f.matches(m) for m in page):
+                    recent.count(answered=attempt == 0)
                     return [m for m in page if m is not None]
                 break  # changed since the lists were read: DuckDB decides
             since = recent.generation(tenant_id)
@@ -406,6 +407,7 @@ def newest_in_scopes(
                     [*key, recent.depth],
                 ).fetchall()
                 recent.fill(key, [(int(seq), i) for seq, i in rows], since)
+        recent.count(answered=False)
     return list_page(cur, tenant_id, f, include_deleted=False, before_seq=None, limit=limit, cache=cache)
 
 

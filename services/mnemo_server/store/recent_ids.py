@@ -120,12 +120,16 @@ class RecentIds:
                     missing.append(key)
                 else:
                     found.extend(listed.entries[:limit])
-            if missing:
-                self._misses += 1
-            else:
-                self._hits += 1
         found.sort()
         return [i for _, i in found[:limit]], missing
+
+    def count(self, *, answered: bool) -> None:
+        """One read served: from the lists alone, or with a query of DuckDB."""
+        with self._lock:
+            if answered:
+                self._hits += 1
+            else:
+                self._misses += 1
 
     def fill(self, key: ScopeKey, newest: Sequence[tuple[int, str]], since: int) -> None:
         """Keep a scope's newest (seq, id) rows, read from DuckDB (at most `depth`, newest

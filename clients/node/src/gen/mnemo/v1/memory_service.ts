@@ -514,6 +514,13 @@ export interface CacheUse {
   rowCacheRows: number;
   rowCacheHits: number;
   rowCacheMisses: number;
+  /**
+   * Each scope's newest memory ids kept for StartSession's recent candidates (all
+   * tenants): scopes listed, and StartSessions answered from the lists or sent to DuckDB.
+   */
+  recentIdScopes: number;
+  recentIdHits: number;
+  recentIdMisses: number;
 }
 
 /**
@@ -4061,6 +4068,9 @@ function createBaseCacheUse(): CacheUse {
     rowCacheRows: 0,
     rowCacheHits: 0,
     rowCacheMisses: 0,
+    recentIdScopes: 0,
+    recentIdHits: 0,
+    recentIdMisses: 0,
   };
 }
 
@@ -4083,6 +4093,15 @@ export const CacheUse: MessageFns<CacheUse> = {
     }
     if (message.rowCacheMisses !== 0) {
       writer.uint32(48).int64(message.rowCacheMisses);
+    }
+    if (message.recentIdScopes !== 0) {
+      writer.uint32(56).int64(message.recentIdScopes);
+    }
+    if (message.recentIdHits !== 0) {
+      writer.uint32(64).int64(message.recentIdHits);
+    }
+    if (message.recentIdMisses !== 0) {
+      writer.uint32(72).int64(message.recentIdMisses);
     }
     return writer;
   },
@@ -4148,6 +4167,30 @@ export const CacheUse: MessageFns<CacheUse> = {
             message.rowCacheMisses = longToNumber(reader.int64());
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.recentIdScopes = longToNumber(reader.int64());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.recentIdHits = longToNumber(reader.int64());
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.recentIdMisses = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4192,6 +4235,21 @@ export const CacheUse: MessageFns<CacheUse> = {
         : isSet(object.row_cache_misses)
         ? globalThis.Number(object.row_cache_misses)
         : 0,
+      recentIdScopes: isSet(object.recentIdScopes)
+        ? globalThis.Number(object.recentIdScopes)
+        : isSet(object.recent_id_scopes)
+        ? globalThis.Number(object.recent_id_scopes)
+        : 0,
+      recentIdHits: isSet(object.recentIdHits)
+        ? globalThis.Number(object.recentIdHits)
+        : isSet(object.recent_id_hits)
+        ? globalThis.Number(object.recent_id_hits)
+        : 0,
+      recentIdMisses: isSet(object.recentIdMisses)
+        ? globalThis.Number(object.recentIdMisses)
+        : isSet(object.recent_id_misses)
+        ? globalThis.Number(object.recent_id_misses)
+        : 0,
     };
   },
 
@@ -4215,6 +4273,15 @@ export const CacheUse: MessageFns<CacheUse> = {
     if (message.rowCacheMisses !== 0) {
       obj.rowCacheMisses = Math.round(message.rowCacheMisses);
     }
+    if (message.recentIdScopes !== 0) {
+      obj.recentIdScopes = Math.round(message.recentIdScopes);
+    }
+    if (message.recentIdHits !== 0) {
+      obj.recentIdHits = Math.round(message.recentIdHits);
+    }
+    if (message.recentIdMisses !== 0) {
+      obj.recentIdMisses = Math.round(message.recentIdMisses);
+    }
     return obj;
   },
 
@@ -4229,6 +4296,9 @@ export const CacheUse: MessageFns<CacheUse> = {
     message.rowCacheRows = object.rowCacheRows ?? 0;
     message.rowCacheHits = object.rowCacheHits ?? 0;
     message.rowCacheMisses = object.rowCacheMisses ?? 0;
+    message.recentIdScopes = object.recentIdScopes ?? 0;
+    message.recentIdHits = object.recentIdHits ?? 0;
+    message.recentIdMisses = object.recentIdMisses ?? 0;
     return message;
   },
 };

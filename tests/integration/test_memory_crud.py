@@ -150,6 +150,44 @@ def test_list_filters_and_pagination(tenant_a: TenantClient) -> None:
     assert error_info(err.value)[1] == ["page_token"]
 
 
+def test_first_pages_by_scope_follow_every_write_and_page_on_into_duckdb(tenant_a: TenantClient) -> None:
+    """A first page filtered by scopes alone comes from the in-memory newest-ids lists; it
+    must show a delete or a create at once and hand over to DuckDB's pages seamlessly."""
+    stub = tenant_a.memory()
+    scopes = [common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id=p) for p in ("a", "b")]
+    made = [
+        stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=_mem(f"scoped fact {i}", scope=scopes[i % 2])),
+            metadata=tenant_a.md,
+            timeout=10,
+        ).memory
+        for i in range(25)
+    ]
+    both = memory_pb2.MemoryFilter(scopes=scopes)
+
+    def listed(size: int) -> list[str]:
+        ids: list[str] = []
+        token = ""
+        while True:
+            page = stub.ListMemories(
+                pb.ListMemoriesRequest(filter=both, page_size=size, page_token=token), metadata=tenant_a.md
+            )
+            ids += [m.id for m in page.memories]
+            if not (token := page.next_page_token):
+                return ids
+
+    newest_first = [m.id for m in reversed(made)]
+    assert listed(10) == newest_first
+    stub.DeleteMemory(pb.DeleteMemoryRequest(id=made[-2].id), metadata=tenant_a.md, timeout=5)
+    assert listed(7) == [i for i in newest_first if i != made[-2].id]
+    later = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("a later scoped fact", scope=scopes[1])), metadata=tenant_a.md
+    ).memory
+    assert listed(30) == [later.id] + [i for i in newest_first if i != made[-2].id]
+    use = stub.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=5).cache_use
+    assert use.recent_id_scopes >= 2 and use.recent_id_hits >= 1
+
+
 def test_update_with_field_mask(tenant_a: TenantClient) -> None:
     stub = tenant_a.memory()
     m = stub.CreateMemory(

@@ -88,8 +88,8 @@ def print_tables(result: dict[str, Any]) -> None:
         f"{mib['scope_vector_bytes']:.1f} MiB, full-text postings {mib['text_posting_bytes']:.1f} MiB; "
         f"row cache {c['row_cache_rows']} rows, {c['row_cache_hits'] / max(reads, 1):.0%} of "
         f"{reads} reads answered; newest ids of {c['recent_id_scopes']} scopes, "
-        f"{c['recent_id_hits'] / max(c['recent_id_hits'] + c['recent_id_misses'], 1):.0%} of StartSessions' "
-        "recent candidates answered"
+        f"{c['recent_id_hits'] / max(c['recent_id_hits'] + c['recent_id_misses'], 1):.0%} of newest-first "
+        "reads answered"
     )
 
 

@@ -188,15 +188,23 @@ class MemoryService:
         before = decode_token(page_token, fingerprint)
         if before is not None and not isinstance(before, int):
             raise InvalidArgument("page_token", "is not a token this server issued")
-        rows = memory_repo.list_page(
-            self.db.reader(),
-            tenant_id,
-            f,
-            include_deleted=show_deleted,
-            before_seq=before,
-            limit=size + 1,
-            cache=self.db.rows,
-        )
+        cur = self.db.reader()
+        if before is None and not show_deleted and f.scopes and f.scopes_only:
+            # A first page of live memories by scope: each scope's newest ids are kept in
+            # memory (store/recent_ids.py), so DuckDB's top-N over the table is not needed.
+            rows = memory_repo.newest_in_scopes(
+                cur, self.db.recent, self.db.stored, self.db.rows, tenant_id, f.scopes, size + 1
+            )
+        else:
+            rows = memory_repo.list_page(
+                cur,
+                tenant_id,
+                f,
+                include_deleted=show_deleted,
+                before_seq=before,
+                limit=size + 1,
+                cache=self.db.rows,
+            )
         next_token = encode_token(rows[size - 1].seq, fingerprint) if len(rows) > size else ""
         return rows[:size], next_token
 

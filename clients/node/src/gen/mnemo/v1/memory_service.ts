@@ -515,8 +515,9 @@ export interface CacheUse {
   rowCacheHits: number;
   rowCacheMisses: number;
   /**
-   * Each scope's newest memory ids kept for StartSession's recent candidates (all
-   * tenants): scopes listed, and StartSessions answered from the lists or sent to DuckDB.
+   * Each scope's newest memory ids kept for StartSession's recent candidates and the
+   * first page of ListMemories by scope (all tenants): scopes listed, and reads answered
+   * from the lists alone or with a DuckDB query.
    */
   recentIdScopes: number;
   recentIdHits: number;

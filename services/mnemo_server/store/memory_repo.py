@@ -384,9 +384,10 @@ def newest_in_scopes(
     scopes: Sequence[Scope],
     limit: int,
 ) -> list[Memory]:
-    """`list_page`'s first page for a filter of scopes alone (StartSession's recent
-    candidates), answered from the in-memory lists of `recent` where they reach; scopes
-    that never held a row are skipped. Reads outside a write transaction only."""
+    """`list_page`'s first page of live rows for a filter of scopes alone (StartSession's
+    recent candidates, ListMemories' first page), answered from the in-memory lists of
+    `recent` where they reach; scopes that never held a row are skipped. Reads outside a
+    write transaction only."""
     f = MemoryFilter(scopes=tuple(scopes))
     if recent.enabled and limit <= recent.depth:
         keys = [k for k in (recent_ids.scope_key(tenant_id, s) for s in scopes) if stored.scopes.may_hold(k)]

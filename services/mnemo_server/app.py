@@ -188,7 +188,13 @@ class Core:
             )
         for tenant_id in work.optimize:
             started = time.monotonic()
-            done = self.index.optimize(tenant_id, merge_deltas=tenant_id not in work.backlog_only)
+            if tenant_id in work.backlog_only:  # deltas merged only past the backlog's bound
+                backlog_bound = self.config.index.ann_backlog_max_deltas
+                done = self.index.optimize(
+                    tenant_id, merge_deltas=backlog_bound > 0, max_deltas=backlog_bound
+                )
+            else:
+                done = self.index.optimize(tenant_id)
             took = time.monotonic() - started
             # A delta merge is rare (every ann_max_deltas optimizes) and long; charged to the
             # share it would hold the next few regular optimizes back for minutes.

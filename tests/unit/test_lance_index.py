@@ -250,6 +250,24 @@ def test_a_table_with_an_older_layout_is_dropped_for_rebuilding(tmp_path: Path) 
     assert restarted.count("fresh") == 1
 
 
+def test_a_bound_given_for_one_optimize_replaces_ann_max_deltas(tmp_path: Path) -> None:
+    """A backlog's optimizes merge past their own, larger bound (index.ann_backlog_max_deltas)."""
+    index = LanceIndex(
+        tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64, ann_max_deltas=2)
+    )
+    rng = np.random.default_rng(5)
+    vectors = {i: _unit(rng) for i in range(700)}
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])
+    assert "ann_index" in index.optimize(TENANT)
+    merged = []
+    for start in range(600, 700, 25):
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 25)])
+        merged.append(index.optimize(TENANT, max_deltas=4).get("merged_vector_deltas", 0))
+    assert merged == [0, 0, 0, 4]  # 2, 3 and 4 deltas stay; the fifth makes it merge
+    assert index.vector_deltas(TENANT) == 2
+    _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in (0, 599, 600, 699)}, set())
+
+
 def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) -> None:
     import threading
 

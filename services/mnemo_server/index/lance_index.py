@@ -435,10 +435,13 @@ class LanceIndex:
         dataset.optimize.optimize_indices()
         dataset.cleanup_old_versions(older_than=timedelta(seconds=self.cfg.keep_versions_s))
 
-    def optimize(self, tenant_id: str, *, merge_deltas: bool = True) -> dict[str, Any]:
+    def optimize(
+        self, tenant_id: str, *, merge_deltas: bool = True, max_deltas: int | None = None
+    ) -> dict[str, Any]:
         """Compact small fragments, fold new rows into the indices, add the ANN index once
         the table is large, drop versions nobody reads any more, and (merge_deltas) merge
-        the ANN index's deltas once there are many. Returns what was done."""
+        the ANN index's deltas once there are more than `max_deltas` (`ann_max_deltas`
+        unless given). Returns what was done."""
         from lancedb.index import Bitmap, BTree, HnswSq
 
         h = self._handle(tenant_id, create=False)
@@ -479,7 +482,8 @@ class LanceIndex:
             done["beside_writes"] = True
         done["rows"] = rows
         segments = self._vector_segments(h)
-        tail = self._small_newest(segments) if merge_deltas and len(segments) > self.cfg.ann_max_deltas else 0
+        most = self.cfg.ann_max_deltas if max_deltas is None else max_deltas
+        tail = self._small_newest(segments) if merge_deltas and len(segments) > most else 0
         if tail > 1:
             # Every optimize folds the new rows into a delta of the ANN index and a search
             # probes each delta: after a 100k bulk load, 45 deltas made it 27 ms instead of 6.

@@ -250,15 +250,20 @@ def test_a_table_with_an_older_layout_is_dropped_for_rebuilding(tmp_path: Path) 
     assert restarted.count("fresh") == 1
 
 
-def test_a_bound_given_for_one_optimize_replaces_ann_max_deltas(tmp_path: Path) -> None:
-    """A backlog's optimizes merge past their own, larger bound (index.ann_backlog_max_deltas)."""
-    index = LanceIndex(
-        tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64, ann_max_deltas=2)
-    )
-    rng = np.random.default_rng(5)
-    vectors = {i: _unit(rng) for i in range(700)}
+def _ann_indexed_600(path: Path, seed: int, rows: int) -> tuple[LanceIndex, dict[int, np.ndarray]]:
+    """An index merging ANN deltas past 2, holding rows 0-599 of `rows` random vectors
+    under an ANN index (the rest are for the test to add)."""
+    index = LanceIndex(path, DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64, ann_max_deltas=2))
+    rng = np.random.default_rng(seed)
+    vectors = {i: _unit(rng) for i in range(rows)}
     index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])
     assert "ann_index" in index.optimize(TENANT)
+    return index, vectors
+
+
+def test_a_bound_given_for_one_optimize_replaces_ann_max_deltas(tmp_path: Path) -> None:
+    """A backlog's optimizes merge past their own, larger bound (index.ann_backlog_max_deltas)."""
+    index, vectors = _ann_indexed_600(tmp_path / "lance", seed=5, rows=700)
     merged = []
     for start in range(600, 700, 25):
         index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 25)])
@@ -271,13 +276,7 @@ def test_a_bound_given_for_one_optimize_replaces_ann_max_deltas(tmp_path: Path) 
 def test_ann_deltas_are_merged_without_losing_concurrent_writes(tmp_path: Path) -> None:
     import threading
 
-    index = LanceIndex(
-        tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64, ann_max_deltas=2)
-    )
-    rng = np.random.default_rng(11)
-    vectors = {i: _unit(rng) for i in range(900)}
-    index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])
-    assert "ann_index" in index.optimize(TENANT)
+    index, vectors = _ann_indexed_600(tmp_path / "lance", seed=11, rows=900)
 
     def small_deltas(rows: range) -> None:
         """Backlog-only optimizes add a small delta each and do not merge."""

@@ -239,7 +239,7 @@ def test_fills_racing_writers_leave_no_stale_list(tmp_path: Path) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    for round_ in range(40):
+    for round_ in range(60):
         stop = threading.Event()
         threads = [threading.Thread(target=write, args=(round_ * 2 + s, stop)) for s in (0, 1)]
         threads.append(threading.Thread(target=read, args=(stop,)))
@@ -264,5 +264,5 @@ def test_fills_racing_writers_leave_no_stale_list(tmp_path: Path) -> None:
             )
             assert ids == [m.id for m in want], (round_, key)
             checked += 1
-    assert checked >= 20  # most rounds end with a kept list to compare
+    assert checked >= 10  # enough rounds end with a kept list (a fill that met a write is skipped)
     db.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mnemo_server.memory.model import Memory, MemoryFilter, Scope
-from mnemo_server.store import memory_repo, row_cache, session_repo
+from mnemo_server.store import memory_repo, row_cache, session_repo, write_changes
 from mnemo_server.store.database import Cursor, Database
 from mnemo_server.store.row_cache import RowCache, RowChange
 from mnemo_server.store.stored_summary import StoredSummary
@@ -223,11 +223,11 @@ def test_readers_racing_a_writer_never_see_a_row_older_than_an_acknowledged_writ
 
 
 def test_changes_are_collected_per_thread_and_transaction() -> None:
-    row_cache.begin_changes()
+    write_changes.begin()
     row_cache.rows_changed("t", ["a"])
     row_cache.all_rows_changed()
-    assert row_cache.end_changes() == [RowChange("t", frozenset({"a"})), RowChange(None, None)]
-    assert row_cache.end_changes() == []
+    assert write_changes.end() == [RowChange("t", frozenset({"a"})), RowChange(None, None)]
+    assert write_changes.end() == []
     with pytest.raises(RuntimeError):
         row_cache.rows_changed("t", ["a"])
 

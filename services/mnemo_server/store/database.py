@@ -26,7 +26,7 @@ import duckdb
 
 from mnemo_server.call_trace import mark
 from mnemo_server.errors import Aborted, FailedPrecondition
-from mnemo_server.store import row_cache
+from mnemo_server.store import write_changes
 from mnemo_server.store.recent_ids import RecentIds
 from mnemo_server.store.row_cache import RowCache
 from mnemo_server.store.schema import MIGRATIONS
@@ -218,7 +218,7 @@ class Database:
                     raise FailedPrecondition("the store is closed", reason="STORE_CLOSED")
                 cur = self.reader()
                 cur.execute("BEGIN TRANSACTION")
-                row_cache.begin_changes()
+                write_changes.begin()
                 committed = False
                 try:
                     try:
@@ -230,8 +230,8 @@ class Database:
                     committed = True
                     mark("transaction")
                 finally:
-                    # After the transaction ended, before the writer returns (row_cache).
-                    changes = row_cache.end_changes()
+                    # After the transaction ended, before the writer returns (write_changes).
+                    changes = write_changes.end()
                     self.rows.drop(changes)
                     if committed:
                         self.recent.apply(changes)

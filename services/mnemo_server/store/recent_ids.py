@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mnemo_server.memory.model import Memory, Scope
-from mnemo_server.store.row_cache import record_change
+from mnemo_server.store.write_changes import record
 
 ScopeKey = tuple[str, str, str]  # tenant, scope kind, scope id
 
@@ -61,17 +61,17 @@ def rows_added(memories: Iterable[Memory]) -> None:
     """Rows the open transaction inserts (deleted ones, as an import may carry, are skipped)."""
     rows = tuple((scope_key(m.tenant_id, m.scope), m.seq, m.id) for m in memories if not m.deleted)
     if rows:
-        record_change(RowsAdded(rows))
+        record(RowsAdded(rows))
 
 
 def rows_gone(tenant_id: str, ids: Iterable[str]) -> None:
     """Rows the open transaction deletes or tombstones."""
-    record_change(RowsGone(tenant_id, frozenset(ids)))
+    record(RowsGone(tenant_id, frozenset(ids)))
 
 
 def rows_revived(tenant_id: str) -> None:
     """A deleted row of this tenant becomes live again in the open transaction."""
-    record_change(RowsRevived(tenant_id))
+    record(RowsRevived(tenant_id))
 
 
 @dataclass

@@ -8,9 +8,9 @@ returned them (immutable tuples: a caller may change the Memory it decodes from 
 
 DuckDB stays the source of truth, and a cached row must never outlive a change to it:
 - Every statement that changes memory rows says which (`rows_changed`, called by the
-  repositories inside the transaction); `Database.transaction` drops those rows from the
-  cache after COMMIT (or ROLLBACK), before the writer returns. A read that starts after a
-  write was acknowledged therefore never sees the old row.
+  repositories inside the transaction, collected by `write_changes`); `Database.transaction`
+  drops those rows from the cache after COMMIT (or ROLLBACK), before the writer returns.
+  A read that starts after a write was acknowledged therefore never sees the old row.
 - A reader that missed takes `generation()` before it reads DuckDB and fills with it: rows
   dropped after that point are not put back (the read may have seen them before the
   change). Drops are logged by generation; when the log no longer reaches back that far,
@@ -28,9 +28,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-Row = tuple[Any, ...]
+from mnemo_server.store import write_changes
 
-_changes = threading.local()
+Row = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -39,41 +39,15 @@ class RowChange:
     ids: frozenset[str] | None  # None: every row of the tenant(s)
 
 
-def begin_changes() -> None:
-    """Start collecting this thread's row changes (one transaction at a time per thread)."""
-    _changes.pending = []
-
-
-def end_changes() -> list[object]:
-    """The changes recorded since `begin_changes`: `RowChange`s and whatever other views of
-    the rows recorded through `record_change` (each view picks out its own)."""
-    pending: list[object] = getattr(_changes, "pending", None) or []
-    _changes.pending = None
-    return pending
-
-
 def rows_changed(tenant_id: str, ids: Iterable[str] | None) -> None:
     """Record that the open transaction on this thread changes these memory rows of a
     tenant (`ids` None: any of its rows)."""
-    _record(RowChange(tenant_id, None if ids is None else frozenset(ids)))
+    write_changes.record(RowChange(tenant_id, None if ids is None else frozenset(ids)))
 
 
 def all_rows_changed() -> None:
     """Record that the open transaction changes rows of every tenant."""
-    _record(RowChange(None, None))
-
-
-def record_change(change: object) -> None:
-    """Record a change another in-memory view of the rows applies after the transaction
-    (`recent_ids`); like `rows_changed`, only inside `Database.transaction`."""
-    _record(change)
-
-
-def _record(change: object) -> None:
-    pending: list[object] | None = getattr(_changes, "pending", None)
-    if pending is None:
-        raise RuntimeError("memory rows changed outside Database.transaction(): the row cache would go stale")
-    pending.append(change)
+    write_changes.record(RowChange(None, None))
 
 
 @dataclass(frozen=True)

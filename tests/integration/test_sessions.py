@@ -163,6 +163,9 @@ def test_recent_candidates_follow_every_acknowledged_write(
     assert recent("r3") == {later.id} | {m.id for m in made[-10:-1]}
     use = stub.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=5).cache_use
     assert use.recent_id_scopes >= 1 and use.recent_id_hits >= 2 and use.recent_id_misses >= 1
+    # One call at a time, and nothing in the background adds or removes memories here: no
+    # write raced a fill of the lists.
+    assert use.recent_id_fills_skipped == 0
 
 
 def test_injections_are_counted_as_accesses_in_batches_and_at_stop(

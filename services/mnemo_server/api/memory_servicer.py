@@ -278,6 +278,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 recent_id_scopes=recent.scopes,
                 recent_id_hits=recent.hits,
                 recent_id_misses=recent.misses,
+                row_cache_fills_skipped=rows.fills_skipped,
+                recent_id_fills_skipped=recent.fills_skipped,
             ),
             access_counts_pending=self.sessions.access.pending(),
             create_group_commit=pb.GroupCommitStats(

@@ -89,7 +89,8 @@ def print_tables(result: dict[str, Any]) -> None:
         f"row cache {c['row_cache_rows']} rows, {c['row_cache_hits'] / max(reads, 1):.0%} of "
         f"{reads} reads answered; newest ids of {c['recent_id_scopes']} scopes, "
         f"{c['recent_id_hits'] / max(c['recent_id_hits'] + c['recent_id_misses'], 1):.0%} of newest-first "
-        "reads answered"
+        f"reads answered; fills skipped for a racing write: {c['row_cache_fills_skipped']} rows, "
+        f"{c['recent_id_fills_skipped']} lists"
     )
 
 

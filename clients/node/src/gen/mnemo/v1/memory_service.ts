@@ -522,6 +522,12 @@ export interface CacheUse {
   recentIdScopes: number;
   recentIdHits: number;
   recentIdMisses: number;
+  /**
+   * Reads from DuckDB not kept by the row cache (rows) or the lists (scope fills) because
+   * a write of their tenant committed while they read: the next reader reads again.
+   */
+  rowCacheFillsSkipped: number;
+  recentIdFillsSkipped: number;
 }
 
 /**
@@ -4072,6 +4078,8 @@ function createBaseCacheUse(): CacheUse {
     recentIdScopes: 0,
     recentIdHits: 0,
     recentIdMisses: 0,
+    rowCacheFillsSkipped: 0,
+    recentIdFillsSkipped: 0,
   };
 }
 
@@ -4103,6 +4111,12 @@ export const CacheUse: MessageFns<CacheUse> = {
     }
     if (message.recentIdMisses !== 0) {
       writer.uint32(72).int64(message.recentIdMisses);
+    }
+    if (message.rowCacheFillsSkipped !== 0) {
+      writer.uint32(80).int64(message.rowCacheFillsSkipped);
+    }
+    if (message.recentIdFillsSkipped !== 0) {
+      writer.uint32(88).int64(message.recentIdFillsSkipped);
     }
     return writer;
   },
@@ -4192,6 +4206,22 @@ export const CacheUse: MessageFns<CacheUse> = {
             message.recentIdMisses = longToNumber(reader.int64());
             continue;
           }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.rowCacheFillsSkipped = longToNumber(reader.int64());
+            continue;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.recentIdFillsSkipped = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4251,6 +4281,16 @@ export const CacheUse: MessageFns<CacheUse> = {
         : isSet(object.recent_id_misses)
         ? globalThis.Number(object.recent_id_misses)
         : 0,
+      rowCacheFillsSkipped: isSet(object.rowCacheFillsSkipped)
+        ? globalThis.Number(object.rowCacheFillsSkipped)
+        : isSet(object.row_cache_fills_skipped)
+        ? globalThis.Number(object.row_cache_fills_skipped)
+        : 0,
+      recentIdFillsSkipped: isSet(object.recentIdFillsSkipped)
+        ? globalThis.Number(object.recentIdFillsSkipped)
+        : isSet(object.recent_id_fills_skipped)
+        ? globalThis.Number(object.recent_id_fills_skipped)
+        : 0,
     };
   },
 
@@ -4283,6 +4323,12 @@ export const CacheUse: MessageFns<CacheUse> = {
     if (message.recentIdMisses !== 0) {
       obj.recentIdMisses = Math.round(message.recentIdMisses);
     }
+    if (message.rowCacheFillsSkipped !== 0) {
+      obj.rowCacheFillsSkipped = Math.round(message.rowCacheFillsSkipped);
+    }
+    if (message.recentIdFillsSkipped !== 0) {
+      obj.recentIdFillsSkipped = Math.round(message.recentIdFillsSkipped);
+    }
     return obj;
   },
 
@@ -4300,6 +4346,8 @@ export const CacheUse: MessageFns<CacheUse> = {
     message.recentIdScopes = object.recentIdScopes ?? 0;
     message.recentIdHits = object.recentIdHits ?? 0;
     message.recentIdMisses = object.recentIdMisses ?? 0;
+    message.rowCacheFillsSkipped = object.rowCacheFillsSkipped ?? 0;
+    message.recentIdFillsSkipped = object.recentIdFillsSkipped ?? 0;
     return message;
   },
 };

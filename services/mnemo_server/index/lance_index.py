@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from mnemo_server.config import IndexConfig
 from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
 from mnemo_server.index.pending import PendingRows
+from mnemo_server.index.row_addresses import IdsByAddress
 from mnemo_server.index.scope_vectors import ScopeVectors
 from mnemo_server.index.text_postings import TextPostings
 from mnemo_server.memory.model import MemoryFilter
@@ -71,9 +72,10 @@ class CacheUse:
     index_session_bytes: int
     scope_vector_bytes: int
     text_posting_bytes: int
+    row_id_bytes: int
 
 
-NO_CACHE_USE = CacheUse(0, 0, 0)
+NO_CACHE_USE = CacheUse(0, 0, 0, 0)
 
 
 def _row_attrs(r: IndexRow) -> Attrs:
@@ -133,6 +135,8 @@ class _Handle:
     vectors: ScopeVectors
     # Every row's full-text postings, once loaded (then kept by this process's writes).
     texts: TextPostings
+    # Ids by row address: a vector search reads no column (row_addresses.py).
+    ids: IdsByAddress = field(default_factory=IdsByAddress)
     lock: threading.Lock = field(default_factory=threading.Lock)
     has_text_index: bool = False
     # Every row outside the ANN index (see pending.py), or None while that is not known:
@@ -601,6 +605,7 @@ class LanceIndex:
             index_session_bytes=int(h.session.size_bytes()),
             scope_vector_bytes=h.vectors.nbytes() if h.vectors.loaded else 0,
             text_posting_bytes=h.texts.nbytes() if h.texts.loaded else 0,
+            row_id_bytes=h.ids.nbytes(),
         )
 
     def stats(self, tenant_id: str) -> dict[str, Any]:
@@ -671,7 +676,7 @@ class LanceIndex:
             return self._leg_hits(h, [i for i, _ in found], [s for _, s in found])
         # The pending rows before the snapshot: an optimize folds rows in, then clears them
         # here, so this order sees each row in one place or both, never in neither.
-        pending = h.pending
+        pending, reader = h.pending, h.reader
         nearest = {
             "column": "vector",
             "q": vector,
@@ -679,16 +684,18 @@ class LanceIndex:
             "metric": "cosine",
             "nprobes": self.cfg.ann_nprobes,
         }
-        result = h.reader.to_table(
-            columns=["id", "_distance"],
+        result = reader.to_table(
+            columns=["_distance"],
+            with_row_address=True,
             nearest=nearest,
             filter=filter_sql(f),
             prefilter=True,
             fast_search=pending is not None,
         )
-        ids = result.column("id").to_pylist()
+        hit_ids = h.ids.ids_at(reader, result.column("_rowaddr").to_pylist())
         dists = result.column("_distance").to_pylist()
-        scores = {i: 1.0 - float(d) for i, d in zip(ids, dists, strict=True)}
+        scores = {i: 1.0 - float(d) for i, d in zip(hit_ids, dists, strict=True) if i is not None}
+        ids = list(scores)
         if pending:
             # A row written again is in both: its pending copy is the newer one.
             scores.update(pending.search(vector, k, f))

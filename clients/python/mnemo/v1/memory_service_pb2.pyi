@@ -353,7 +353,7 @@ class GroupCommitStats(_message.Message):
     def __init__(self, calls: _Optional[int] = ..., groups: _Optional[int] = ..., largest_group: _Optional[int] = ...) -> None: ...
 
 class CacheUse(_message.Message):
-    __slots__ = ("index_session_bytes", "scope_vector_bytes", "text_posting_bytes", "row_cache_rows", "row_cache_hits", "row_cache_misses", "recent_id_scopes", "recent_id_hits", "recent_id_misses", "row_cache_fills_skipped", "recent_id_fills_skipped")
+    __slots__ = ("index_session_bytes", "scope_vector_bytes", "text_posting_bytes", "row_cache_rows", "row_cache_hits", "row_cache_misses", "recent_id_scopes", "recent_id_hits", "recent_id_misses", "row_cache_fills_skipped", "recent_id_fills_skipped", "index_row_id_bytes")
     INDEX_SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
     SCOPE_VECTOR_BYTES_FIELD_NUMBER: _ClassVar[int]
     TEXT_POSTING_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -365,6 +365,7 @@ class CacheUse(_message.Message):
     RECENT_ID_MISSES_FIELD_NUMBER: _ClassVar[int]
     ROW_CACHE_FILLS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     RECENT_ID_FILLS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    INDEX_ROW_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
     index_session_bytes: int
     scope_vector_bytes: int
     text_posting_bytes: int
@@ -376,7 +377,8 @@ class CacheUse(_message.Message):
     recent_id_misses: int
     row_cache_fills_skipped: int
     recent_id_fills_skipped: int
-    def __init__(self, index_session_bytes: _Optional[int] = ..., scope_vector_bytes: _Optional[int] = ..., text_posting_bytes: _Optional[int] = ..., row_cache_rows: _Optional[int] = ..., row_cache_hits: _Optional[int] = ..., row_cache_misses: _Optional[int] = ..., recent_id_scopes: _Optional[int] = ..., recent_id_hits: _Optional[int] = ..., recent_id_misses: _Optional[int] = ..., row_cache_fills_skipped: _Optional[int] = ..., recent_id_fills_skipped: _Optional[int] = ...) -> None: ...
+    index_row_id_bytes: int
+    def __init__(self, index_session_bytes: _Optional[int] = ..., scope_vector_bytes: _Optional[int] = ..., text_posting_bytes: _Optional[int] = ..., row_cache_rows: _Optional[int] = ..., row_cache_hits: _Optional[int] = ..., row_cache_misses: _Optional[int] = ..., recent_id_scopes: _Optional[int] = ..., recent_id_hits: _Optional[int] = ..., recent_id_misses: _Optional[int] = ..., row_cache_fills_skipped: _Optional[int] = ..., recent_id_fills_skipped: _Optional[int] = ..., index_row_id_bytes: _Optional[int] = ...) -> None: ...
 
 class WriteLockStats(_message.Message):
     __slots__ = ("transactions", "held_seconds", "waited_seconds", "domain")

@@ -528,6 +528,11 @@ export interface CacheUse {
    */
   rowCacheFillsSkipped: number;
   recentIdFillsSkipped: number;
+  /**
+   * This tenant's memory ids by LanceDB row address, read once per data file, so that a
+   * vector search reads no column of the table.
+   */
+  indexRowIdBytes: number;
 }
 
 /**
@@ -4080,6 +4085,7 @@ function createBaseCacheUse(): CacheUse {
     recentIdMisses: 0,
     rowCacheFillsSkipped: 0,
     recentIdFillsSkipped: 0,
+    indexRowIdBytes: 0,
   };
 }
 
@@ -4117,6 +4123,9 @@ export const CacheUse: MessageFns<CacheUse> = {
     }
     if (message.recentIdFillsSkipped !== 0) {
       writer.uint32(88).int64(message.recentIdFillsSkipped);
+    }
+    if (message.indexRowIdBytes !== 0) {
+      writer.uint32(96).int64(message.indexRowIdBytes);
     }
     return writer;
   },
@@ -4222,6 +4231,14 @@ export const CacheUse: MessageFns<CacheUse> = {
             message.recentIdFillsSkipped = longToNumber(reader.int64());
             continue;
           }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.indexRowIdBytes = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4291,6 +4308,11 @@ export const CacheUse: MessageFns<CacheUse> = {
         : isSet(object.recent_id_fills_skipped)
         ? globalThis.Number(object.recent_id_fills_skipped)
         : 0,
+      indexRowIdBytes: isSet(object.indexRowIdBytes)
+        ? globalThis.Number(object.indexRowIdBytes)
+        : isSet(object.index_row_id_bytes)
+        ? globalThis.Number(object.index_row_id_bytes)
+        : 0,
     };
   },
 
@@ -4329,6 +4351,9 @@ export const CacheUse: MessageFns<CacheUse> = {
     if (message.recentIdFillsSkipped !== 0) {
       obj.recentIdFillsSkipped = Math.round(message.recentIdFillsSkipped);
     }
+    if (message.indexRowIdBytes !== 0) {
+      obj.indexRowIdBytes = Math.round(message.indexRowIdBytes);
+    }
     return obj;
   },
 
@@ -4348,6 +4373,7 @@ export const CacheUse: MessageFns<CacheUse> = {
     message.recentIdMisses = object.recentIdMisses ?? 0;
     message.rowCacheFillsSkipped = object.rowCacheFillsSkipped ?? 0;
     message.recentIdFillsSkipped = object.recentIdFillsSkipped ?? 0;
+    message.indexRowIdBytes = object.indexRowIdBytes ?? 0;
     return message;
   },
 };

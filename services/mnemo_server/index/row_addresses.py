@@ -41,8 +41,7 @@ class IdsByAddress:
             fragment = self._fragments.get(address >> 32)
             if fragment is None:
                 fragment = self._load(reader, address >> 32)
-            value = fragment[address & _OFFSET_MASK].as_py()
-            out.append(value)
+            out.append(fragment[address & _OFFSET_MASK].as_py())
         return out
 
     def _load(self, reader: Any, fragment_id: int) -> pa.StringArray:

@@ -272,7 +272,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 index_session_bytes=s.cache_use.index_session_bytes,
                 scope_vector_bytes=s.cache_use.scope_vector_bytes,
                 text_posting_bytes=s.cache_use.text_posting_bytes,
-                index_row_id_bytes=s.cache_use.row_id_bytes,
+                index_row_id_bytes=s.cache_use.index_row_id_bytes,
                 row_cache_rows=rows.rows,
                 row_cache_hits=rows.hits,
                 row_cache_misses=rows.misses,

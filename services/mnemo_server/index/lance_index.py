@@ -72,7 +72,7 @@ class CacheUse:
     index_session_bytes: int
     scope_vector_bytes: int
     text_posting_bytes: int
-    row_id_bytes: int
+    index_row_id_bytes: int
 
 
 NO_CACHE_USE = CacheUse(0, 0, 0, 0)
@@ -605,7 +605,7 @@ class LanceIndex:
             index_session_bytes=int(h.session.size_bytes()),
             scope_vector_bytes=h.vectors.nbytes() if h.vectors.loaded else 0,
             text_posting_bytes=h.texts.nbytes() if h.texts.loaded else 0,
-            row_id_bytes=h.ids.nbytes(),
+            index_row_id_bytes=h.ids.nbytes(),
         )
 
     def stats(self, tenant_id: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
@@ -607,13 +608,22 @@ def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
     t = tenant(live)
     seed(t)
     paths = []
-    for i in range(5):
-        t0 = time.perf_counter()
-        r = start(t, f"s{i}", "release rollback")
-        elapsed_ms = (time.perf_counter() - t0) * 1000
-        assert r.memories and r.ranking.path == pb.RANKING_PATH_FALLBACK
-        assert elapsed_ms < 150 + 100  # the deadline, plus generous slack for a loaded test machine
-        paths.append(r.ranking.fallback_reason)
+    # The server runs inside the test process, so a collection of the garbage earlier tests
+    # left (their servers', channels' and datasets' finalizers) stalls it too: in a full
+    # run, collections of 250-410 ms were logged (gc.callbacks) and one StartSession here
+    # took 319 ms. That is the harness, not the server: collect first, none while timing.
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(5):
+            t0 = time.perf_counter()
+            r = start(t, f"s{i}", "release rollback")
+            elapsed_ms = (time.perf_counter() - t0) * 1000
+            assert r.memories and r.ranking.path == pb.RANKING_PATH_FALLBACK
+            assert elapsed_ms < 150 + 100  # the deadline, plus generous slack for a loaded test machine
+            paths.append(r.ranking.fallback_reason)
+    finally:
+        gc.enable()
     assert paths[:3] == ["deadline"] * 3
     assert paths[3:] == ["circuit_open"] * 2 and servicer.calls == 3  # open: no more calls go out
     # The caller's own, shorter deadline is honoured too.

@@ -43,3 +43,49 @@ def test_memories_deleted_behind_the_index_are_skipped_and_replaced(
         assert set(after) <= live
     finally:
         core.close()
+
+
+def test_rows_a_restart_finds_outside_the_indices_are_folded_in_without_a_write(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """Rows written after the last optimize: a restarted server searches them flat in LanceDB
+    until an optimize, and only a write used to schedule one. Warm-up schedules it now."""
+    cfg = make_config(tmp_path / "data", model_cache, index={"ann_min_rows": 64})
+
+    def write(core: Core, n: int, start: int) -> None:
+        drafts = [
+            MemoryDraft(f"note {i} on the release train, topic {i % 7}") for i in range(start, start + n)
+        ]
+        core.memories.batch_create("t", drafts, wait_for_index=False)
+        assert core.indexer.wait_idle(60)
+
+    core = Core(cfg)
+    try:
+        core.tenants.ensure_tenant("t")
+        core.indexer.start()
+        write(core, 80, 0)
+        assert core.optimize_dirty(force=True) == ["t"]
+        assert core.index.rows_to_fold("t") == 0
+        write(core, 12, 80)
+        core.indexer.stop()
+    finally:
+        core.close()
+
+    core = Core(cfg)
+    try:
+        assert core.index.stats("t")["pending_rows"] is None  # LanceDB scans the 12 flat
+        assert core.index.rows_to_fold("t") == 12
+        core.warm_up()
+        assert core.indexer.maintenance.dirty() == {"t": 12}
+        assert core.optimize_dirty(force=True) == ["t"]
+        assert core.index.stats("t")["pending_rows"] == 0  # searched from memory from now on
+        assert core.index.rows_to_fold("t") == 0
+    finally:
+        core.close()
+
+    core = Core(cfg)
+    try:
+        core.warm_up()
+        assert core.indexer.maintenance.dirty() == {}  # nothing left outside: nothing scheduled
+    finally:
+        core.close()

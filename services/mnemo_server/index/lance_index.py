@@ -638,6 +638,20 @@ class LanceIndex:
         stats = h.table.index_stats("text_idx")
         return int(stats.num_unindexed_rows) if stats is not None else 0
 
+    def rows_to_fold(self, tenant_id: str) -> int:
+        """Rows outside the indices that only an optimize takes in: those the full-text
+        index does not cover, or the ANN index's while the rows outside it are not known
+        (searches then scan them flat in LanceDB). After a restart both are what the last
+        run wrote after its last optimize."""
+        h = self._handle(tenant_id, create=False)
+        if h is None:
+            return 0
+        outside_ann = 0
+        if h.pending is None:
+            stats = h.table.index_stats("vector_idx")
+            outside_ann = int(stats.num_unindexed_rows) if stats is not None else 0
+        return max(outside_ann, self.unindexed_rows(tenant_id))
+
     # --- reads -----------------------------------------------------------------------
 
     def count(self, tenant_id: str) -> int:

@@ -179,34 +179,45 @@ class Core:
 
     def optimize_dirty(self, *, force: bool = False) -> list[str]:
         """Compact tenants with many small fragments; fold new rows into the indices of
-        tenants whose writes settled (or waited too long). Returns the tenants optimized."""
+        tenants whose writes settled (or waited too long). Returns the tenants optimized; one
+        tenant's failure is logged and leaves the others' maintenance to run."""
         work = self.indexer.maintenance.take(force)
         for tenant_id in work.compact:
-            started = time.monotonic()
-            removed = self.index.compact(tenant_id)
-            took = time.monotonic() - started
-            log.log(
-                _maintenance_level(took),
-                "compacted %s in %.2f s: %d fragments gone",
-                tenant_id,
-                took,
-                removed,
-            )
+            try:
+                self._compact(tenant_id)
+            except Exception:  # the next writes ask again; the other tenants go on
+                log.exception("compaction of %s failed", tenant_id)
+        optimized: list[str] = []
         for tenant_id in work.optimize:
-            started = time.monotonic()
-            if tenant_id in work.backlog_only:  # deltas merged only past the backlog's bound
-                backlog_bound = self.config.index.ann_backlog_max_deltas
-                done = self.index.optimize(
-                    tenant_id, merge_deltas=backlog_bound > 0, max_deltas=backlog_bound
-                )
+            try:
+                self._optimize(tenant_id, backlog_only=tenant_id in work.backlog_only)
+            except Exception:  # its rows wait again; the other tenants go on
+                log.exception("optimize of %s failed; tried again later", tenant_id)
+                self.indexer.maintenance.failed(tenant_id, work.rows.get(tenant_id, 0))
             else:
-                done = self.index.optimize(tenant_id)
-            took = time.monotonic() - started
-            # A delta merge is rare (every ann_max_deltas optimizes) and long; charged to the
-            # share it would hold the next few regular optimizes back for minutes.
-            self.indexer.maintenance.optimized(tenant_id, took - done.get("merge_s", 0.0))
-            log.log(_maintenance_level(took), "optimized %s in %.2f s: %s", tenant_id, took, done)
-        return work.optimize
+                optimized.append(tenant_id)
+        return optimized
+
+    def _compact(self, tenant_id: str) -> None:
+        started = time.monotonic()
+        removed = self.index.compact(tenant_id)
+        took = time.monotonic() - started
+        log.log(
+            _maintenance_level(took), "compacted %s in %.2f s: %d fragments gone", tenant_id, took, removed
+        )
+
+    def _optimize(self, tenant_id: str, *, backlog_only: bool) -> None:
+        started = time.monotonic()
+        if backlog_only:  # deltas merged only past the backlog's bound
+            backlog_bound = self.config.index.ann_backlog_max_deltas
+            done = self.index.optimize(tenant_id, merge_deltas=backlog_bound > 0, max_deltas=backlog_bound)
+        else:
+            done = self.index.optimize(tenant_id)
+        took = time.monotonic() - started
+        # A delta merge is rare (every ann_max_deltas optimizes) and long; charged to the
+        # share it would hold the next few regular optimizes back for minutes.
+        self.indexer.maintenance.optimized(tenant_id, took - done.get("merge_s", 0.0))
+        log.log(_maintenance_level(took), "optimized %s in %.2f s: %s", tenant_id, took, done)
 
     def search_index_lag(self, tenant_id: str) -> int:
         return self.index.unindexed_rows(tenant_id)

@@ -89,3 +89,29 @@ def test_rows_a_restart_finds_outside_the_indices_are_folded_in_without_a_write(
         assert core.indexer.maintenance.dirty() == {}  # nothing left outside: nothing scheduled
     finally:
         core.close()
+
+
+def test_a_tenant_whose_optimize_fails_is_retried_and_spares_the_others(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """One tenant's maintenance failing (here its LanceDB data files are gone) neither stops
+    the other tenants' nor loses its own rows waiting to be folded in."""
+    core = Core(make_config(tmp_path / "data", model_cache, index={"ann_min_rows": 64}))
+    try:
+        core.indexer.start()
+        for tenant_id in ("a", "b"):
+            core.tenants.ensure_tenant(tenant_id)
+            drafts = [MemoryDraft(f"{tenant_id} note {i} on the release train") for i in range(70)]
+            core.memories.batch_create(tenant_id, drafts, wait_for_index=False)
+        assert core.indexer.wait_idle(60)
+        core.indexer.stop()
+        assert core.indexer.maintenance.dirty() == {"a": 70, "b": 70}
+        for data_file in (tmp_path / "data").glob("**/t_a.lance/data/*"):
+            data_file.unlink()
+
+        assert core.optimize_dirty(force=True) == ["b"]
+        assert core.indexer.maintenance.dirty() == {"a": 70}  # handed back, not forgotten
+        assert core.index.rows_to_fold("b") == 0
+        assert core.optimize_dirty() == []  # not again at once
+    finally:
+        core.close()

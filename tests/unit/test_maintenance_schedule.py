@@ -4,7 +4,7 @@ pile up, and never more often than its share of the time allows. A fake clock, n
 from __future__ import annotations
 
 from mnemo_server.config import IndexConfig
-from mnemo_server.index.maintenance import MaintenanceSchedule
+from mnemo_server.index.maintenance import RETRY_AFTER_FAILURE_S, MaintenanceSchedule
 
 
 class Clock:
@@ -101,3 +101,31 @@ def test_some_rows_waiting_trigger_an_optimize_when_the_share_allows() -> None:
     clock.now += 0.2
     work = s.take()
     assert work.optimize == ["t"] and not work.backlog_only
+
+
+def test_a_failed_optimize_hands_its_rows_back_and_is_retried_later() -> None:
+    """A tenant taken for an optimize that then failed is not forgotten until its next write
+    (a tenant only read would keep its rows outside the indices), nor retried every tick."""
+    clock = Clock()
+    s = MaintenanceSchedule(CFG, clock)
+    s.wrote("a", 150)  # past optimize_max_lag_rows: taken whatever the time share
+    s.wrote("b", 5)
+    clock.now += 1.0
+    work = s.take()
+    assert sorted(work.optimize) == ["a", "b"] and work.rows == {"a": 150, "b": 5}
+    s.failed("a", work.rows["a"])
+    s.optimized("b", 0.01)
+    s.wrote("a", 2)  # written again meanwhile: counted with the rows handed back
+    assert s.dirty() == {"a": 152}
+    clock.now += RETRY_AFTER_FAILURE_S - 1.0
+    assert s.take().optimize == []  # backlog or not, it waits for the retry
+    assert s.take(force=True).optimize == ["a"]  # unless forced
+    s.failed("a", 152)
+    clock.now += RETRY_AFTER_FAILURE_S
+    assert s.take().optimize == ["a"]
+    s.failed("a", 152)  # failed again: held again
+    assert s.take().optimize == []
+    assert s.take(force=True).optimize == ["a"]
+    s.optimized("a", 0.01)  # a success ends the hold
+    s.wrote("a", 150)
+    assert s.take().optimize == ["a"]

@@ -14,9 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mnemo_server.config import IndexConfig
+
+# A tenant whose optimize failed is tried again after this long, whatever its backlog, so a
+# failure that persists is logged twice a minute rather than every tick.
+RETRY_AFTER_FAILURE_S = 30.0
 
 
 @dataclass
@@ -36,6 +40,8 @@ class Maintenance:
     # Of those, the ones optimized only because a backlog forced it: no expensive extras
     # (merging ANN deltas) for them, the next regular optimize does those.
     backlog_only: frozenset[str] = frozenset()
+    # The rows each optimized tenant had waiting: handed back if its optimize fails.
+    rows: dict[str, int] = field(default_factory=dict)
 
 
 class MaintenanceSchedule:
@@ -44,6 +50,7 @@ class MaintenanceSchedule:
         self.clock = clock
         self._dirty: dict[str, Dirty] = {}
         self._optimize_not_before: dict[str, float] = {}
+        self._retry_not_before: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def wrote(self, tenant_id: str, rows: int) -> None:
@@ -66,8 +73,11 @@ class MaintenanceSchedule:
         compact: list[str] = []
         optimize: list[str] = []
         backlog_only: set[str] = set()
+        rows: dict[str, int] = {}
         with self._lock:
             for tenant_id, d in list(self._dirty.items()):
+                if not force and now < self._retry_not_before.get(tenant_id, 0.0):
+                    continue
                 # Many rows outside the indices make every search pay more than an optimize
                 # costs, so that trigger does not wait for the time share.
                 behind = d.rows >= cfg.optimize_max_lag_rows
@@ -79,16 +89,28 @@ class MaintenanceSchedule:
                 allowed = due and now >= self._optimize_not_before.get(tenant_id, 0.0)
                 if force or behind or allowed:
                     optimize.append(tenant_id)
+                    rows[tenant_id] = d.rows
                     del self._dirty[tenant_id]
                     if not (force or allowed):
                         backlog_only.add(tenant_id)
                 elif d.writes_since_compaction >= cfg.compact_after_writes:
                     compact.append(tenant_id)
                     d.writes_since_compaction = 0
-        return Maintenance(compact, optimize, frozenset(backlog_only))
+        return Maintenance(compact, optimize, frozenset(backlog_only), rows)
+
+    def failed(self, tenant_id: str, rows: int) -> None:
+        """A tenant's optimize failed: its rows wait again (with any written since), and it
+        is taken again after RETRY_AFTER_FAILURE_S. Without this a tenant that is not written
+        to would keep its rows outside the indices, searched flat, until its next write."""
+        now = self.clock()
+        with self._lock:
+            d = self._dirty.setdefault(tenant_id, Dirty(now, now))
+            d.rows += rows
+            self._retry_not_before[tenant_id] = now + RETRY_AFTER_FAILURE_S
 
     def optimized(self, tenant_id: str, seconds: float) -> None:
         """Record how long a tenant's optimize took; the next one waits in proportion."""
         share = min(1.0, max(1e-3, self.cfg.optimize_time_share))
         with self._lock:
+            self._retry_not_before.pop(tenant_id, None)
             self._optimize_not_before[tenant_id] = self.clock() + seconds * (1.0 / share - 1.0)

@@ -573,8 +573,13 @@ class LanceIndex:
     def _settle_pending(h: _Handle) -> None:
         """Once the ANN index holds every row, start keeping the rows written after it
         (caller holds the table lock or owns the handle alone)."""
-        stats = h.table.index_stats("vector_idx")
-        h.pending = PendingRows() if stats is not None and stats.num_unindexed_rows == 0 else None
+        h.pending = PendingRows() if LanceIndex._outside(h, "vector_idx") == 0 else None
+
+    @staticmethod
+    def _outside(h: _Handle, index_name: str) -> int | None:
+        """Rows the named index does not cover yet, None if the table has no such index."""
+        stats = h.table.index_stats(index_name)
+        return None if stats is None else int(stats.num_unindexed_rows)
 
     @staticmethod
     def _vector_segments(h: _Handle) -> list[Any]:
@@ -635,8 +640,7 @@ class LanceIndex:
             return 0
         if not h.has_text_index:
             return int(h.reader.count_rows())
-        stats = h.table.index_stats("text_idx")
-        return int(stats.num_unindexed_rows) if stats is not None else 0
+        return self._outside(h, "text_idx") or 0
 
     def rows_to_fold(self, tenant_id: str) -> int:
         """Rows outside the indices that only an optimize takes in: those the full-text
@@ -646,10 +650,7 @@ class LanceIndex:
         h = self._handle(tenant_id, create=False)
         if h is None:
             return 0
-        outside_ann = 0
-        if h.pending is None:
-            stats = h.table.index_stats("vector_idx")
-            outside_ann = int(stats.num_unindexed_rows) if stats is not None else 0
+        outside_ann = (self._outside(h, "vector_idx") or 0) if h.pending is None else 0
         return max(outside_ann, self.unindexed_rows(tenant_id))
 
     # --- reads -----------------------------------------------------------------------

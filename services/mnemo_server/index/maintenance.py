@@ -77,7 +77,7 @@ class MaintenanceSchedule:
         with self._lock:
             for tenant_id, d in list(self._dirty.items()):
                 if not force and now < self._retry_not_before.get(tenant_id, 0.0):
-                    continue
+                    continue  # its optimize failed lately: no maintenance of it until the retry
                 # Many rows outside the indices make every search pay more than an optimize
                 # costs, so that trigger does not wait for the time share.
                 behind = d.rows >= cfg.optimize_max_lag_rows

@@ -168,6 +168,7 @@ class Core:
             self.index.load_attrs(tenant_id)
             self.index.load_scope_vectors(tenant_id)
             self.index.load_text_postings(tenant_id)
+            self.index.load_vector_graph(tenant_id)
             self.index.vector_search(tenant_id, vector, 1, MemoryFilter())
             self.index.text_search(tenant_id, "warm", 1, MemoryFilter())
             # Rows the last run wrote after its last optimize make every vector search scan
@@ -244,6 +245,7 @@ class Core:
     def close(self) -> None:
         self.delivery.stop()
         self.indexer.stop()
+        self.index.close()
         self.ranking.close()
         try:
             self.access_counts.flush()

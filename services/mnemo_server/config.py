@@ -194,6 +194,14 @@ class IndexConfig:
     # Per tenant, every row's full-text postings are kept in memory (index/text_postings.py)
     # and answer full-text searches filtered by scopes or not at all (BM25 as LanceDB's).
     memory_text_search: bool = True
+    # Per tenant, every row's vector is also kept in an in-process HNSW graph (usearch,
+    # index/vector_graph.py) that answers vector searches with no filter: 0.2-0.3 ms of CPU
+    # per query at 100k rows against LanceDB's ~5.3, ~63 MiB per 100k rows (int8). Writes
+    # reach it in the background; past graph_max_queued waiting, LanceDB answers.
+    vector_graph: bool = True
+    graph_dtype: str = "i8"
+    graph_expansion_search: int = 64
+    graph_max_queued: int = 2_000
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

@@ -84,7 +84,7 @@ def test_list_recall_export_status(
     # B has no search structures; the row cache is the server's, shared and counted as such.
     use = status.cache_use
     assert use.index_session_bytes == use.scope_vector_bytes == use.text_posting_bytes == 0
-    assert use.index_row_id_bytes == 0
+    assert use.index_row_id_bytes == use.vector_graph_bytes == use.vector_graph_rows == 0
     # ...while A sees its own.
     assert (
         tenant_a.memory()
@@ -95,7 +95,8 @@ def test_list_recall_export_status(
     )
     use = tenant_a.memory().GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=5).cache_use
     assert use.index_session_bytes > 0 and use.text_posting_bytes > 0 and use.scope_vector_bytes > 0
-    assert use.index_row_id_bytes > 0  # the unscoped Recall's vector search read A's ids
+    # The unscoped Recall's vector search went to A's graph (a new table's graph is built at once).
+    assert use.vector_graph_bytes > 0 and use.vector_graph_rows == 1
     assert use.row_cache_rows >= 1 and use.row_cache_hits + use.row_cache_misses >= 1
 
 

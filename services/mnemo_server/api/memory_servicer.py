@@ -273,6 +273,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 scope_vector_bytes=s.cache_use.scope_vector_bytes,
                 text_posting_bytes=s.cache_use.text_posting_bytes,
                 index_row_id_bytes=s.cache_use.index_row_id_bytes,
+                vector_graph_bytes=s.cache_use.vector_graph_bytes,
+                vector_graph_rows=s.cache_use.vector_graph_rows,
                 row_cache_rows=rows.rows,
                 row_cache_hits=rows.hits,
                 row_cache_misses=rows.misses,

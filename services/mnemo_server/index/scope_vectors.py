@@ -22,7 +22,7 @@ lock: a row changing scope is seen in one of them, never in both or neither.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +87,12 @@ class ScopeVectors:
 
     def nbytes(self) -> int:
         return sum(c.codes.nbytes + c.scales.nbytes for chunks in self._state.values() for c in chunks)
+
+    def snapshot(self) -> Iterator[tuple[tuple[str, ...], npt.NDArray[np.float32]]]:
+        """Every row as (ids, vectors) chunks, as the state is now (later writes are not in
+        it): the vectors decoded from int8, within ~0.0025 of each unit vector's cosines."""
+        chunks = [c for chunks in self._state.values() for c in chunks]
+        return ((c.ids, c.codes.astype(np.float32) * c.scales[:, None]) for c in chunks)
 
     # --- writes (one writer at a time) -----------------------------------------------
 

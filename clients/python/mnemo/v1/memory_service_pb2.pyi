@@ -353,7 +353,7 @@ class GroupCommitStats(_message.Message):
     def __init__(self, calls: _Optional[int] = ..., groups: _Optional[int] = ..., largest_group: _Optional[int] = ...) -> None: ...
 
 class CacheUse(_message.Message):
-    __slots__ = ("index_session_bytes", "scope_vector_bytes", "text_posting_bytes", "row_cache_rows", "row_cache_hits", "row_cache_misses", "recent_id_scopes", "recent_id_hits", "recent_id_misses", "row_cache_fills_skipped", "recent_id_fills_skipped", "index_row_id_bytes")
+    __slots__ = ("index_session_bytes", "scope_vector_bytes", "text_posting_bytes", "row_cache_rows", "row_cache_hits", "row_cache_misses", "recent_id_scopes", "recent_id_hits", "recent_id_misses", "row_cache_fills_skipped", "recent_id_fills_skipped", "index_row_id_bytes", "vector_graph_bytes", "vector_graph_rows")
     INDEX_SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
     SCOPE_VECTOR_BYTES_FIELD_NUMBER: _ClassVar[int]
     TEXT_POSTING_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +366,8 @@ class CacheUse(_message.Message):
     ROW_CACHE_FILLS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     RECENT_ID_FILLS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     INDEX_ROW_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_GRAPH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_GRAPH_ROWS_FIELD_NUMBER: _ClassVar[int]
     index_session_bytes: int
     scope_vector_bytes: int
     text_posting_bytes: int
@@ -378,7 +380,9 @@ class CacheUse(_message.Message):
     row_cache_fills_skipped: int
     recent_id_fills_skipped: int
     index_row_id_bytes: int
-    def __init__(self, index_session_bytes: _Optional[int] = ..., scope_vector_bytes: _Optional[int] = ..., text_posting_bytes: _Optional[int] = ..., row_cache_rows: _Optional[int] = ..., row_cache_hits: _Optional[int] = ..., row_cache_misses: _Optional[int] = ..., recent_id_scopes: _Optional[int] = ..., recent_id_hits: _Optional[int] = ..., recent_id_misses: _Optional[int] = ..., row_cache_fills_skipped: _Optional[int] = ..., recent_id_fills_skipped: _Optional[int] = ..., index_row_id_bytes: _Optional[int] = ...) -> None: ...
+    vector_graph_bytes: int
+    vector_graph_rows: int
+    def __init__(self, index_session_bytes: _Optional[int] = ..., scope_vector_bytes: _Optional[int] = ..., text_posting_bytes: _Optional[int] = ..., row_cache_rows: _Optional[int] = ..., row_cache_hits: _Optional[int] = ..., row_cache_misses: _Optional[int] = ..., recent_id_scopes: _Optional[int] = ..., recent_id_hits: _Optional[int] = ..., recent_id_misses: _Optional[int] = ..., row_cache_fills_skipped: _Optional[int] = ..., recent_id_fills_skipped: _Optional[int] = ..., index_row_id_bytes: _Optional[int] = ..., vector_graph_bytes: _Optional[int] = ..., vector_graph_rows: _Optional[int] = ...) -> None: ...
 
 class WriteLockStats(_message.Message):
     __slots__ = ("transactions", "held_seconds", "waited_seconds", "domain")

@@ -533,6 +533,12 @@ export interface CacheUse {
    * vector search reads no column of the table.
    */
   indexRowIdBytes: number;
+  /**
+   * This tenant's in-process HNSW graph answering vector searches with no filter (0 while
+   * it is not built: LanceDB answers them then), and the rows it holds.
+   */
+  vectorGraphBytes: number;
+  vectorGraphRows: number;
 }
 
 /**
@@ -4086,6 +4092,8 @@ function createBaseCacheUse(): CacheUse {
     rowCacheFillsSkipped: 0,
     recentIdFillsSkipped: 0,
     indexRowIdBytes: 0,
+    vectorGraphBytes: 0,
+    vectorGraphRows: 0,
   };
 }
 
@@ -4126,6 +4134,12 @@ export const CacheUse: MessageFns<CacheUse> = {
     }
     if (message.indexRowIdBytes !== 0) {
       writer.uint32(96).int64(message.indexRowIdBytes);
+    }
+    if (message.vectorGraphBytes !== 0) {
+      writer.uint32(104).int64(message.vectorGraphBytes);
+    }
+    if (message.vectorGraphRows !== 0) {
+      writer.uint32(112).int64(message.vectorGraphRows);
     }
     return writer;
   },
@@ -4239,6 +4253,22 @@ export const CacheUse: MessageFns<CacheUse> = {
             message.indexRowIdBytes = longToNumber(reader.int64());
             continue;
           }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.vectorGraphBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.vectorGraphRows = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4313,6 +4343,16 @@ export const CacheUse: MessageFns<CacheUse> = {
         : isSet(object.index_row_id_bytes)
         ? globalThis.Number(object.index_row_id_bytes)
         : 0,
+      vectorGraphBytes: isSet(object.vectorGraphBytes)
+        ? globalThis.Number(object.vectorGraphBytes)
+        : isSet(object.vector_graph_bytes)
+        ? globalThis.Number(object.vector_graph_bytes)
+        : 0,
+      vectorGraphRows: isSet(object.vectorGraphRows)
+        ? globalThis.Number(object.vectorGraphRows)
+        : isSet(object.vector_graph_rows)
+        ? globalThis.Number(object.vector_graph_rows)
+        : 0,
     };
   },
 
@@ -4354,6 +4394,12 @@ export const CacheUse: MessageFns<CacheUse> = {
     if (message.indexRowIdBytes !== 0) {
       obj.indexRowIdBytes = Math.round(message.indexRowIdBytes);
     }
+    if (message.vectorGraphBytes !== 0) {
+      obj.vectorGraphBytes = Math.round(message.vectorGraphBytes);
+    }
+    if (message.vectorGraphRows !== 0) {
+      obj.vectorGraphRows = Math.round(message.vectorGraphRows);
+    }
     return obj;
   },
 
@@ -4374,6 +4420,8 @@ export const CacheUse: MessageFns<CacheUse> = {
     message.rowCacheFillsSkipped = object.rowCacheFillsSkipped ?? 0;
     message.recentIdFillsSkipped = object.recentIdFillsSkipped ?? 0;
     message.indexRowIdBytes = object.indexRowIdBytes ?? 0;
+    message.vectorGraphBytes = object.vectorGraphBytes ?? 0;
+    message.vectorGraphRows = object.vectorGraphRows ?? 0;
     return message;
   },
 };

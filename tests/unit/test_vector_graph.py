@@ -1,0 +1,216 @@
+"""The in-process vector graph: exact enough against a brute-force search, and every write
+visible to searches from the moment it is queued, before and after the feeder moves it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from mnemo_server.index.vector_graph import GraphFeeder, GraphParams, VectorGraph
+
+DIM = 24
+
+
+def _vectors(n: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    v = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _exact(
+    matrix: npt.NDArray[np.float32], ids: list[str], query: npt.NDArray[np.float32], k: int
+) -> list[str]:
+    cos = matrix @ (query / np.linalg.norm(query))
+    return [ids[i] for i in np.argsort(-cos)[:k]]
+
+
+def _built(n: int, dtype: str = "f32", **kw: int) -> tuple[VectorGraph, list[str], npt.NDArray[np.float32]]:
+    graph = VectorGraph(DIM, GraphParams(dtype=dtype, **kw))
+    ids = [f"m{i}" for i in range(n)]
+    matrix = _vectors(n)
+    graph.build([(ids[: n // 2], matrix[: n // 2]), (ids[n // 2 :], matrix[n // 2 :])])
+    return graph, ids, matrix
+
+
+def test_search_finds_what_an_exact_search_finds() -> None:
+    graph, ids, matrix = _built(400)
+    queries = _vectors(20, seed=1)
+    for q in queries:
+        found = graph.search(q, 10)
+        assert found is not None
+        assert [i for i, _ in found] == _exact(matrix, ids, q, 10)
+        cos = matrix[[ids.index(i) for i, _ in found]] @ q
+        assert np.allclose([s for _, s in found], cos, atol=1e-4)
+
+
+def test_int8_graph_keeps_most_of_the_exact_top_ten() -> None:
+    graph, ids, matrix = _built(2_000, dtype="i8")
+    overlap = []
+    for q in _vectors(30, seed=2):
+        found = graph.search(q, 10)
+        assert found is not None
+        overlap.append(len({i for i, _ in found} & set(_exact(matrix, ids, q, 10))) / 10)
+    assert np.mean(overlap) >= 0.9
+
+
+def test_a_queued_write_is_searched_before_and_after_the_feeder_moves_it() -> None:
+    graph, _, _ = _built(100)
+    target = _vectors(1, seed=3)[0]
+    graph.put([("new", target)])
+    assert graph.queued() == 1
+    before = graph.search(target, 3)
+    assert before is not None and before[0][0] == "new" and before[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert graph.apply_queued() == 1
+    assert graph.queued() == 0 and graph.rows() == 101
+    after = graph.search(target, 3)
+    assert after is not None and after[0][0] == "new"
+
+
+def test_a_row_written_again_is_found_once_with_its_new_vector() -> None:
+    graph, ids, matrix = _built(100)
+    moved = _vectors(1, seed=4)[0]
+    graph.put([(ids[7], moved)])
+    for step in ("queued", "applied"):
+        found = graph.search(moved, 100)
+        assert found is not None, step
+        assert [i for i, _ in found].count(ids[7]) == 1, step
+        assert found[0] == (ids[7], pytest.approx(1.0, abs=1e-5)), step
+        old = graph.search(matrix[7], 100)
+        assert old is not None and dict(old)[ids[7]] < 0.99, step
+        graph.apply_queued()
+    assert graph.rows() == 100
+
+
+def test_a_removed_row_is_gone_at_once() -> None:
+    graph, ids, matrix = _built(100)
+    graph.remove([ids[3]])
+    for step in ("queued", "applied"):
+        found = graph.search(matrix[3], 100)
+        assert found is not None and ids[3] not in dict(found), step
+        graph.apply_queued()
+    assert graph.rows() == 99
+
+
+def test_write_then_removal_in_one_slice_leaves_nothing() -> None:
+    graph, _, _ = _built(50)
+    v = _vectors(1, seed=5)[0]
+    graph.put([("x", v)])
+    graph.remove(["x"])
+    graph.put([("y", v)])
+    assert graph.apply_queued() == 3
+    found = graph.search(v, 5)
+    assert found is not None and "x" not in dict(found) and found[0][0] == "y"
+    assert graph.rows() == 51
+
+
+def test_an_unbuilt_graph_declines_and_ignores_writes() -> None:
+    graph = VectorGraph(DIM, GraphParams())
+    graph.put([("a", _vectors(1)[0])])
+    assert graph.search(_vectors(1)[0], 5) is None
+    assert graph.queued() == 0
+
+
+def test_writes_queued_during_a_build_are_applied_over_its_snapshot() -> None:
+    graph = VectorGraph(DIM, GraphParams(dtype="f32"))
+    ids = [f"m{i}" for i in range(50)]
+    matrix = _vectors(50)
+    started = graph.begin_build()  # the snapshot: the 50 rows as they were
+    moved = _vectors(1, seed=10)[0]
+    graph.put([("m1", moved)])
+    graph.remove(["m2"])
+    assert graph.search(moved, 1) is None  # not built yet
+    assert graph.fill(started, [(ids, matrix)])
+    for step in ("queued", "applied"):
+        found = graph.search(moved, 50)
+        assert found is not None, step
+        assert found[0][0] == "m1" and "m2" not in dict(found) and len(found) == 49, step
+        graph.apply_queued()
+    assert graph.rows() == 49
+
+
+def test_too_many_queued_writes_drop_the_graph_until_the_feeder_rebuilds_it() -> None:
+    graph, ids, matrix = _built(20, max_queued=4)
+    fresh = _vectors(5, seed=6)
+    graph.put([(f"q{i}", v) for i, v in enumerate(fresh)])
+    assert graph.search(fresh[0], 5) is None
+    assert graph.needs_build and graph.rows() == 0 and graph.queued() == 0
+    graph.put([("later", fresh[1])])  # nothing kept while dropped
+    assert graph.queued() == 0
+
+    table = {**dict(zip(ids, matrix, strict=True)), **{f"q{i}": v for i, v in enumerate(fresh)}}
+    feeder = GraphFeeder(quiet_s=0.05)
+    rebuilt = threading.Event()
+
+    def rebuild() -> None:
+        graph.build([(list(table), np.stack(list(table.values())))])
+        rebuilt.set()
+
+    try:
+        feeder.watch(graph, rebuild)
+        assert rebuilt.wait(10)
+    finally:
+        feeder.stop()
+    assert not graph.needs_build and graph.rows() == 25
+    found = graph.search(fresh[3], 1)
+    assert found is not None and found[0][0] == "q3"
+
+
+def test_a_fill_stops_when_the_graph_is_dropped_meanwhile() -> None:
+    graph = VectorGraph(DIM, GraphParams(max_queued=1))
+    started = graph.begin_build()
+    graph.put([(f"w{i}", v) for i, v in enumerate(_vectors(2))])  # over max_queued: dropped
+    assert not graph.fill(started, [(["a"], _vectors(1))])
+    assert not graph.built and graph.search(_vectors(1)[0], 1) is None
+
+
+def test_the_feeder_drains_every_watched_graph() -> None:
+    feeder = GraphFeeder()
+    graphs = [_built(30)[0] for _ in range(2)]
+    try:
+        for g in graphs:
+            feeder.watch(g, lambda: None)
+            g.put([(f"n{i}", v) for i, v in enumerate(_vectors(300, seed=7))])
+        feeder.poke()
+        deadline = time.monotonic() + 30
+        while any(g.queued() for g in graphs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [g.queued() for g in graphs] == [0, 0]
+        assert [g.rows() for g in graphs] == [330, 330]
+    finally:
+        feeder.stop()
+
+
+def test_searches_beside_the_feeder_see_every_row_once() -> None:
+    graph, ids, _ = _built(200)
+    fresh = _vectors(600, seed=8)
+    feeder = GraphFeeder()
+    feeder.watch(graph, lambda: None)
+    failures: list[str] = []
+
+    def search_while_fed() -> None:
+        for q in _vectors(300, seed=9):
+            found = graph.search(q, 20)
+            if found is None or len(found) != 20 or len({i for i, _ in found}) != 20:
+                failures.append(repr(found))
+
+    searchers = [threading.Thread(target=search_while_fed) for _ in range(2)]
+    try:
+        for t in searchers:
+            t.start()
+        graph.put([(f"f{i}", v) for i, v in enumerate(fresh)])
+        graph.remove(ids[:50])
+        feeder.poke()
+        for t in searchers:
+            t.join(timeout=60)
+        deadline = time.monotonic() + 30
+        while graph.queued() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        feeder.stop()
+    assert failures == []
+    assert graph.queued() == 0 and graph.rows() == 750
+    found = graph.search(fresh[5], 1)
+    assert found is not None and found[0][0] == "f5"

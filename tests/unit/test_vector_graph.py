@@ -10,9 +10,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from mnemo_server.index.scope_vectors import quantize
 from mnemo_server.index.vector_graph import GraphFeeder, GraphParams, VectorGraph
 
-DIM = 24
+DIM = 24  # int8 codes keep cosines within ~0.01 at this width (0.0025 at 384)
 
 
 def _vectors(n: int, seed: int = 0) -> npt.NDArray[np.float32]:
@@ -31,29 +32,33 @@ def _built(n: int, dtype: str = "f32", **kw: int) -> tuple[VectorGraph, list[str
     graph = VectorGraph(DIM, GraphParams(dtype=dtype, **kw))
     ids = [f"m{i}" for i in range(n)]
     matrix = _vectors(n)
-    graph.build([(ids[: n // 2], matrix[: n // 2]), (ids[n // 2 :], matrix[n // 2 :])])
+    codes = quantize(matrix)[0]
+    graph.build([(ids[: n // 2], codes[: n // 2]), (ids[n // 2 :], codes[n // 2 :])])
     return graph, ids, matrix
 
 
 def test_search_finds_what_an_exact_search_finds() -> None:
+    """Rows go in as int8 codes with a scale per row (cosine within ~0.0025 of the vectors'):
+    a float graph over them finds an exact search's top ten, near-ties aside."""
     graph, ids, matrix = _built(400)
-    queries = _vectors(20, seed=1)
-    for q in queries:
+    overlap = []
+    for q in _vectors(20, seed=1):
         found = graph.search(q, 10)
-        assert found is not None
-        assert [i for i, _ in found] == _exact(matrix, ids, q, 10)
+        assert found is not None and len(found) == 10
+        overlap.append(len({i for i, _ in found} & set(_exact(matrix, ids, q, 10))) / 10)
         cos = matrix[[ids.index(i) for i, _ in found]] @ q
-        assert np.allclose([s for _, s in found], cos, atol=1e-4)
+        assert np.allclose([s for _, s in found], cos, atol=0.01)
+    assert np.mean(overlap) >= 0.97
 
 
-def test_int8_graph_keeps_most_of_the_exact_top_ten() -> None:
+def test_int8_graph_keeps_the_exact_top_ten() -> None:
     graph, ids, matrix = _built(2_000, dtype="i8")
     overlap = []
     for q in _vectors(30, seed=2):
         found = graph.search(q, 10)
         assert found is not None
         overlap.append(len({i for i, _ in found} & set(_exact(matrix, ids, q, 10))) / 10)
-    assert np.mean(overlap) >= 0.9
+    assert np.mean(overlap) >= 0.97
 
 
 def test_a_queued_write_is_searched_before_and_after_the_feeder_moves_it() -> None:
@@ -62,7 +67,7 @@ def test_a_queued_write_is_searched_before_and_after_the_feeder_moves_it() -> No
     graph.put([("new", target)])
     assert graph.queued() == 1
     before = graph.search(target, 3)
-    assert before is not None and before[0][0] == "new" and before[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert before is not None and before[0][0] == "new" and before[0][1] == pytest.approx(1.0, abs=0.01)
     assert graph.apply_queued() == 1
     assert graph.queued() == 0 and graph.rows() == 101
     after = graph.search(target, 3)
@@ -77,7 +82,7 @@ def test_a_row_written_again_is_found_once_with_its_new_vector() -> None:
         found = graph.search(moved, 100)
         assert found is not None, step
         assert [i for i, _ in found].count(ids[7]) == 1, step
-        assert found[0] == (ids[7], pytest.approx(1.0, abs=1e-5)), step
+        assert found[0] == (ids[7], pytest.approx(1.0, abs=0.01)), step
         old = graph.search(matrix[7], 100)
         assert old is not None and dict(old)[ids[7]] < 0.99, step
         graph.apply_queued()
@@ -122,7 +127,7 @@ def test_writes_queued_during_a_build_are_applied_over_its_snapshot() -> None:
     graph.put([("m1", moved)])
     graph.remove(["m2"])
     assert graph.search(moved, 1) is None  # not built yet
-    assert graph.fill(started, [(ids, matrix)])
+    assert graph.fill(started, [(ids, quantize(matrix)[0])])
     for step in ("queued", "applied"):
         found = graph.search(moved, 50)
         assert found is not None, step
@@ -145,7 +150,7 @@ def test_too_many_queued_writes_drop_the_graph_until_the_feeder_rebuilds_it() ->
     rebuilt = threading.Event()
 
     def rebuild() -> None:
-        graph.build([(list(table), np.stack(list(table.values())))])
+        graph.build([(list(table), quantize(np.stack(list(table.values())))[0])])
         rebuilt.set()
 
     try:
@@ -162,7 +167,7 @@ def test_a_fill_stops_when_the_graph_is_dropped_meanwhile() -> None:
     graph = VectorGraph(DIM, GraphParams(max_queued=1))
     started = graph.begin_build()
     graph.put([(f"w{i}", v) for i, v in enumerate(_vectors(2))])  # over max_queued: dropped
-    assert not graph.fill(started, [(["a"], _vectors(1))])
+    assert not graph.fill(started, [(["a"], quantize(_vectors(1))[0])])
     assert not graph.built and graph.search(_vectors(1)[0], 1) is None
 
 

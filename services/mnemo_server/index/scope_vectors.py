@@ -88,11 +88,11 @@ class ScopeVectors:
     def nbytes(self) -> int:
         return sum(c.codes.nbytes + c.scales.nbytes for chunks in self._state.values() for c in chunks)
 
-    def snapshot(self) -> Iterator[tuple[tuple[str, ...], npt.NDArray[np.float32]]]:
-        """Every row as (ids, vectors) chunks, as the state is now (later writes are not in
-        it): the vectors decoded from int8, within ~0.0025 of each unit vector's cosines."""
+    def snapshot(self) -> Iterator[tuple[tuple[str, ...], npt.NDArray[np.int8]]]:
+        """Every row's int8 codes as (ids, codes) chunks, as the state is now (later writes
+        are not in it). The cosine of two rows' codes is within ~0.0025 of their vectors'."""
         chunks = [c for chunks in self._state.values() for c in chunks]
-        return ((c.ids, c.codes.astype(np.float32) * c.scales[:, None]) for c in chunks)
+        return ((c.ids, c.codes) for c in chunks)
 
     # --- writes (one writer at a time) -----------------------------------------------
 

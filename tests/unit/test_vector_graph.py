@@ -189,8 +189,8 @@ def test_the_feeder_drains_every_watched_graph() -> None:
 
 
 def test_searches_beside_the_feeder_see_every_row_once() -> None:
-    graph, ids, _ = _built(200)
-    fresh = _vectors(600, seed=8)
+    graph, ids, _ = _built(200, max_queued=10_000)
+    fresh = _vectors(3_000, seed=8)  # the index grows its capacity several times
     feeder = GraphFeeder()
     feeder.watch(graph, lambda: None)
     failures: list[str] = []
@@ -200,6 +200,9 @@ def test_searches_beside_the_feeder_see_every_row_once() -> None:
             found = graph.search(q, 20)
             if found is None or len(found) != 20 or len({i for i, _ in found}) != 20:
                 failures.append(repr(found))
+            # What GetStatus reads, beside adds that grow the index (a server crashed on it).
+            if not 150 <= graph.rows() <= 3_200 or graph.nbytes() <= 0:
+                failures.append(f"rows {graph.rows()}")
 
     searchers = [threading.Thread(target=search_while_fed) for _ in range(2)]
     try:
@@ -216,6 +219,32 @@ def test_searches_beside_the_feeder_see_every_row_once() -> None:
     finally:
         feeder.stop()
     assert failures == []
-    assert graph.queued() == 0 and graph.rows() == 750
+    assert graph.queued() == 0 and graph.rows() == 3_150
     found = graph.search(fresh[5], 1)
     assert found is not None and found[0][0] == "f5"
+
+
+def test_status_reads_beside_adds_that_grow_the_index() -> None:
+    """GetStatus reads a graph's size while the feeder adds: usearch crashed the process when
+    a size read met an add that grew the index, so those reads take the graph lock too."""
+    graph = VectorGraph(384, GraphParams(max_queued=50_000))
+    graph.build([])
+    rows = np.random.default_rng(11).normal(size=(12_000, 384)).astype(np.float32)
+    graph.put([(f"r{i}", v) for i, v in enumerate(rows)])
+    done = threading.Event()
+    seen: list[int] = []
+
+    def read_status() -> None:
+        while not done.is_set():
+            seen.append(graph.rows() + graph.nbytes())
+            time.sleep(0.0002)
+
+    reader = threading.Thread(target=read_status)
+    reader.start()
+    try:
+        while graph.apply_queued(most=512):
+            pass
+    finally:
+        done.set()
+        reader.join(timeout=30)
+    assert graph.rows() == 12_000 and len(seen) > 10

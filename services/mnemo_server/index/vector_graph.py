@@ -218,11 +218,17 @@ class VectorGraph:
 
     def rows(self) -> int:
         graph = self._graph
-        return 0 if graph is None else len(graph.index)
+        if graph is None:
+            return 0
+        with self._graph_lock:  # even a size read beside an add that grows the index crashed
+            return len(graph.index)
 
     def nbytes(self) -> int:
         graph = self._graph
-        return 0 if graph is None else int(graph.index.memory_usage)
+        if graph is None:
+            return 0
+        with self._graph_lock:
+            return int(graph.index.memory_usage)
 
     def search(self, vector: npt.NDArray[np.float32], k: int) -> list[tuple[str, float]] | None:
         """The k rows most similar to vector: (id, cosine), best first; None when the graph

@@ -44,8 +44,11 @@ def _unit(rng: np.random.Generator) -> np.ndarray:
 @pytest.fixture
 def index(tmp_path: Path) -> LanceIndex:
     # These cases compact a few fragments on purpose: compaction is not skipped for their number.
+    # They test LanceDB's paths, so no vector graph answers the unfiltered vector searches.
     return LanceIndex(
-        tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64, compact_min_fragments=0)
+        tmp_path / "lance",
+        DIM,
+        IndexConfig(ann_min_rows=256, ann_nprobes=64, compact_min_fragments=0, vector_graph=False),
     )
 
 
@@ -360,7 +363,8 @@ def test_hit_attributes_follow_updates_deletes_and_restarts(tmp_path: Path, cach
 
 
 def test_a_session_holding_superseded_index_files_is_renewed_warm_and_searches_agree(tmp_path: Path) -> None:
-    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64))
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, vector_graph=False)
+    index = LanceIndex(tmp_path / "lance", DIM, cfg)
     rng = np.random.default_rng(5)
     vectors = {i: _unit(rng) for i in range(700)}
     index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])
@@ -575,3 +579,26 @@ def test_lance_cpu_pool_has_threads_beyond_the_cores_unless_set(monkeypatch: pyt
     assert lance_index.size_lance_cpu_pool(6) == "6"
     monkeypatch.setenv("LANCE_CPU_THREADS", "3")  # an operator's own setting stands
     assert lance_index.size_lance_cpu_pool(0) == "3"
+
+
+def test_with_the_vector_graph_a_renewed_session_is_not_warmed_with_the_ann_index(tmp_path: Path) -> None:
+    """The graph answers the unfiltered vector searches, so a renewed LanceDB session does not
+    read the ANN index back in (the filtered searches load what they need)."""
+    rng = np.random.default_rng(6)
+    vectors = {i: _unit(rng) for i in range(600)}
+    warm_bytes: dict[bool, int] = {}
+    for graph in (False, True):
+        cfg = IndexConfig(
+            ann_min_rows=256, vector_graph=graph, cache_renew_factor=1e-9, cache_renew_slack_mb=0
+        )
+        index = LanceIndex(tmp_path / f"lance-{graph}", DIM, cfg)
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])
+        index.optimize(TENANT)
+        index.upsert(TENANT, [_row(0, vectors[0], word="w0")])
+        h = index._handle(TENANT, create=False)
+        assert h is not None
+        assert "session_mb_before_after" in index.optimize(TENANT)
+        warm_bytes[graph] = h.warm_session_bytes
+        assert [x.id for x in index.vector_search(TENANT, vectors[7], 1, ANY)] == ["m7"]
+        index.close()
+    assert warm_bytes[True] < warm_bytes[False]

@@ -202,6 +202,11 @@ class IndexConfig:
     graph_dtype: str = "i8"
     graph_expansion_search: int = 64
     graph_max_queued: int = 2_000
+    # With the graph, LanceDB's ANN index serves only filtered searches, so its deltas are
+    # merged past this many instead of ann_max_deltas: each merge costs 1-2.6 s of CPU at
+    # 100k rows and a transient spike of memory, and under the bench's mix one ran with
+    # nearly every optimize (every ~20 s).
+    graph_ann_max_deltas: int = 24
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

@@ -255,8 +255,10 @@ def test_a_table_with_an_older_layout_is_dropped_for_rebuilding(tmp_path: Path) 
 
 def _ann_indexed_600(path: Path, seed: int, rows: int) -> tuple[LanceIndex, dict[int, np.ndarray]]:
     """An index merging ANN deltas past 2, holding rows 0-599 of `rows` random vectors
-    under an ANN index (the rest are for the test to add)."""
-    index = LanceIndex(path, DIM, IndexConfig(ann_min_rows=256, ann_nprobes=64, ann_max_deltas=2))
+    under an ANN index (the rest are for the test to add); no vector graph, so LanceDB
+    answers every search."""
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, ann_max_deltas=2, vector_graph=False)
+    index = LanceIndex(path, DIM, cfg)
     rng = np.random.default_rng(seed)
     vectors = {i: _unit(rng) for i in range(rows)}
     index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])
@@ -602,3 +604,23 @@ def test_with_the_vector_graph_a_renewed_session_is_not_warmed_with_the_ann_inde
         assert [x.id for x in index.vector_search(TENANT, vectors[7], 1, ANY)] == ["m7"]
         index.close()
     assert warm_bytes[True] < warm_bytes[False]
+
+
+def test_with_the_vector_graph_ann_deltas_wait_longer_to_be_merged(tmp_path: Path) -> None:
+    """LanceDB's ANN index serves only filtered searches beside the graph: its deltas are merged
+    past graph_ann_max_deltas, not ann_max_deltas (each merge costs CPU and a memory spike)."""
+    rng = np.random.default_rng(8)
+    vectors = {i: _unit(rng) for i in range(340)}
+    first_merge: dict[bool, int] = {}
+    for graph in (False, True):
+        cfg = IndexConfig(ann_min_rows=256, ann_max_deltas=2, graph_ann_max_deltas=4, vector_graph=graph)
+        index = LanceIndex(tmp_path / f"lance-{graph}", DIM, cfg)
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(300)])
+        index.optimize(TENANT)  # the ANN index: one segment
+        for round_no in range(1, 5):
+            start = 290 + 10 * round_no
+            index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 10)])
+            if "merged_vector_deltas" in index.optimize(TENANT):
+                first_merge.setdefault(graph, round_no)
+        index.close()
+    assert first_merge == {False: 2, True: 4}

@@ -490,6 +490,13 @@ class LanceIndex:
         if h is None:
             return {}
         done: dict[str, Any] = {}
+        if h.graph is not None:
+            # With the graph nothing is warmed (_renew_bloated_session), so a bloated session
+            # is renewed before the work too: the compaction, folds and merges below then add
+            # their transient memory to a light session, not to one about to be dropped.
+            renewed_first = self._renew_bloated_session(h)
+            if renewed_first is not None:
+                done["session_mb_before_after"] = renewed_first
         with h.lock:
             table = h.table
             rows = table.count_rows()
@@ -523,30 +530,36 @@ class LanceIndex:
             self._optimize_beside_writes(h, before)
             done["beside_writes"] = True
         done["rows"] = rows
-        segments = self._vector_segments(h)
-        most = self.cfg.ann_max_deltas if max_deltas is None else max_deltas
-        tail = self._small_newest(segments) if merge_deltas and len(segments) > most else 0
-        if tail > 1:
-            # Every optimize folds the new rows into a delta of the ANN index and a search
-            # probes each delta: after a 100k bulk load, 45 deltas made it 27 ms instead of 6.
-            # The newest small deltas are merged into one, large ones are kept (merging them
-            # again and again would rebuild most of the index each time, ~0.4 ms per row).
-            # It runs outside the table lock: indexing goes on, Lance rebases the merge
-            # onto newer appends.
-            started = time.monotonic()
-            h.for_maintenance().optimize.optimize_indices(
-                index_names=["vector_idx"], num_indices_to_merge=tail
-            )
-            with h.lock:
-                h.table.checkout_latest()
-                h.refresh()
-            done["merged_vector_deltas"] = tail
-            done["merge_s"] = time.monotonic() - started
+        if merge_deltas:
+            done.update(self._merge_small_deltas(h, max_deltas))
         renewed = self._renew_bloated_session(h)
         if renewed is not None:
             done["session_mb_before_after"] = renewed
             log.info("tenant table %s: Lance caches renewed, %d MB held, %d MB once warm", h.uri, *renewed)
         return done
+
+    def _merge_small_deltas(self, h: _Handle, max_deltas: int | None) -> dict[str, Any]:
+        """Merge the ANN index's newest small deltas once there are more than `max_deltas`
+        (`ann_max_deltas` unless given; with the graph at least `graph_ann_max_deltas`)."""
+        segments = self._vector_segments(h)
+        most = self.cfg.ann_max_deltas if max_deltas is None else max_deltas
+        if h.graph is not None:
+            most = max(most, self.cfg.graph_ann_max_deltas)
+        tail = self._small_newest(segments) if len(segments) > most else 0
+        if tail <= 1:
+            return {}
+        # Every optimize folds the new rows into a delta of the ANN index and a search
+        # probes each delta: after a 100k bulk load, 45 deltas made it 27 ms instead of 6.
+        # The newest small deltas are merged into one, large ones are kept (merging them
+        # again and again would rebuild most of the index each time, ~0.4 ms per row).
+        # It runs outside the table lock: indexing goes on, Lance rebases the merge
+        # onto newer appends.
+        started = time.monotonic()
+        h.for_maintenance().optimize.optimize_indices(index_names=["vector_idx"], num_indices_to_merge=tail)
+        with h.lock:
+            h.table.checkout_latest()
+            h.refresh()
+        return {"merged_vector_deltas": tail, "merge_s": time.monotonic() - started}
 
     def _renew_bloated_session(self, h: _Handle) -> tuple[int, int] | None:
         """Give the tenant a new Lance session when the old one holds far more than the

@@ -490,13 +490,11 @@ class LanceIndex:
         if h is None:
             return {}
         done: dict[str, Any] = {}
-        if h.graph is not None:
-            # With the graph nothing is warmed (_renew_bloated_session), so a bloated session
-            # is renewed before the work too: the compaction, folds and merges below then add
-            # their transient memory to a light session, not to one about to be dropped.
-            renewed_first = self._renew_bloated_session(h)
-            if renewed_first is not None:
-                done["session_mb_before_after"] = renewed_first
+        # With the graph nothing is warmed (_renew_bloated_session), so a bloated session is
+        # renewed before the work too: the compaction, folds and merges below then add their
+        # transient memory to a light session, not to one about to be dropped. (Reported at
+        # the end: `done` says below whether indices were created.)
+        renewed_first = self._renew_bloated_session(h) if h.graph is not None else None
         with h.lock:
             table = h.table
             rows = table.count_rows()
@@ -530,6 +528,8 @@ class LanceIndex:
             self._optimize_beside_writes(h, before)
             done["beside_writes"] = True
         done["rows"] = rows
+        if renewed_first is not None:
+            done["session_mb_before_after"] = renewed_first
         if merge_deltas:
             done.update(self._merge_small_deltas(h, max_deltas))
         renewed = self._renew_bloated_session(h)

@@ -843,17 +843,11 @@ class LanceIndex:
                 (
                     b.column("id").to_pylist(),
                     b.column("scope").to_pylist(),
-                    self._vectors_of(b),
+                    b.column("vector").flatten().to_numpy(zero_copy_only=False).reshape(-1, self.dimension),
                 )
                 for b in batches
             )
             return h.vectors.rows()
-
-    def _vectors_of(self, batch: Any) -> npt.NDArray[np.float32]:
-        """A record batch's vector column as a rows x dimension matrix."""
-        flat = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
-        matrix: npt.NDArray[np.float32] = flat.reshape(-1, self.dimension)
-        return matrix
 
     def load_text_postings(self, tenant_id: str) -> int:
         """Read every row's text into the in-memory full-text postings (at start-up). Under

@@ -871,7 +871,7 @@ class LanceIndex:
 
     def load_vector_graph(self, tenant_id: str) -> int:
         """Build the tenant's vector graph from its scope vectors (at start-up, after
-        load_scope_vectors, before serving: ~10 s of two cores per 100k rows). Returns the
+        load_scope_vectors, before serving: 14-16 s on two cores per 100k rows). Returns the
         rows in the graph."""
         h = self._handle(tenant_id, create=False)
         if h is None or h.graph is None:

@@ -492,9 +492,11 @@ class LanceIndex:
         done: dict[str, Any] = {}
         # With the graph nothing is warmed (_renew_bloated_session), so a bloated session is
         # renewed before the work too: the compaction, folds and merges below then add their
-        # transient memory to a light session, not to one about to be dropped. (Reported at
-        # the end: `done` says below whether indices were created.)
+        # transient memory to a light session, not to one about to be dropped.
         renewed_first = self._renew_bloated_session(h) if h.graph is not None else None
+        if renewed_first is not None:
+            done["session_mb_before_after"] = renewed_first
+        made: dict[str, Any] = {}  # indices created by this call
         with h.lock:
             table = h.table
             rows = table.count_rows()
@@ -506,15 +508,15 @@ class LanceIndex:
                     config=HnswSq(distance_type="cosine", num_partitions=partitions),
                     name="vector_idx",
                 )
-                done["ann_index"] = partitions
+                made["ann_index"] = partitions
             if "scope_idx" not in indices and rows:
                 table.create_index("scope", config=Bitmap(), name="scope_idx")
-                done["scope_index"] = True
+                made["scope_index"] = True
             if "id_idx" not in indices and rows:
                 table.create_index("id", config=BTree(), name="id_idx")
-                done["id_index"] = True
+                made["id_index"] = True
             before = h.pending
-            if before is None or done:
+            if before is None or made:
                 # Until the rows outside the ANN index are known (before its first optimize,
                 # or after a restart), the whole optimize holds the lock: then no write
                 # lands while it runs, so afterwards the index holds every row.
@@ -522,14 +524,13 @@ class LanceIndex:
                 self._fold_and_clean(h)
                 table.checkout_latest()
                 h.refresh()
-                if "vector_idx" in indices or "ann_index" in done:
+                if "vector_idx" in indices or "ann_index" in made:
                     self._settle_pending(h)
-        if before is not None and not done:
+        done.update(made)
+        if before is not None and not made:
             self._optimize_beside_writes(h, before)
             done["beside_writes"] = True
         done["rows"] = rows
-        if renewed_first is not None:
-            done["session_mb_before_after"] = renewed_first
         if merge_deltas:
             done.update(self._merge_small_deltas(h, max_deltas))
         renewed = self._renew_bloated_session(h)

@@ -76,26 +76,29 @@ class _Graph:
             expansion_add=params.expansion_add,
             expansion_search=params.expansion_search,
         )
+        # Every call into usearch holds it: its Python binding does not say which calls may
+        # overlap (a search's scratch space, a capacity grown under a search, a size read
+        # beside an add that grows the index crashed the process), so none do. A search
+        # costs ~0.25 ms, and the feeder adds a few vectors per hold.
+        self.lock = threading.Lock()
         # id -> key and back; a row written again gets a new key (its old one is removed).
         self.key_of: dict[str, int] = {}
         self.id_of: dict[int, str] = {}
         self.next_key = 0
 
-    def add(
-        self, ids: Sequence[str], codes: npt.NDArray[np.int8], threads: int, lock: threading.Lock
-    ) -> None:
+    def add(self, ids: Sequence[str], codes: npt.NDArray[np.int8], threads: int) -> None:
         keys = np.arange(self.next_key, self.next_key + len(ids), dtype=np.uint64)
         self.next_key += len(ids)
-        with lock:
+        with self.lock:
             self.index.add(keys, codes, threads=threads)
         for mid, key in zip(ids, keys.tolist(), strict=True):
             self.key_of[mid] = key
             self.id_of[key] = mid
 
-    def remove(self, ids: Iterable[str], lock: threading.Lock) -> None:
+    def remove(self, ids: Iterable[str]) -> None:
         gone = [self.key_of.pop(mid) for mid in ids if mid in self.key_of]
         if gone:
-            with lock:
+            with self.lock:
                 self.index.remove(np.asarray(gone, dtype=np.uint64))
             for key in gone:
                 del self.id_of[key]
@@ -110,12 +113,8 @@ class VectorGraph:
     def __init__(self, dimension: int, params: GraphParams):
         self.dimension = dimension
         self.params = params
-        # _lock guards the queue and which graph is current; _graph_lock every call into
-        # usearch. Its Python binding does not say which calls may overlap (a search's scratch
-        # space, a capacity grown under a search), so none do: a search costs ~0.25 ms, and
-        # the feeder adds a few vectors per hold (each may wait for the GIL, see above).
+        # Guards the queue and which graph is current (each graph has its own lock for usearch).
         self._lock = threading.Lock()
-        self._graph_lock = threading.Lock()
         self._graph: _Graph | None = None
         self.built = False
         # Dropped for too many queued writes: the feeder builds it again once writes pause.
@@ -144,7 +143,7 @@ class VectorGraph:
             if self._graph is not graph:
                 return False
             if len(ids):
-                graph.add(ids, codes, threads, self._graph_lock)
+                graph.add(ids, codes, threads)
         with self._lock:
             if self._graph is not graph:
                 return False
@@ -200,11 +199,11 @@ class VectorGraph:
             return 0
         # The newest op per id in this slice is the one that counts.
         last: dict[str, _Queued | None] = dict(ops)
-        graph.remove(last, self._graph_lock)
+        graph.remove(last)
         adds = [(mid, v) for mid, v in last.items() if v is not None]
         for start in range(0, len(adds), _ADDS_PER_HOLD):
             part = adds[start : start + _ADDS_PER_HOLD]
-            graph.add([mid for mid, _ in part], np.stack([q.codes for _, q in part]), 1, self._graph_lock)
+            graph.add([mid for mid, _ in part], np.stack([q.codes for _, q in part]), 1)
         with self._lock:
             if self._graph is not graph:
                 return 0  # dropped or rebuilt meanwhile: its queue is another one
@@ -220,14 +219,14 @@ class VectorGraph:
         graph = self._graph
         if graph is None:
             return 0
-        with self._graph_lock:  # even a size read beside an add that grows the index crashed
+        with graph.lock:
             return len(graph.index)
 
     def nbytes(self) -> int:
         graph = self._graph
         if graph is None:
             return 0
-        with self._graph_lock:
+        with graph.lock:
             return int(graph.index.memory_usage)
 
     def search(self, vector: npt.NDArray[np.float32], k: int) -> list[tuple[str, float]] | None:
@@ -241,7 +240,7 @@ class VectorGraph:
                 return None
             latest = dict(self._latest)  # before the graph: see apply_queued
         query_codes, _ = quantize(np.asarray(vector, dtype=np.float32)[None, :])
-        with self._graph_lock:
+        with graph.lock:
             found = graph.index.search(query_codes[0], k + len(latest), threads=1)
         scores: dict[str, float] = {}
         for key, distance in zip(found.keys.tolist(), found.distances.tolist(), strict=True):

@@ -72,6 +72,10 @@ class DataPaths:
     def lance(self) -> Path:
         return self.root / "lance"
 
+    @property
+    def vector_graphs(self) -> Path:
+        return self.root / "vector_graphs"
+
     def models(self, config: Config) -> Path:
         return Path(config.embedding.cache_dir) if config.embedding.cache_dir else self.root / "models"
 
@@ -115,7 +119,12 @@ class Core:
                     self.db.set_meta(cur, META_MODEL, self.embedder.model_id)
                     self.db.set_meta(cur, META_DIMENSION, str(self.embedder.dimension))
             check_model_identity(self.db, self.embedder)
-            self.index = LanceIndex(self.paths.lance, self.embedder.dimension, config.index)
+            self.index = LanceIndex(
+                self.paths.lance,
+                self.embedder.dimension,
+                config.index,
+                graph_dir=self.paths.vector_graphs if config.index.graph_saved else None,
+            )
             self.indexer = IndexWorker(self.db, self.index, index_embedder, config.index)
             self.validator = Validator(config.limits)
             self.memories = MemoryService(

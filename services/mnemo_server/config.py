@@ -202,6 +202,10 @@ class IndexConfig:
     graph_dtype: str = "i8"
     graph_expansion_search: int = 64
     graph_max_queued: int = 2_000
+    # The graphs are saved in the data directory at an orderly shutdown and read back at
+    # start-up, checked row by row against the table (index/graph_files.py); false: built
+    # at every start.
+    graph_saved: bool = True
     # With the graph, LanceDB's ANN index serves only filtered searches, so its deltas are
     # merged past this many instead of ann_max_deltas: each merge costs 1-2.6 s of CPU at
     # 100k rows and a transient spike of memory, and under the bench's mix one ran with

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from google.protobuf import field_mask_pb2
 
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
@@ -105,3 +106,62 @@ def test_every_acknowledged_write_survives_kill9_under_load(
     assert not missing, f"{len(missing)} acknowledged writes lost"
     _wait_searchable(stub)
     assert stub.GetStatus(pb.GetStatusRequest(), timeout=5).memory_count == len(present)
+
+
+def _recall_ids(stub: pb_grpc.MemoryServiceStub, query: str, k: int = 5) -> list[str]:
+    return [h.memory.id for h in stub.Recall(pb.RecallRequest(query=query, top_k=k), timeout=10).hits]
+
+
+def test_the_vector_graph_saved_at_shutdown_is_put_right_after_a_kill9(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """SIGTERM saves the vector graph and the next start reads it instead of building it; a
+    kill -9 after more writes leaves that older save, which the next start checks against the
+    table and puts right: new and changed memories found, deleted ones never."""
+    data = tmp_path / "data"
+    env = base_env(model_cache, MNEMO_AUTH__ENABLED="false")
+    topics = ["sailing", "pottery", "chess", "baking", "cycling", "astronomy", "gardening", "jazz"]
+    proc = spawn(_serve_args(data), env=env)
+    stub = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc.address))
+    batch = pb.BatchCreateMemoriesRequest(
+        requests=[
+            pb.CreateMemoryRequest(
+                memory=memory_pb2.Memory(content=f"Note {i}: Dana's {topic} club meets at the old mill")
+            )
+            for i, topic in enumerate(t for t in topics for _ in range(5))
+        ],
+        wait_for_index=True,
+    )
+    ids = [r.memory.id for r in stub.BatchCreateMemories(batch, timeout=60).results]
+    assert proc.terminate() == 0
+    assert "vector graph of" in proc.log.read_text() and (data / "vector_graphs" / "t_default").is_dir()
+
+    proc2 = spawn(_serve_args(data), env=env)
+    assert "loaded: 40 rows, 0 removed and 0 added" in proc2.log.read_text()
+    stub2 = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc2.address))
+    new = stub2.CreateMemory(
+        pb.CreateMemoryRequest(
+            memory=memory_pb2.Memory(content="The lighthouse keeper repaints the lamp room every spring"),
+            wait_for_index=True,
+        ),
+        timeout=30,
+    ).memory.id
+    changed = memory_pb2.Memory(id=ids[8], content="Dana sold her pottery wheel to a ceramics studio")
+    stub2.UpdateMemory(
+        pb.UpdateMemoryRequest(
+            memory=changed, update_mask=field_mask_pb2.FieldMask(paths=["content"]), wait_for_index=True
+        ),
+        timeout=30,
+    )
+    stub2.DeleteMemory(pb.DeleteMemoryRequest(id=ids[20]), timeout=10)  # a baking note
+    _wait_searchable(stub2)
+    proc2.kill9()
+
+    proc3 = spawn(_serve_args(data), env=env)
+    assert "loaded: 40 rows, 2 removed and 2 added" in proc3.log.read_text()
+    stub3 = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc3.address))
+    assert stub3.GetStatus(pb.GetStatusRequest(), timeout=5).cache_use.vector_graph_rows == 40
+    assert _recall_ids(stub3, "who repaints the lighthouse lamp room")[0] == new
+    assert _recall_ids(stub3, "pottery wheel sold to a ceramics studio")[0] == ids[8]
+    assert ids[20] not in _recall_ids(stub3, "baking club meets at the old mill", 40)
+    assert proc3.terminate() == 0

@@ -4,6 +4,8 @@ resurrect nor duplicate rows. Real LanceDB files."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -627,3 +629,66 @@ def test_with_the_vector_graph_ann_deltas_wait_longer_to_be_merged(tmp_path: Pat
                 first_merge.setdefault(graph, round_no)
         index.close()
     assert first_merge == {False: 2, True: 4}
+
+
+def _graph_drained(index: LanceIndex) -> None:
+    deadline = time.monotonic() + 30
+    while index.stats(TENANT)["graph_queued"]:
+        assert time.monotonic() < deadline, "the graph feeder never caught up"
+        time.sleep(0.02)
+
+
+def test_a_saved_vector_graph_is_read_at_warm_up_and_put_right_against_the_table(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Saved at close, read at the next warm-up; writes after the save that no orderly close
+    followed (a kill -9) are found against the table's rows and put right."""
+    graphs = tmp_path / "graphs"
+    rng = np.random.default_rng(5)
+    vectors = {i: _unit(rng) for i in range(41)}
+    first = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=graphs)
+    first.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(40)])
+    _graph_drained(first)
+    first.close()
+    assert (graphs / "t_acme" / "graph.json").exists()
+
+    # Writes the saved graph does not hold: m3 rewritten, m5 deleted, m40 new; then no save.
+    second = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=None)
+    vectors[3] = _unit(rng)
+    second.upsert(TENANT, [_row(3, vectors[3], word="w3", revision=2), _row(40, vectors[40], word="w40")])
+    second.delete(TENANT, ["m5"])
+    second.close()
+
+    third = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=graphs)
+    third.load_scope_vectors(TENANT)
+    with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
+        assert third.load_vector_graph(TENANT) == 40
+    assert "loaded: 40 rows, 2 removed and 2 added" in caplog.text
+    live = {i: v for i, v in vectors.items() if i != 5}
+    for i, vector in live.items():
+        hits = third.vector_search(TENANT, vector, 40, ANY)
+        assert hits[0].id == f"m{i}" and hits[0].score > 0.99
+        assert "m5" not in {h.id for h in hits} and len(hits) == 40
+    third.close()
+
+
+def test_a_saved_graph_that_differs_too_much_is_built_afresh(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    graphs = tmp_path / "graphs"
+    rng = np.random.default_rng(6)
+    first = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=graphs)
+    first.upsert(TENANT, [_row(i, _unit(rng), word=f"w{i}") for i in range(20)])
+    _graph_drained(first)
+    first.close()
+    second = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=None)
+    second.upsert(TENANT, [_row(i, _unit(rng), word=f"v{i}") for i in range(20, 40)])  # half is new
+    second.close()
+    third = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=graphs)
+    third.load_scope_vectors(TENANT)
+    with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
+        assert third.load_vector_graph(TENANT) == 40
+    assert "20 of 40 rows differ; built afresh" in caplog.text and "built: 40 rows" in caplog.text
+    third.drop_all()
+    assert not graphs.exists()  # a dropped table's graph goes with it
+    third.close()

@@ -62,7 +62,7 @@ class _Queued:
     scale: float
 
 
-class _Graph:
+class HnswGraph:
     """The usearch index and its keys: replaced whole when the graph is dropped or rebuilt."""
 
     def __init__(self, dimension: int, params: GraphParams):
@@ -103,6 +103,32 @@ class _Graph:
             for key in gone:
                 del self.id_of[key]
 
+    def differences(self, chunks: Chunks) -> tuple[list[str], list[tuple[list[str], npt.NDArray[np.int8]]]]:
+        """What stands between this graph and a snapshot of the rows: the ids to remove (rows
+        gone, or held with other codes) and the (ids, codes) to add (rows new, or changed).
+        Changes nothing; for a graph saved earlier (index/graph_files.py)."""
+        seen: set[str] = set()
+        stale: list[str] = []
+        adds: list[tuple[list[str], npt.NDArray[np.int8]]] = []
+        for ids, codes in chunks:
+            seen.update(ids)
+            keys = [self.key_of.get(mid) for mid in ids]
+            same = np.zeros(len(ids), dtype=bool)
+            held = [n for n, key in enumerate(keys) if key is not None]
+            if held:
+                with self.lock:  # one vector (or None) per key, as a tuple
+                    stored = self.index.get(np.asarray([keys[n] for n in held], dtype=np.uint64), "i8")
+                assert isinstance(stored, tuple)
+                for n, vector in zip(held, stored, strict=True):
+                    same[n] = vector is not None and bool(np.array_equal(vector, codes[n]))
+                    if not same[n]:
+                        stale.append(ids[n])
+            new = np.flatnonzero(~same)
+            if len(new):
+                adds.append(([ids[int(n)] for n in new], codes[new]))
+        stale.extend(mid for mid in self.key_of if mid not in seen)
+        return stale, adds
+
 
 class VectorGraph:
     """One tenant's graph and the writes queued for it. Writers call put/remove (cheap, any
@@ -115,7 +141,7 @@ class VectorGraph:
         self.params = params
         # Guards the queue and which graph is current (each graph has its own lock for usearch).
         self._lock = threading.Lock()
-        self._graph: _Graph | None = None
+        self._graph: HnswGraph | None = None
         self.built = False
         # Dropped for too many queued writes: the feeder builds it again once writes pause.
         self.needs_build = False
@@ -126,16 +152,17 @@ class VectorGraph:
 
     # --- building --------------------------------------------------------------------
 
-    def begin_build(self) -> _Graph:
-        """Start a new graph; every write from now on is queued for it. The caller holds the
-        table lock and takes the snapshot of the rows to fill it with under the same hold."""
+    def begin_build(self, graph: HnswGraph | None = None) -> HnswGraph:
+        """Start a new graph (or take one loaded from a file); every write from now on is
+        queued for it. The caller holds the table lock and takes the snapshot of the rows to
+        fill it with under the same hold."""
         with self._lock:
-            self._graph = _Graph(self.dimension, self.params)
+            self._graph = graph if graph is not None else HnswGraph(self.dimension, self.params)
             self.built = self.needs_build = False
             self._queue, self._latest = [], {}
             return self._graph
 
-    def fill(self, graph: _Graph, chunks: Chunks, threads: int = 1) -> bool:
+    def fill(self, graph: HnswGraph, chunks: Chunks, threads: int = 1) -> bool:
         """Add the snapshot's rows to a graph from begin_build, then let searches use it
         (the writes queued meanwhile are still searched from the queue until applied).
         False if the graph was dropped meanwhile."""
@@ -152,6 +179,11 @@ class VectorGraph:
 
     def build(self, chunks: Chunks, threads: int = 1) -> bool:
         return self.fill(self.begin_build(), chunks, threads)
+
+    def current(self) -> HnswGraph | None:
+        """The graph searches use (None while it is dropped or being built)."""
+        with self._lock:
+            return self._graph if self.built else None
 
     def wants_build(self, quiet_s: float) -> bool:
         return self.needs_build and time.monotonic() - self._last_write >= quiet_s

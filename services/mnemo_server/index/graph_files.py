@@ -4,8 +4,8 @@ Building a tenant's graph at warm-up takes 11-16 s on two cores per 100k rows, a
 the server is SERVING (and per tenant); reading the one saved at the last shutdown takes well
 under a second. A saved graph is a cache, never the truth: at load every row of the table is
 compared with what the graph holds (its int8 codes, exactly), rows written after the save (a
-kill -9 since, or writes that were still queued) are put right, and a graph that cannot be read,
-was made with other parameters, or differs from the table in more than a quarter of its rows is
+kill -9 since) are put right, and a graph that cannot be read, was made with other parameters,
+or would take removals and additions of more than a quarter of the table's rows to put right is
 built afresh instead. Only int8 graphs are kept: the comparison needs the graph to hold the
 codes exactly as given.
 
@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 
 _FORMAT = 1
 _MANIFEST = "graph.json"
-# A loaded graph that differs from the table in more rows than this share of it (or holds
-# that many removed slots, which usearch keeps as tombstones) is built afresh: the repair would
-# cost about as much, and a fresh graph holds no tombstones.
+# A loaded graph that would take more removals and additions than this share of the table's
+# rows to put right (a changed row is one of each), or that holds that many removed slots (which
+# usearch keeps as tombstones), is built afresh: the repair would cost about as much, and a fresh
+# graph holds no tombstones.
 MAX_STALE_SHARE = 0.25
 
 
@@ -112,7 +113,7 @@ def _read(folder: Path, dimension: int, params: GraphParams) -> HnswGraph | None
 
     manifest = json.loads((folder / _MANIFEST).read_text())
     wanted = _describe(dimension, params)
-    if params.dtype != "i8" or any(manifest.get(k) != v for k, v in wanted.items()):
+    if any(manifest.get(k) != v for k, v in wanted.items()):  # (only int8 graphs are saved)
         log.info("saved vector graph %s made with other parameters; built afresh", folder)
         return None
     index_file, keys_file = folder / manifest["index_file"], folder / manifest["keys_file"]

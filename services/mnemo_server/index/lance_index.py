@@ -929,7 +929,13 @@ class LanceIndex:
         stale, adds = saved.differences(chunks)
         added = sum(len(ids) for ids, _ in adds)
         if len(stale) + added > graph_files.MAX_STALE_SHARE * max(rows, 1):
-            log.info("saved vector graph of %s: %d of %d rows differ; built afresh", h.uri, added, rows)
+            log.info(
+                "saved vector graph of %s: %d removals and %d additions for %d rows; built afresh",
+                h.uri,
+                len(stale),
+                added,
+                rows,
+            )
             return False
         saved.remove(stale)
         if not graph.fill(started, adds, threads):

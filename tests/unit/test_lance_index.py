@@ -693,3 +693,30 @@ def test_a_saved_graph_that_differs_too_much_is_built_afresh(
     third.drop_all()
     assert not graphs.exists()  # a dropped table's graph goes with it
     third.close()
+
+
+def test_a_graph_is_saved_while_serving_once_writes_pause(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No orderly close (a kill -9 later): the save made once writes paused is what the next
+    start reads, with nothing to repair."""
+    graphs = tmp_path / "graphs"
+    cfg = IndexConfig(graph_save_quiet_s=0.1, graph_save_changes=10)
+    rng = np.random.default_rng(7)
+    vectors = {i: _unit(rng) for i in range(20)}
+    serving = LanceIndex(tmp_path / "lance", DIM, cfg, graph_dir=graphs)
+    try:
+        serving.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(20)])
+        deadline = time.monotonic() + 20
+        while not (graphs / "t_acme" / "graph.json").exists():
+            assert time.monotonic() < deadline, "the feeder never saved the graph"
+            time.sleep(0.05)
+        restarted = LanceIndex(tmp_path / "lance", DIM, cfg, graph_dir=graphs)
+        restarted.load_scope_vectors(TENANT)
+        with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
+            assert restarted.load_vector_graph(TENANT) == 20
+        assert "loaded: 20 rows, 0 removed and 0 added" in caplog.text
+        assert restarted.vector_search(TENANT, vectors[4], 1, ANY)[0].id == "m4"
+        restarted.close()
+    finally:
+        serving.close()

@@ -248,3 +248,45 @@ def test_status_reads_beside_adds_that_grow_the_index() -> None:
         done.set()
         reader.join(timeout=30)
     assert graph.rows() == 12_000 and len(seen) > 10
+
+
+def test_the_feeder_saves_a_graph_once_enough_writes_reached_it_and_writes_paused() -> None:
+    graph, _, _ = _built(50)
+    graph.unsaved = 0  # as if just saved
+    saves: list[int] = []
+
+    def save() -> None:
+        saves.append(graph.unsaved)
+        graph.unsaved = 0  # what LanceIndex's save does, whatever its outcome
+
+    feeder = GraphFeeder(quiet_s=60, save_quiet_s=0.05, save_changes=5)
+    feeder.watch(graph, lambda: None, save)
+    try:
+        graph.put([(f"n{i}", v) for i, v in enumerate(_vectors(4, seed=3))])
+        time.sleep(0.6)
+        assert graph.queued() == 0 and graph.unsaved == 4 and saves == []  # fewer than 5 writes
+        graph.remove(["m0"])
+        deadline = time.monotonic() + 10
+        while not saves and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert saves == [5]
+        time.sleep(0.3)
+        assert saves == [5]  # nothing new since: not saved again
+    finally:
+        feeder.stop()
+
+
+def test_the_feeder_waits_for_writes_to_pause_before_saving() -> None:
+    graph, ids, matrix = _built(40)
+    saves: list[int] = []
+    feeder = GraphFeeder(quiet_s=60, save_quiet_s=30, save_changes=1)
+    feeder.watch(graph, lambda: None, lambda: saves.append(graph.unsaved))
+    try:
+        graph.put([(ids[0], matrix[1])])
+        deadline = time.monotonic() + 10
+        while graph.queued() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.6)
+        assert graph.queued() == 0 and graph.unsaved == 41 and saves == []  # built (40) + 1 write
+    finally:
+        feeder.stop()

@@ -11,7 +11,8 @@ codes exactly as given.
 
 Per tenant table a folder `<name>/` holds `graph.json` (the manifest, replaced atomically and
 written last) naming one generation's `<g>.usearch` (usearch's own format) and `<g>.keys.npz`
-(each key's memory id). A crash while saving leaves the previous generation in force.
+(each key's memory id, UTF-8). A crash while saving leaves the previous generation in force.
+Saved at close and, while serving, by the graph feeder once writes pause (vector_graph.py).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def save(directory: Path, name: str, graph: HnswGraph, dimension: int, params: G
     with graph.lock:
         graph.index.save(str(index_file))
         keys = np.fromiter(graph.id_of.keys(), dtype=np.uint64, count=len(graph.id_of))
-        ids = np.array(list(graph.id_of.values()), dtype=np.str_)
+        ids = np.array([mid.encode() for mid in graph.id_of.values()], dtype=np.bytes_)
         rows, next_key = len(graph.index), graph.next_key
     with keys_file.open("wb") as out:
         np.savez(out, keys=keys, ids=ids)
@@ -127,7 +128,7 @@ def _read(folder: Path, dimension: int, params: GraphParams) -> HnswGraph | None
     graph = HnswGraph(dimension, params)
     graph.index.load(str(index_file))  # the expansions stay as HnswGraph set them
     with np.load(keys_file, allow_pickle=False) as stored:
-        keys, ids = stored["keys"].tolist(), stored["ids"].tolist()
+        keys, ids = stored["keys"].tolist(), [mid.decode() for mid in stored["ids"].tolist()]
     if len(keys) != len(ids) or len(graph.index) != len(keys):
         log.warning("saved vector graph %s: keys and index disagree; built afresh", folder)
         return None

@@ -197,7 +197,7 @@ class LanceIndex:
             expansion_search=cfg.graph_expansion_search,
             max_queued=cfg.graph_max_queued,
         )
-        self._feeder = GraphFeeder()
+        self._feeder = GraphFeeder(save_quiet_s=cfg.graph_save_quiet_s, save_changes=cfg.graph_save_changes)
         self.schema = pa.schema(
             [
                 pa.field("id", pa.string(), nullable=False),
@@ -259,7 +259,11 @@ class LanceIndex:
                 handle.graph = VectorGraph(self.dimension, self._graph_params)
                 if name not in existing:
                     handle.graph.build([])
-                self._feeder.watch(handle.graph, lambda: self._build_graph(handle, threads=1))
+                self._feeder.watch(
+                    handle.graph,
+                    lambda: self._build_graph(handle, threads=1),
+                    (lambda: self._save_graph(name, handle)) if self.graph_dir is not None else None,
+                )
             indices = self._index_names(table)
             handle.has_text_index = "text_idx" in indices
             if "vector_idx" in indices:
@@ -432,20 +436,29 @@ class LanceIndex:
         if self.graph_dir is None:
             return
         for name, h in list(self._handles.items()):
-            kept = h.graph
-            graph = kept.current() if kept is not None else None
-            if kept is None or graph is None:
-                continue
-            began = time.monotonic()
-            try:
-                while kept.apply_queued():
+            if h.graph is not None:
+                while h.graph.apply_queued():
                     pass  # at most graph_max_queued adds, ~0.35 ms each with the server idle
-                saved = graph_files.save(self.graph_dir, name, graph, self.dimension, self._graph_params)
-            except Exception:  # a cache: the next start builds it
-                log.exception("saving the vector graph of %s failed", h.uri)
-            else:
-                if saved is not None:
-                    log.info("vector graph of %s saved in %.2f s", h.uri, time.monotonic() - began)
+                if h.graph.unsaved:
+                    self._save_graph(name, h)
+
+    def _save_graph(self, name: str, h: _Handle) -> None:
+        """Save a tenant's built graph: the feeder's call once writes paused, or close's once
+        the feeder stopped (nothing else changes a built graph)."""
+        kept = h.graph
+        graph = kept.current() if kept is not None else None
+        if self.graph_dir is None or kept is None or graph is None:
+            return
+        began = time.monotonic()
+        try:
+            saved = graph_files.save(self.graph_dir, name, graph, self.dimension, self._graph_params)
+        except Exception:  # a cache: the next start repairs an older save or builds it
+            log.exception("saving the vector graph of %s failed", h.uri)
+        else:
+            if saved is not None:
+                log.info("vector graph of %s saved in %.2f s", h.uri, time.monotonic() - began)
+        finally:
+            kept.unsaved = 0  # after a failure too: tried again once as many writes reached it
 
     # --- indices and maintenance -------------------------------------------------------
 
@@ -938,6 +951,7 @@ class LanceIndex:
             )
             return False
         saved.remove(stale)
+        graph.unsaved += len(stale)  # (fill counts the additions)
         if not graph.fill(started, adds, threads):
             return False
         log.info(

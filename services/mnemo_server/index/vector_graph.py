@@ -146,6 +146,8 @@ class VectorGraph:
         # Dropped for too many queued writes: the feeder builds it again once writes pause.
         self.needs_build = False
         self._last_write = 0.0
+        # Writes applied since the graph was last saved (a graph built afresh counts its rows).
+        self.unsaved = 0
         # Queued writes in order; None as a vector is a removal. Newest per id in _latest.
         self._queue: list[tuple[str, _Queued | None]] = []
         self._latest: dict[str, _Queued | None] = {}
@@ -166,15 +168,18 @@ class VectorGraph:
         """Add the snapshot's rows to a graph from begin_build, then let searches use it
         (the writes queued meanwhile are still searched from the queue until applied).
         False if the graph was dropped meanwhile."""
+        added = 0
         for ids, codes in chunks:
             if self._graph is not graph:
                 return False
             if len(ids):
                 graph.add(ids, codes, threads)
+                added += len(ids)
         with self._lock:
             if self._graph is not graph:
                 return False
             self.built = True
+            self.unsaved += added
             return True
 
     def build(self, chunks: Chunks, threads: int = 1) -> bool:
@@ -187,6 +192,13 @@ class VectorGraph:
 
     def wants_build(self, quiet_s: float) -> bool:
         return self.needs_build and time.monotonic() - self._last_write >= quiet_s
+
+    def wants_save(self, quiet_s: float, changes: int) -> bool:
+        """Built, every write applied, at least `changes` of them since the last save, and
+        no write for `quiet_s`."""
+        with self._lock:
+            settled = self.built and not self._queue and self.unsaved >= changes
+        return settled and time.monotonic() - self._last_write >= quiet_s
 
     # --- writes ----------------------------------------------------------------------
 
@@ -239,6 +251,7 @@ class VectorGraph:
         with self._lock:
             if self._graph is not graph:
                 return 0  # dropped or rebuilt meanwhile: its queue is another one
+            self.unsaved += len(ops)
             del self._queue[: len(ops)]
             for mid, vector in ops:
                 if mid in self._latest and self._latest[mid] is vector:
@@ -289,20 +302,28 @@ class VectorGraph:
 
 
 class GraphFeeder:
-    """One background thread for every tenant's graph: moves queued writes in, and builds a
+    """One background thread for every tenant's graph: moves queued writes in, builds a
     dropped graph again (through the callback given with it) once its writes paused for
-    `quiet_s`."""
+    `quiet_s`, and saves a graph (through its save callback, if any) once `save_changes`
+    writes reached it since its last save and writes paused for `save_quiet_s`, so that a
+    restart after a kill -9 has a recent save to repair rather than one from the last
+    orderly shutdown (index/graph_files.py). The feeder is the only thread that changes a
+    built graph, so nothing changes it while it saves."""
 
-    def __init__(self, quiet_s: float = 2.0) -> None:
+    def __init__(self, quiet_s: float = 2.0, save_quiet_s: float = 10.0, save_changes: int = 1_000) -> None:
         self.quiet_s = quiet_s
-        self._graphs: dict[VectorGraph, Callable[[], object]] = {}
+        self.save_quiet_s = save_quiet_s
+        self.save_changes = save_changes
+        self._graphs: dict[VectorGraph, tuple[Callable[[], object], Callable[[], object] | None]] = {}
         self._wake = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
 
-    def watch(self, graph: VectorGraph, rebuild: Callable[[], object]) -> None:
+    def watch(
+        self, graph: VectorGraph, rebuild: Callable[[], object], save: Callable[[], object] | None = None
+    ) -> None:
         with self._wake:
-            self._graphs[graph] = rebuild
+            self._graphs[graph] = (rebuild, save)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="graph-feeder", daemon=True)
                 self._thread.start()
@@ -322,8 +343,14 @@ class GraphFeeder:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def _wants_save(self, graph: VectorGraph, save: Callable[[], object] | None) -> bool:
+        return save is not None and graph.wants_save(self.save_quiet_s, self.save_changes)
+
     def _has_work(self) -> bool:
-        return any(g.queued() or g.wants_build(self.quiet_s) for g in self._graphs)
+        return any(
+            g.queued() or g.wants_build(self.quiet_s) or self._wants_save(g, save)
+            for g, (_, save) in self._graphs.items()
+        )
 
     def _run(self) -> None:
         while True:
@@ -333,12 +360,14 @@ class GraphFeeder:
                 if self._stopped:
                     return
                 graphs = list(self._graphs.items())
-            for graph, rebuild in graphs:
+            for graph, (rebuild, save) in graphs:
                 try:
                     if graph.wants_build(self.quiet_s):
                         rebuild()
-                    else:
+                    elif graph.queued():
                         graph.apply_queued()
+                    elif save is not None and self._wants_save(graph, save):
+                        save()
                 except Exception:  # its writes stay queued; searches decline past max_queued
                     log.exception("feeding a vector graph failed")
                     with self._wake:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -638,31 +639,44 @@ def _graph_drained(index: LanceIndex) -> None:
         time.sleep(0.02)
 
 
+def _saved_graph_then(path: Path, rows: list[IndexRow], later: Callable[[LanceIndex], None]) -> Path:
+    """A graph of `rows` saved at close, then `later`'s writes with no save (a kill -9 after
+    them); returns the graphs' folder."""
+    graphs = path / "graphs"
+    first = LanceIndex(path / "lance", DIM, IndexConfig(), graph_dir=graphs)
+    first.upsert(TENANT, rows)
+    _graph_drained(first)
+    first.close()
+    assert (graphs / "t_acme" / "graph.json").exists()
+    unsaved = LanceIndex(path / "lance", DIM, IndexConfig(), graph_dir=None)
+    later(unsaved)
+    unsaved.close()
+    return graphs
+
+
+def _warmed_with_graph(path: Path, graphs: Path, caplog: pytest.LogCaptureFixture, rows: int) -> LanceIndex:
+    index = LanceIndex(path / "lance", DIM, IndexConfig(), graph_dir=graphs)
+    index.load_scope_vectors(TENANT)
+    with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
+        assert index.load_vector_graph(TENANT) == rows
+    return index
+
+
 def test_a_saved_vector_graph_is_read_at_warm_up_and_put_right_against_the_table(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Saved at close, read at the next warm-up; writes after the save that no orderly close
     followed (a kill -9) are found against the table's rows and put right."""
-    graphs = tmp_path / "graphs"
     rng = np.random.default_rng(5)
     vectors = {i: _unit(rng) for i in range(41)}
-    first = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=graphs)
-    first.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(40)])
-    _graph_drained(first)
-    first.close()
-    assert (graphs / "t_acme" / "graph.json").exists()
 
-    # Writes the saved graph does not hold: m3 rewritten, m5 deleted, m40 new; then no save.
-    second = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=None)
-    vectors[3] = _unit(rng)
-    second.upsert(TENANT, [_row(3, vectors[3], word="w3", revision=2), _row(40, vectors[40], word="w40")])
-    second.delete(TENANT, ["m5"])
-    second.close()
+    def later(index: LanceIndex) -> None:  # m3 rewritten, m5 deleted, m40 new
+        vectors[3] = _unit(rng)
+        index.upsert(TENANT, [_row(3, vectors[3], word="w3", revision=2), _row(40, vectors[40], word="w40")])
+        index.delete(TENANT, ["m5"])
 
-    third = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=graphs)
-    third.load_scope_vectors(TENANT)
-    with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
-        assert third.load_vector_graph(TENANT) == 40
+    graphs = _saved_graph_then(tmp_path, [_row(i, vectors[i], word=f"w{i}") for i in range(40)], later)
+    third = _warmed_with_graph(tmp_path, graphs, caplog, 40)
     assert "loaded: 40 rows, 2 removed and 2 added" in caplog.text
     live = {i: v for i, v in vectors.items() if i != 5}
     for i, vector in live.items():
@@ -675,19 +689,10 @@ def test_a_saved_vector_graph_is_read_at_warm_up_and_put_right_against_the_table
 def test_a_saved_graph_that_differs_too_much_is_built_afresh(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    graphs = tmp_path / "graphs"
     rng = np.random.default_rng(6)
-    first = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=graphs)
-    first.upsert(TENANT, [_row(i, _unit(rng), word=f"w{i}") for i in range(20)])
-    _graph_drained(first)
-    first.close()
-    second = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=None)
-    second.upsert(TENANT, [_row(i, _unit(rng), word=f"v{i}") for i in range(20, 40)])  # half is new
-    second.close()
-    third = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=graphs)
-    third.load_scope_vectors(TENANT)
-    with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
-        assert third.load_vector_graph(TENANT) == 40
+    rows = [_row(i, _unit(rng), word=f"w{i}") for i in range(40)]
+    graphs = _saved_graph_then(tmp_path, rows[:20], lambda index: index.upsert(TENANT, rows[20:]))  # half new
+    third = _warmed_with_graph(tmp_path, graphs, caplog, 40)
     assert "0 removals and 20 additions for 40 rows; built afresh" in caplog.text
     assert "built: 40 rows" in caplog.text
     third.drop_all()

@@ -437,8 +437,7 @@ class LanceIndex:
             return
         for name, h in list(self._handles.items()):
             if h.graph is not None:
-                while h.graph.apply_queued():
-                    pass  # at most graph_max_queued adds, ~0.35 ms each with the server idle
+                h.graph.drain()
                 if h.graph.unsaved:
                     self._save_graph(name, h)
 

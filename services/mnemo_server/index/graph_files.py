@@ -1,6 +1,6 @@
 """Vector graphs saved at an orderly shutdown and loaded at start-up, so a restart skips the build.
 
-Building a tenant's graph at warm-up takes 11-16 s on two cores per 100k rows, all of it before
+Building a tenant's graph at warm-up takes 11-18 s on two cores per 100k rows, all of it before
 the server is SERVING (and per tenant); reading the one saved at the last shutdown takes well
 under a second. A saved graph is a cache, never the truth: at load every row of the table is
 compared with what the graph holds (its int8 codes, exactly), rows written after the save (a

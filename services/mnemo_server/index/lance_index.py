@@ -911,7 +911,7 @@ class LanceIndex:
     def load_vector_graph(self, tenant_id: str) -> int:
         """Read the tenant's saved vector graph and put right what changed since it was saved,
         or build it from its scope vectors (at start-up, after load_scope_vectors, before
-        serving: a build takes 11-16 s on two cores per 100k rows). Returns the rows in the graph."""
+        serving: a build takes 11-18 s on two cores per 100k rows). Returns the rows in the graph."""
         h = self._handle(tenant_id, create=False)
         if h is None or h.graph is None:
             return 0

@@ -190,6 +190,7 @@ class IndexConfig:
     # them exactly instead of asking LanceDB, whose ANN search pays for a selective filter
     # (index/scope_vectors.py; k 100 at 100k rows: 5k rows scanned in 1.4 ms of CPU against
     # LanceDB's 9.7, 20k in 5.0 against 9.2, 40k in 10.4 against 7.8). 0: nothing kept.
+    # With the vector graph there is no ANN index, and every scoped search scans in memory.
     exact_scope_search_max_rows: int = 20_000
     # Per tenant, every row's full-text postings are kept in memory (index/text_postings.py)
     # and answer full-text searches filtered by scopes or not at all (BM25 as LanceDB's).
@@ -197,7 +198,9 @@ class IndexConfig:
     # Per tenant, every row's vector is also kept in an in-process HNSW graph (usearch,
     # index/vector_graph.py) that answers vector searches with no filter: 0.2-0.3 ms of CPU
     # per query at 100k rows against LanceDB's ~5.3, ~63 MiB per 100k rows (int8). Writes
-    # reach it in the background; past graph_max_queued waiting, LanceDB answers.
+    # reach it in the background; past graph_max_queued waiting, an exact scan answers.
+    # With it (and the scope vectors, which it is built from) tables get no ANN index:
+    # filtered searches scan the scope vectors (LanceDB's ann_* settings then do nothing).
     vector_graph: bool = True
     graph_dtype: str = "i8"
     graph_expansion_search: int = 64
@@ -210,11 +213,6 @@ class IndexConfig:
     graph_saved: bool = True
     graph_save_quiet_s: float = 10.0
     graph_save_changes: int = 1_000
-    # With the graph, LanceDB's ANN index serves only filtered searches, so its deltas are
-    # merged past this many instead of ann_max_deltas: each merge costs 1-2.6 s of CPU at
-    # 100k rows and a transient spike of memory, and under the bench's mix one ran with
-    # nearly every optimize (every ~20 s).
-    graph_ann_max_deltas: int = 24
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

@@ -15,7 +15,7 @@ import pytest
 from mnemo_server.config import IndexConfig
 from mnemo_server.index import lance_index
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
-from mnemo_server.memory.model import MemoryFilter, Scope, ScopeKind
+from mnemo_server.memory.model import MemoryFilter, MemoryType, Scope, ScopeKind, TimeRange
 
 DIM = 32
 TENANT = "acme"
@@ -126,7 +126,8 @@ def test_rows_outside_the_ann_index_are_searched_in_memory_with_the_filter(tmp_p
     is asked for indexed rows only; the filter applies to both, an optimize hands the rows
     over, and a process that did not write them (a restart) lets LanceDB scan them."""
     # Compaction of a few fragments below is part of the case: not skipped for their number.
-    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, compact_min_fragments=0)
+    # Without the vector graph: with it, tables have no ANN index.
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, compact_min_fragments=0, vector_graph=False)
     rng = np.random.default_rng(5)
     vectors = {i: _unit(rng) for i in range(330)}
 
@@ -206,7 +207,7 @@ def test_a_table_whose_ann_index_no_longer_reads_is_dropped_for_rebuilding(tmp_p
     """A data directory from a server that compacted with the remap deferred: its ANN index
     fails every search that reaches the broken delta. At start-up the table is dropped (the
     caller re-indexes the tenant from DuckDB); a sound table stays."""
-    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, compact_min_fragments=0)
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, compact_min_fragments=0, vector_graph=False)
     rng = np.random.default_rng(5)
     vectors = {i: _unit(rng) for i in range(330)}
     broken = LanceIndex(tmp_path / "lance", DIM, cfg)
@@ -406,8 +407,9 @@ def test_a_session_holding_superseded_index_files_is_renewed_warm_and_searches_a
 def test_scoped_vector_search_from_memory_agrees_with_an_exact_search(tmp_path: Path) -> None:
     """Searches filtered by a few small scopes are answered from the in-memory scope vectors
     (index/scope_vectors.py); they must follow writes, moves and deletes, be reloaded after
-    a restart, and rank as an exact search over the same rows does."""
-    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, exact_scope_search_max_rows=400)
+    a restart, and rank as an exact search over the same rows does. (Without the vector graph,
+    where LanceDB's ANN index answers the searches over more rows.)"""
+    cfg = IndexConfig(ann_min_rows=256, ann_nprobes=64, exact_scope_search_max_rows=400, vector_graph=False)
     rng = np.random.default_rng(21)
     vectors = {i: _unit(rng) for i in range(700)}
     scope_of = {i: "a" if i < 300 else ("b" if i < 600 else "c") for i in vectors}
@@ -586,9 +588,9 @@ def test_lance_cpu_pool_has_threads_beyond_the_cores_unless_set(monkeypatch: pyt
     assert lance_index.size_lance_cpu_pool(0) == "3"
 
 
-def test_with_the_vector_graph_a_renewed_session_is_not_warmed_with_the_ann_index(tmp_path: Path) -> None:
-    """The graph answers the unfiltered vector searches, so a renewed LanceDB session does not
-    read the ANN index back in (the filtered searches load what they need)."""
+def test_with_the_vector_graph_a_renewed_session_holds_no_ann_index(tmp_path: Path) -> None:
+    """With the graph the table has no ANN index, so a renewed LanceDB session holds less than
+    one warmed with it."""
     rng = np.random.default_rng(6)
     vectors = {i: _unit(rng) for i in range(600)}
     warm_bytes: dict[bool, int] = {}
@@ -612,24 +614,79 @@ def test_with_the_vector_graph_a_renewed_session_is_not_warmed_with_the_ann_inde
     assert warm_bytes[True] < warm_bytes[False]
 
 
-def test_with_the_vector_graph_ann_deltas_wait_longer_to_be_merged(tmp_path: Path) -> None:
-    """LanceDB's ANN index serves only filtered searches beside the graph: its deltas are merged
-    past graph_ann_max_deltas, not ann_max_deltas (each merge costs CPU and a memory spike)."""
-    rng = np.random.default_rng(8)
-    vectors = {i: _unit(rng) for i in range(340)}
-    first_merge: dict[bool, int] = {}
-    for graph in (False, True):
-        cfg = IndexConfig(ann_min_rows=256, ann_max_deltas=2, graph_ann_max_deltas=4, vector_graph=graph)
-        index = LanceIndex(tmp_path / f"lance-{graph}", DIM, cfg)
-        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(300)])
-        index.optimize(TENANT)  # the ANN index: one segment
-        for round_no in range(1, 5):
-            start = 290 + 10 * round_no
-            index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 10)])
-            if "merged_vector_deltas" in index.optimize(TENANT):
-                first_merge.setdefault(graph, round_no)
-        index.close()
-    assert first_merge == {False: 2, True: 4}
+def test_with_the_vector_graph_filtered_searches_scan_the_scope_vectors_exactly(tmp_path: Path) -> None:
+    """With the graph (and the scope vectors it is built from) a table gets no ANN index: a
+    search filtered by any scopes, or by other columns too, scans the scope vectors, limited
+    to the rows LanceDB finds passing the filter. It follows writes and deletes at once and
+    ranks as an exact search over the rows that pass."""
+    rng = np.random.default_rng(9)
+    vectors = {i: _unit(rng) for i in range(600)}
+
+    def row(i: int) -> IndexRow:
+        return dataclasses.replace(
+            _row(i, vectors[i], word=f"w{i}"),
+            scope=f"project:{'ab'[i % 2]}",
+            type="episodic" if i % 3 == 0 else "semantic",
+            pinned=i % 5 == 0,
+            event_time_ns=i,
+        )
+
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, exact_scope_search_max_rows=50))
+    index.upsert(TENANT, [row(i) for i in range(500)])
+    index.optimize(TENANT)
+    for i in range(500, 600, 20):  # after the optimize, outside LanceDB's scalar indices
+        index.upsert(TENANT, [row(j) for j in range(i, i + 20)])
+    index.delete(TENANT, ["m3", "m550"])
+    del vectors[3], vectors[550]
+    h = index._handle(TENANT, create=False)
+    assert h is not None
+    assert "vector_idx" not in index._index_names(h.table) and index.vector_deltas(TENANT) == 0
+
+    filters: dict[str, tuple[MemoryFilter, Callable[[int], bool]]] = {
+        "scope a (past exact_scope_search_max_rows)": (_scope_filter("a"), lambda i: i % 2 == 0),
+        "episodic": (MemoryFilter(types=(MemoryType.EPISODIC,)), lambda i: i % 3 == 0),
+        "pinned in b": (
+            MemoryFilter(scopes=_scope_filter("b").scopes, pinned_only=True),
+            lambda i: i % 2 == 1 and i % 5 == 0,
+        ),
+        "event time": (MemoryFilter(event_time=TimeRange(100, 200)), lambda i: 100 <= i < 200),
+        "nothing passes": (MemoryFilter(categories=("none",)), lambda i: False),
+    }
+    for name, (f, passes) in filters.items():
+        members = [i for i in vectors if passes(i)]
+        for qi in (0, 5, 15, 150, 555, 590):
+            q = vectors[qi]
+            found = [x.id for x in index.vector_search(TENANT, q, 10, f)]
+            truth = [f"m{i}" for i in sorted(members, key=lambda i: -float(vectors[i] @ q))[:10]]
+            assert set(found) <= {f"m{i}" for i in members}, (name, qi, found)
+            assert len(found) == len(truth) and len(set(found) & set(truth)) >= len(truth) - 1, (name, qi)
+            if passes(qi):
+                assert found[0] == f"m{qi}", (name, qi, found)
+
+
+def test_an_ann_index_left_by_a_configuration_without_the_graph_is_dropped(tmp_path: Path) -> None:
+    """A data directory indexed without the graph has an ANN index; started with the graph,
+    the index is dropped at start-up (nothing would read it, every optimize would fold rows
+    into it) and the searches agree."""
+    rng = np.random.default_rng(10)
+    vectors = {i: _unit(rng) for i in range(300)}
+    without = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, vector_graph=False))
+    without.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(300)])
+    without.optimize(TENANT)
+    assert without.vector_deltas(TENANT) == 1
+    without.close()
+
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256))
+    assert index.drop_outdated() == []  # the table stays, its rows are not indexed again
+    assert index.vector_deltas(TENANT) == 0
+    assert index.load_scope_vectors(TENANT) == 300 and index.load_vector_graph(TENANT) == 300
+    for qi in (0, 150, 299):
+        assert index.vector_search(TENANT, vectors[qi], 1, ANY)[0].id == f"m{qi}"
+        assert index.vector_search(TENANT, vectors[qi], 1, _scope_filter("none"))[0:1] == []
+    index.upsert(TENANT, [_row(300, _unit(rng), word="w300")])
+    assert "ann_index" not in index.optimize(TENANT)
+    assert index.vector_deltas(TENANT) == 0
+    index.close()
 
 
 def _graph_drained(index: LanceIndex) -> None:

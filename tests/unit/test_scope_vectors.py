@@ -56,6 +56,33 @@ def test_search_ranks_like_an_exact_search_within_the_scopes_asked() -> None:
     assert sv.search(m[0], 5, ["nope"]) == []
 
 
+def test_search_over_every_scope_limited_to_the_rows_allowed() -> None:
+    """No scopes named: every row is searched; an allowed set (the rows another filter
+    passes) limits the search, across chunks, and may leave fewer than k or none."""
+    rng = np.random.default_rng(12)
+    n = CHUNK + 500
+    m = _unit(rng, n)
+    ids = [f"m{i}" for i in range(n)]
+    scopes = ["a" if i % 2 else "b" for i in range(n)]
+    vectors = dict(zip(ids, m, strict=True))
+    sv = ScopeVectors(DIM)
+    sv.load([(ids, scopes, m)])
+    allowed = {f"m{i}" for i in range(0, n, 7)}
+    for qi in (0, 7, 701, n - 2):
+        q = m[qi]
+        everywhere = sv.search(q, 10, None)
+        assert everywhere[0][0] == ids[qi]
+        assert len({i for i, _ in everywhere} & set(_exact(vectors, ids, q, 10))) >= 9
+        found = sv.search(q, 10, None, allowed)
+        assert {i for i, _ in found} <= allowed and len(found) == 10
+        assert len({i for i, _ in found} & set(_exact(vectors, sorted(allowed), q, 10))) >= 9
+        assert (found[0][0] == ids[qi]) == (ids[qi] in allowed)
+        in_a = sv.search(q, 10, ["a"], allowed)
+        assert {i for i, _ in in_a} <= {i for i in allowed if scopes[int(i[1:])] == "a"}
+    assert [i for i, _ in sv.search(m[0], 10, None, {"m3", "m5"})] in (["m3", "m5"], ["m5", "m3"])
+    assert sv.search(m[0], 10, None, set()) == []
+
+
 def test_writes_move_replace_and_remove_rows() -> None:
     rng = np.random.default_rng(12)
     m = _unit(rng, CHUNK + 10)

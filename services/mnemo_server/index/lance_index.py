@@ -255,7 +255,7 @@ class LanceIndex:
             # answers every search.
             handle.vectors.loaded = self._keeps_scope_vectors and name not in existing
             handle.texts.loaded = self.cfg.memory_text_search and name not in existing
-            if self.cfg.vector_graph:
+            if not self._wants_ann_index:
                 handle.graph = VectorGraph(self.dimension, self._graph_params)
                 if name not in existing:
                     handle.graph.build([])
@@ -283,15 +283,32 @@ class LanceIndex:
     def tenants(self) -> list[str]:
         return [n[2:] for n in self._db.list_tables().tables if n.startswith("t_")]
 
+    @property
+    def _wants_ann_index(self) -> bool:
+        """Whether tables get LanceDB's ANN index. Not with the vector graph and the scope
+        vectors: then every vector search is answered in memory (_search_in_memory), and the
+        index would only cost: each optimize folded the new rows into a delta of it, merging
+        deltas took 1-2.6 s of CPU at 100k rows (22 s for 23 of them) and, in the bench's
+        mixed phase, pushed the server's RSS ~100 MiB past its bound."""
+        return not (self.cfg.vector_graph and self._keeps_scope_vectors)
+
     def drop_outdated(self) -> list[str]:
         """Drop tables written with another schema (an older server) or whose ANN index no
         longer reads; returns their tenants, whose memories must be indexed again. The
-        index is derived, so nothing is lost."""
+        index is derived, so nothing is lost. An ANN index this configuration does not use
+        is dropped from its table."""
         dropped = []
         for tenant_id in self.tenants():
             h = self._handle(tenant_id, create=False)
             if h is None:
                 continue
+            if not self._wants_ann_index and "vector_idx" in self._index_names(h.table):
+                with h.lock:
+                    h.table.drop_index("vector_idx")
+                    h.table.checkout_latest()
+                    h.refresh()
+                    h.pending = None
+                log.info("tenant %s: LanceDB's ANN index dropped (the vector graph answers)", tenant_id)
             if h.table.schema.names != self.schema.names or not self._ann_reads(tenant_id, h):
                 name = self.table_name(tenant_id)
                 with self._lock:
@@ -311,18 +328,11 @@ class LanceIndex:
         if "vector_idx" not in self._index_names(h.table):
             return True
         try:
-            # With the vector graph no unfiltered search reads the ANN index: it is checked on
-            # a session of its own and not kept in memory (the filtered searches load it).
-            self._read_whole_ann_index(h.reader if h.graph is None else self._reader_apart(h))
+            self._read_whole_ann_index(h.reader)
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             log.warning("tenant %s: the ANN index does not read (%s); it will be rebuilt", tenant_id, exc)
             return False
         return True
-
-    def _reader_apart(self, h: _Handle) -> Any:
-        import lance
-
-        return lance.dataset(h.uri, session=self._new_session())
 
     def _read_whole_ann_index(self, reader: Any) -> None:
         """A search probing every partition: loads the whole ANN index into the session."""
@@ -539,7 +549,7 @@ class LanceIndex:
             table = h.table
             rows = table.count_rows()
             indices = self._index_names(table)
-            if rows >= self.cfg.ann_min_rows and "vector_idx" not in indices:
+            if rows >= self.cfg.ann_min_rows and "vector_idx" not in indices and self._wants_ann_index:
                 partitions = max(1, int(rows**0.5))
                 table.create_index(
                     "vector",
@@ -554,7 +564,7 @@ class LanceIndex:
                 table.create_index("id", config=BTree(), name="id_idx")
                 made["id_index"] = True
             before = h.pending
-            if before is None or made:
+            if made or (before is None and self._wants_ann_index):
                 # Until the rows outside the ANN index are known (before its first optimize,
                 # or after a restart), the whole optimize holds the lock: then no write
                 # lands while it runs, so afterwards the index holds every row.
@@ -565,7 +575,7 @@ class LanceIndex:
                 if "vector_idx" in indices or "ann_index" in made:
                     self._settle_pending(h)
         done.update(made)
-        if before is not None and not made:
+        if not made and (before is not None or not self._wants_ann_index):
             self._optimize_beside_writes(h, before)
             done["beside_writes"] = True
         done["rows"] = rows
@@ -579,11 +589,9 @@ class LanceIndex:
 
     def _merge_small_deltas(self, h: _Handle, max_deltas: int | None) -> dict[str, Any]:
         """Merge the ANN index's newest small deltas once there are more than `max_deltas`
-        (`ann_max_deltas` unless given; with the graph at least `graph_ann_max_deltas`)."""
+        (`ann_max_deltas` unless given)."""
         segments = self._vector_segments(h)
         most = self.cfg.ann_max_deltas if max_deltas is None else max_deltas
-        if h.graph is not None:
-            most = max(most, self.cfg.graph_ann_max_deltas)
         tail = self._small_newest(segments) if len(segments) > most else 0
         if tail <= 1:
             return {}
@@ -620,12 +628,11 @@ class LanceIndex:
             return None
         held = h.session.size_bytes()
         descriptions = h.reader.describe_indices()
-        # The ANN and full-text indices are warmed only when searches read them often: the
-        # vector graph and the in-memory postings answer the unfiltered and scoped searches,
-        # leaving LanceDB's the rarer filtered ones, which load what they need. Kept cold,
-        # they are not counted in what a session may hold either (at 100k rows with the graph
-        # the warm session held 66 MB, and grew to 151 MB before each renewal).
-        warmed = {"vector_idx": h.graph is None, "text_idx": not h.texts.loaded}
+        # The full-text index is warmed only when searches read it often: the in-memory
+        # postings answer the unfiltered and scoped searches, leaving LanceDB's the rarer
+        # filtered ones, which load what they need. Kept cold, it is not counted in what a
+        # session may hold either. (The ANN index, when there is one, is warmed.)
+        warmed = {"text_idx": not h.texts.loaded}
         on_disk = sum(seg.size_bytes for d in descriptions if warmed.get(d.name, True) for seg in d.segments)
         # Past a size a fresh session reached before, or the next renewal would come at once.
         baseline = max(self.cfg.cache_renew_factor * on_disk, h.warm_session_bytes)
@@ -638,7 +645,7 @@ class LanceIndex:
             h.session = session
             h.refresh()
         fresh = lance.dataset(h.uri, session=session)
-        if warmed["vector_idx"] and any(d.name == "vector_idx" for d in descriptions):
+        if any(d.name == "vector_idx" for d in descriptions):
             self._read_whole_ann_index(fresh)
         if warmed["text_idx"] and h.has_text_index:
             fresh.to_table(columns=["id", "_score"], full_text_query="warm", limit=1)
@@ -648,7 +655,7 @@ class LanceIndex:
                 h.warm_session_bytes = warm
         return held >> 20, warm >> 20
 
-    def _optimize_beside_writes(self, h: _Handle, before: PendingRows) -> None:
+    def _optimize_beside_writes(self, h: _Handle, before: PendingRows | None) -> None:
         """Compact, fold the rows outside the indices in and drop old versions while the
         index worker goes on writing. Under the table lock this held every write back for
         its whole length, at 100k rows up to 3 s for an optimize and 5 s for a compaction
@@ -662,7 +669,7 @@ class LanceIndex:
         with h.lock:
             h.table.checkout_latest()
             h.refresh()
-            if h.pending is not None:
+            if h.pending is not None and before is not None:
                 h.pending = h.pending.written_since(before)
 
     @staticmethod
@@ -786,10 +793,9 @@ class LanceIndex:
         h = self._handle(tenant_id, create=False)
         if h is None:
             return []
-        if f.is_empty and h.graph is not None:
-            in_graph = h.graph.search(vector, k)
-            if in_graph is not None:
-                return self._leg_hits(h, [i for i, _ in in_graph], [s for _, s in in_graph])
+        if h.graph is not None and h.vectors.loaded:
+            found = self._search_in_memory(h, vector, k, f)
+            return self._leg_hits(h, [i for i, _ in found], [s for _, s in found])
         scopes = [s.key for s in f.scopes]
         if self._exact_in_memory(h, f, scopes):
             found = h.vectors.search(vector, k, scopes)
@@ -821,6 +827,31 @@ class LanceIndex:
             scores.update(pending.search(vector, k, f))
             ids = sorted(scores, key=lambda i: -scores[i])[:k]
         return self._leg_hits(h, ids, [scores[i] for i in ids])
+
+    def _search_in_memory(
+        self, h: _Handle, vector: npt.NDArray[np.float32], k: int, f: MemoryFilter
+    ) -> list[tuple[str, float]]:
+        """With the graph, LanceDB keeps no ANN index (see _wants_ann_index): an unfiltered
+        search asks the graph, a filtered one scans the filter's scopes (every row if it
+        names none) exactly, limited to the rows LanceDB finds matching the rest of the
+        filter. At 100k rows a scan of every row takes ~9 ms, the ids matching a filter
+        that half the rows pass ~11 ms more."""
+        assert h.graph is not None
+        if f.is_empty:
+            in_graph = h.graph.search(vector, k)
+            if in_graph is not None:
+                return in_graph
+        scopes = [s.key for s in f.scopes] or None
+        allowed = None if f.scopes_only else self._ids_matching(h, f)
+        return h.vectors.search(vector, k, scopes, allowed)
+
+    @staticmethod
+    def _ids_matching(h: _Handle, f: MemoryFilter) -> set[str]:
+        """The ids of the rows that pass a filter, read from the table (scalar columns only).
+        A row written after this read is left out of the search, as it would be from an
+        index search a moment earlier; DuckDB checks every hit that is returned."""
+        result = h.reader.to_table(columns=["id"], filter=filter_sql(f))
+        return set(result.column("id").to_pylist())
 
     def scope_rows(self, tenant_id: str, scope_key: str) -> int | None:
         """Indexed rows in a scope, from the scope vectors; None while they are not loaded."""

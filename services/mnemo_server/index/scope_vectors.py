@@ -23,6 +23,7 @@ lock: a row changing scope is seen in one of them, never in both or neither.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,11 +174,17 @@ class ScopeVectors:
     # --- search ----------------------------------------------------------------------
 
     def search(
-        self, vector: npt.NDArray[np.float32], k: int, scopes: Iterable[str]
+        self,
+        vector: npt.NDArray[np.float32],
+        k: int,
+        scopes: Iterable[str] | None,
+        allowed: AbstractSet[str] | None = None,
     ) -> list[tuple[str, float]]:
-        """The k rows of these scopes most similar to vector: (id, cosine), best first."""
+        """The k rows of these scopes (None: of every scope) most similar to vector, only
+        rows whose ids are in `allowed` if given: (id, cosine), best first."""
         state = self._state
-        chunks = [c for s in set(scopes) for c in state.get(s, ())]
+        keys = state.keys() if scopes is None else set(scopes)
+        chunks = [c for s in keys for c in state.get(s, ())]
         if not chunks or k <= 0:
             return []
         norm = float(np.linalg.norm(vector)) or 1.0
@@ -188,8 +195,14 @@ class ScopeVectors:
             rows = block[: len(c.ids)]
             np.copyto(rows, c.codes)  # to float32 in a kept array (index/scratch.py)
             cos = (rows @ query) * c.scales
+            candidates: Sequence[int]
+            if allowed is None:
+                candidates = range(len(cos))
+            else:
+                candidates = [i for i, mid in enumerate(c.ids) if mid in allowed]
+                cos = cos[candidates]
             top = np.argpartition(-cos, k)[:k] if len(cos) > k else range(len(cos))
-            best.extend((float(cos[i]), c.ids[i]) for i in top)
+            best.extend((float(cos[i]), c.ids[candidates[i]]) for i in top)
         _BLOCKS.give_back(block)
         best.sort(key=lambda t: -t[0])
         return [(mid, score) for score, mid in best[:k]]

@@ -497,10 +497,9 @@ class LanceIndex:
     def _needs_compaction(self, h: _Handle) -> bool:
         return len(h.reader.get_fragments()) >= self.cfg.compact_min_fragments
 
-    @staticmethod
-    def _compact(h: _Handle) -> Any:
+    def _compact(self, h: _Handle) -> Any:
         return h.for_maintenance().optimize.compact_files(
-            target_rows_per_fragment=1 << 20, defer_index_remap=False
+            target_rows_per_fragment=self.cfg.compact_target_rows, defer_index_remap=False
         )
 
     def _compact_files(self, h: _Handle) -> Any:

@@ -200,7 +200,8 @@ class IndexConfig:
     # With the vector graph there is no ANN index, and every scoped search scans in memory.
     exact_scope_search_max_rows: int = 20_000
     # Per tenant, every row's full-text postings are kept in memory (index/text_postings.py)
-    # and answer full-text searches filtered by scopes or not at all (BM25 as LanceDB's).
+    # and answer every full-text search (BM25 as LanceDB's); tables then get no LanceDB
+    # full-text index (one left by an older configuration is dropped at start-up).
     memory_text_search: bool = True
     # Per tenant, every row's vector is also kept in an in-process HNSW graph (usearch,
     # index/vector_graph.py) that answers vector searches with no filter: 0.2-0.3 ms of CPU

@@ -575,6 +575,34 @@ def test_compaction_waits_for_enough_fragments(tmp_path: Path) -> None:
     _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in range(9)}, set())
 
 
+def test_compaction_leaves_fragments_of_the_target_size_alone(tmp_path: Path) -> None:
+    """Without an ANN index every fragment is covered by the same indices after an optimize,
+    and Lance would merge them all: compaction must not rewrite a fragment that already has
+    index.compact_target_rows rows, only the runs of smaller ones, and lose no row doing so."""
+    cfg = IndexConfig(compact_min_fragments=0, compact_target_rows=100)
+    index = LanceIndex(tmp_path / "lance", DIM, cfg)
+    rng = np.random.default_rng(13)
+    vectors = {i: _unit(rng) for i in range(260)}
+    h = index._handle(TENANT, create=True)
+    assert h is not None
+
+    def fragments() -> dict[int, int]:
+        return {f.fragment_id: f.count_rows() for f in h.reader.get_fragments()}
+
+    for start in range(0, 250, 10):
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(start, start + 10)])
+    index.optimize(TENANT)
+    full = {fid: n for fid, n in fragments().items() if n >= 100}
+    assert full and sum(fragments().values()) == 250, fragments()
+    for i in range(250, 260):
+        index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}")])
+    assert index.compact(TENANT) > 0
+    after = fragments()
+    assert full.items() <= after.items(), (full, after)  # the same fragments, not rewritten
+    assert sum(after.values()) == 260 and len(after) <= 4
+    _check(index, {f"m{i}": (vectors[i], f"w{i}") for i in range(0, 260, 13)}, set())
+
+
 def test_lance_cpu_pool_has_threads_beyond_the_cores_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """With Lance's default pool (one thread a core) an ANN delta merge held the whole pool
     and a vector search waited for all of it (8.8 s of an 8.9 s merge at 100k, measured with
@@ -664,28 +692,63 @@ def test_with_the_vector_graph_filtered_searches_scan_the_scope_vectors_exactly(
                 assert found[0] == f"m{qi}", (name, qi, found)
 
 
-def test_an_ann_index_left_by_a_configuration_without_the_graph_is_dropped(tmp_path: Path) -> None:
-    """A data directory indexed without the graph has an ANN index; started with the graph,
-    the index is dropped at start-up (nothing would read it, every optimize would fold rows
-    into it) and the searches agree."""
+def test_indices_left_by_a_configuration_without_the_in_memory_ones_are_dropped(tmp_path: Path) -> None:
+    """A data directory indexed without the graph and the in-memory postings has LanceDB's ANN
+    and full-text indices; started with both (the defaults), the indices are dropped at
+    start-up (nothing would read them, every optimize would fold rows into them), the rows are
+    not indexed again, and the searches agree."""
     rng = np.random.default_rng(10)
     vectors = {i: _unit(rng) for i in range(300)}
-    without = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, vector_graph=False))
+    without = LanceIndex(
+        tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256, vector_graph=False, memory_text_search=False)
+    )
     without.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(300)])
     without.optimize(TENANT)
-    assert without.vector_deltas(TENANT) == 1
+    assert {"vector_idx", "text_idx"} <= without.stats(TENANT)["indices"].keys()
     without.close()
 
     index = LanceIndex(tmp_path / "lance", DIM, IndexConfig(ann_min_rows=256))
-    assert index.drop_outdated() == []  # the table stays, its rows are not indexed again
-    assert index.vector_deltas(TENANT) == 0
+    assert index.drop_outdated() == []
+    assert not {"vector_idx", "text_idx"} & index.stats(TENANT)["indices"].keys()
+    assert index.unindexed_rows(TENANT) == 0 and index.rows_to_fold(TENANT) == 0
     assert index.load_scope_vectors(TENANT) == 300 and index.load_vector_graph(TENANT) == 300
     for qi in (0, 150, 299):
         assert index.vector_search(TENANT, vectors[qi], 1, ANY)[0].id == f"m{qi}"
-        assert index.vector_search(TENANT, vectors[qi], 1, _scope_filter("none"))[0:1] == []
+        assert index.vector_search(TENANT, vectors[qi], 1, _scope_filter("none")) == []
+        assert [x.id for x in index.text_search(TENANT, f"w{qi}", 3, ANY)] == [f"m{qi}"]  # loaded at need
     index.upsert(TENANT, [_row(300, _unit(rng), word="w300")])
-    assert "ann_index" not in index.optimize(TENANT)
-    assert index.vector_deltas(TENANT) == 0
+    assert not {"ann_index", "text_index"} & index.optimize(TENANT).keys()
+    assert not {"vector_idx", "text_idx"} & index.stats(TENANT)["indices"].keys()
+    index.close()
+
+
+def test_filtered_full_text_searches_come_from_the_postings(tmp_path: Path) -> None:
+    """Without LanceDB's full-text index, a text search filtered on more than scopes is the
+    postings' search limited to the rows LanceDB finds passing the filter: the same hits, in
+    the same order, as the unfiltered search keeps of them."""
+    rng = np.random.default_rng(11)
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig())
+    rows = [
+        dataclasses.replace(
+            _row(i, _unit(rng), word="common" if i % 2 else "rare"),
+            type="episodic" if i % 3 == 0 else "semantic",
+            pinned=i % 4 == 0,
+        )
+        for i in range(120)
+    ]
+    index.upsert(TENANT, rows)
+    everything = [x.id for x in index.text_search(TENANT, "common memory", 120, ANY)]
+    assert len(everything) == 120
+    for f, passes in (
+        (MemoryFilter(types=(MemoryType.EPISODIC,)), lambda i: i % 3 == 0),
+        (MemoryFilter(pinned_only=True), lambda i: i % 4 == 0),
+        (MemoryFilter(types=(MemoryType.EPISODIC,), pinned_only=True), lambda i: i % 12 == 0),
+        (MemoryFilter(categories=("none",)), lambda i: False),
+    ):
+        found = [x.id for x in index.text_search(TENANT, "common memory", 120, f)]
+        assert found == [m for m in everything if passes(int(m[1:]))], f
+        top = [x.id for x in index.text_search(TENANT, "common memory", 5, f)]
+        assert top == found[:5]
     index.close()
 
 

@@ -109,6 +109,20 @@ def test_writes_rewrites_deletes_folds_and_scopes() -> None:
     assert p.search("", 5) == [] and p.search("the of", 5) == []
 
 
+def test_a_search_limited_to_allowed_ids_keeps_the_scores_and_order() -> None:
+    """`allowed` (the rows another filter passes) only removes hits: the rest keep their BM25
+    scores, computed over every row as before, and their order."""
+    p = TextPostings()
+    p.load([(f"r{n}", "s1" if n % 2 else "s2", f"alpha {'beta ' * (n % 4)}gamma{n}") for n in range(40)])
+    everything = p.search("alpha beta", 40)
+    allowed = {f"r{n}" for n in range(0, 40, 3)}
+    limited = p.search("alpha beta", 40, None, allowed)
+    assert limited == [hit for hit in everything if hit[0] in allowed]
+    in_s1 = p.search("alpha beta", 5, ["s1"], allowed)
+    assert in_s1 == [hit for hit in p.search("alpha beta", 40, ["s1"]) if hit[0] in allowed][:5]
+    assert p.search("alpha", 5, None, set()) == [] and p.search("alpha", 5, None, {"nope"}) == []
+
+
 def test_its_size_follows_what_it_holds() -> None:
     p = TextPostings()
     p.MERGE_EVERY = 1
@@ -147,8 +161,11 @@ def test_lance_index_answers_from_postings_as_lancedb_does(tmp_path: Path) -> No
     index.delete("t", ["m6", "m210"])
     del texts[6], texts[210]
     assert index.stats("t")["text_posting_rows"] == 238
+    assert "text_idx" not in index.stats("t")["indices"]  # the postings answer every search
     off = LanceIndex(tmp_path / "lance", dim, dataclasses.replace(cfg, memory_text_search=False))
     assert off.load_text_postings("t") == 0 and off.stats("t")["text_posting_rows"] is None
+    assert off.text_search("t", "zebra", 3, MemoryFilter()) == []  # no full-text index yet
+    assert off.optimize("t")["text_index"]  # made for LanceDB's own search
     assert off.text_search("t", "zebra", 3, MemoryFilter())[0].id == "m5"  # LanceDB's own search
 
     # The reference: LanceDB's own search over a fresh table of the live rows (the tenant's

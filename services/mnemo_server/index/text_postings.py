@@ -3,8 +3,9 @@
 LanceDB's full-text search costs ~4.4 ms of CPU per Recall at 100k rows and ~7.7 ms per
 StartSession (its scope prefilter adds ~2.8), almost none of it the query's words: per-query
 set-up in Lance. The same BM25 over postings held here costs ~1 ms (module figures in
-issue 3's notes). LanceDB's full-text index stays: it answers every search this cannot
-(other filters, a tenant not loaded yet) and is what a restart reads back.
+issue 3's notes). With these postings kept (index.memory_text_search) LanceDB has no
+full-text index: a search filtered on more than scopes is limited to the ids LanceDB finds
+passing the filter (`allowed`), and a restart reads the texts back from the table.
 
 Terms are made as LanceDB's default full-text index makes them (the "simple" tokenizer:
 runs of letters and digits; tokens over 40 characters dropped; lower case; accents
@@ -29,6 +30,7 @@ import unicodedata
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 import numpy.typing as npt
@@ -266,9 +268,15 @@ class TextPostings:
 
     # --- search --------------------------------------------------------------------------
 
-    def search(self, query: str, k: int, scopes: Sequence[str] | None = None) -> list[tuple[str, float]]:
-        """The k best (id, BM25 score) for the query's terms, within `scopes` if given; equal
-        scores in slot order."""
+    def search(
+        self,
+        query: str,
+        k: int,
+        scopes: Sequence[str] | None = None,
+        allowed: AbstractSet[str] | None = None,
+    ) -> list[tuple[str, float]]:
+        """The k best (id, BM25 score) for the query's terms, within `scopes` if given and
+        among the ids in `allowed` if given; equal scores in slot order."""
         # A term repeated in the query counts each time, as in LanceDB.
         wanted = sorted(Counter(terms(query)).items())
         if not wanted or k <= 0:
@@ -287,6 +295,9 @@ class TextPostings:
         sums = self._sums.take(len(lengths))
         hit, scores = self._sum_scores(postings, wanted, sums, lengths, scope_of, alive, codes, rows, total)
         self._sums.give_back(sums)  # not after an error: it may hold partial sums
+        if allowed is not None:
+            inside = np.fromiter((ids[int(slot)] in allowed for slot in hit), dtype=bool, count=len(hit))
+            hit, scores = hit[inside], scores[inside]
         if len(hit) > k:
             # The k best, ties at the k-th score broken by slot: every score above it,
             # then the lowest slots of those equal to it.

@@ -151,6 +151,8 @@ class _Handle:
     warm_session_bytes: int = 0
     # Every row's vector in an HNSW graph for unfiltered searches (None: not kept).
     graph: VectorGraph | None = None
+    # The last filter's matching ids, with the snapshot they were read from (_ids_matching).
+    last_matching: tuple[Any, MemoryFilter, frozenset[str]] | None = None
 
     def refresh(self) -> None:
         """Read the newest version. Through the same Lance session: its index cache is what
@@ -866,15 +868,27 @@ class LanceIndex:
                 return in_graph
         scopes = [s.key for s in f.scopes] or None
         allowed = None if f.scopes_only else self._ids_matching(h, f)
+        if allowed is not None and not allowed:
+            return []
         return h.vectors.search(vector, k, scopes, allowed)
 
     @staticmethod
-    def _ids_matching(h: _Handle, f: MemoryFilter) -> set[str]:
+    def _ids_matching(h: _Handle, f: MemoryFilter) -> frozenset[str]:
         """The ids of the rows that pass a filter, read from the table (scalar columns only).
         A row written after this read is left out of the search, as it would be from an
-        index search a moment earlier; DuckDB checks every hit that is returned."""
-        result = h.reader.to_table(columns=["id"], filter=filter_sql(f))
-        return set(result.column("id").to_pylist())
+        index search a moment earlier; DuckDB checks every hit that is returned. The last
+        answer is kept for the same snapshot and filter: a Recall's vector and full-text
+        legs ask the same (at 100k rows the ids of a filter half the rows pass: ~15 ms of CPU)."""
+        reader = h.reader
+        kept = h.last_matching
+        if kept is not None and kept[0] is reader and kept[1] == f:
+            return kept[2]
+        result = reader.to_table(columns=[], filter=filter_sql(f), with_row_address=True)
+        ids = frozenset(
+            i for i in h.ids.ids_at(reader, result.column("_rowaddr").to_numpy()) if i is not None
+        )
+        h.last_matching = (reader, f, ids)
+        return ids
 
     def scope_rows(self, tenant_id: str, scope_key: str) -> int | None:
         """Indexed rows in a scope, from the scope vectors; None while they are not loaded."""
@@ -899,6 +913,8 @@ class LanceIndex:
             if not h.texts.loaded:
                 self.load_text_postings(tenant_id)  # not warmed up (in-process use): once
             allowed = None if f.scopes_only else self._ids_matching(h, f)
+            if allowed is not None and not allowed:
+                return []
             found = h.texts.search(query, k, [s.key for s in f.scopes] or None, allowed)
             return self._leg_hits(h, [i for i, _ in found], [s for _, s in found])
         if h.texts.loaded and f.scopes_only:

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 _OFFSET_MASK = (1 << 32) - 1
@@ -35,13 +36,23 @@ class IdsByAddress:
 
     def ids_at(self, reader: Any, addresses: Sequence[int]) -> list[str | None]:
         """The id of each address in `reader`, the dataset snapshot a search ran on (None
-        for a row deleted before its fragment was read: a search never returns those)."""
-        out: list[str | None] = []
-        for address in addresses:
-            fragment = self._fragments.get(address >> 32)
+        for a row deleted before its fragment was read: a search never returns those).
+        Taken from each fragment's ids in one go: a filter that 50k rows pass names them
+        with their row addresses in ~15 ms of CPU, where reading their "id" column cost ~38."""
+        if not len(addresses):
+            return []
+        addrs = np.asarray(addresses, dtype=np.uint64)
+        fragment_ids = addrs >> np.uint64(32)
+        offsets = (addrs & np.uint64(_OFFSET_MASK)).astype(np.int64)
+        out: list[str | None] = [None] * len(addrs)
+        for fragment_id in np.unique(fragment_ids).tolist():
+            fragment = self._fragments.get(fragment_id)
             if fragment is None:
-                fragment = self._load(reader, address >> 32)
-            out.append(fragment[address & _OFFSET_MASK].as_py())
+                fragment = self._load(reader, fragment_id)
+            positions = np.flatnonzero(fragment_ids == fragment_id)
+            names = fragment.take(pa.array(offsets[positions])).to_pylist()
+            for position, name in zip(positions.tolist(), names, strict=True):
+                out[position] = name
         return out
 
     def _load(self, reader: Any, fragment_id: int) -> pa.StringArray:

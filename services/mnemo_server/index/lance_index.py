@@ -257,7 +257,7 @@ class LanceIndex:
             # answers every search.
             handle.vectors.loaded = self._keeps_scope_vectors and name not in existing
             handle.texts.loaded = self.cfg.memory_text_search and name not in existing
-            if not self._wants_ann_index:
+            if self._keeps_graph:
                 handle.graph = VectorGraph(self.dimension, self._graph_params)
                 if name not in existing:
                     handle.graph.build([])
@@ -286,13 +286,19 @@ class LanceIndex:
         return [n[2:] for n in self._db.list_tables().tables if n.startswith("t_")]
 
     @property
+    def _keeps_graph(self) -> bool:
+        """Whether each tenant has a vector graph: built from the scope vectors, so only
+        with them."""
+        return self.cfg.vector_graph and self._keeps_scope_vectors
+
+    @property
     def _wants_ann_index(self) -> bool:
-        """Whether tables get LanceDB's ANN index. Not with the vector graph and the scope
-        vectors: then every vector search is answered in memory (_search_in_memory), and the
-        index would only cost: each optimize folded the new rows into a delta of it, merging
-        deltas took 1-2.6 s of CPU at 100k rows (22 s for 23 of them) and, in the bench's
-        mixed phase, pushed the server's RSS ~100 MiB past its bound."""
-        return not (self.cfg.vector_graph and self._keeps_scope_vectors)
+        """Whether tables get LanceDB's ANN index. Not with the vector graph: then every
+        vector search is answered in memory (_search_in_memory), and the index would only
+        cost: each optimize folded the new rows into a delta of it, merging deltas took
+        1-2.6 s of CPU at 100k rows (22 s for 23 of them) and, in the bench's mixed phase,
+        pushed the server's RSS ~100 MiB past its bound."""
+        return not self._keeps_graph
 
     @property
     def _wants_text_index(self) -> bool:
@@ -652,12 +658,10 @@ class LanceIndex:
             return None
         held = h.session.size_bytes()
         descriptions = h.reader.describe_indices()
-        # The full-text index is warmed only when searches read it often: the in-memory
-        # postings answer the unfiltered and scoped searches, leaving LanceDB's the rarer
-        # filtered ones, which load what they need. Kept cold, it is not counted in what a
-        # session may hold either. (The ANN index, when there is one, is warmed.)
-        warmed = {"text_idx": not h.texts.loaded}
-        on_disk = sum(seg.size_bytes for d in descriptions if warmed.get(d.name, True) for seg in d.segments)
+        # A table has an ANN or full-text index only when no in-memory index answers its
+        # searches (_wants_ann_index, _wants_text_index): then the searches read it, and it
+        # is warmed.
+        on_disk = sum(seg.size_bytes for d in descriptions for seg in d.segments)
         # Past a size a fresh session reached before, or the next renewal would come at once.
         baseline = max(self.cfg.cache_renew_factor * on_disk, h.warm_session_bytes)
         if held <= baseline + (self.cfg.cache_renew_slack_mb << 20):
@@ -671,7 +675,7 @@ class LanceIndex:
         fresh = lance.dataset(h.uri, session=session)
         if any(d.name == "vector_idx" for d in descriptions):
             self._read_whole_ann_index(fresh)
-        if warmed["text_idx"] and h.has_text_index:
+        if h.has_text_index:
             fresh.to_table(columns=["id", "_score"], full_text_query="warm", limit=1)
         warm = session.size_bytes()
         with h.lock:
@@ -859,8 +863,8 @@ class LanceIndex:
         """With the graph, LanceDB keeps no ANN index (see _wants_ann_index): an unfiltered
         search asks the graph, a filtered one scans the filter's scopes (every row if it
         names none) exactly, limited to the rows LanceDB finds matching the rest of the
-        filter. At 100k rows a scan of every row takes ~9 ms, the ids matching a filter
-        that half the rows pass ~11 ms more."""
+        filter. At 100k rows a scan of every row takes ~9 ms of CPU, the ids matching a
+        filter that half the rows pass ~15 ms more."""
         assert h.graph is not None
         if f.is_empty:
             in_graph = h.graph.search(vector, k)
@@ -916,9 +920,6 @@ class LanceIndex:
             if allowed is not None and not allowed:
                 return []
             found = h.texts.search(query, k, [s.key for s in f.scopes] or None, allowed)
-            return self._leg_hits(h, [i for i, _ in found], [s for _, s in found])
-        if h.texts.loaded and f.scopes_only:
-            found = h.texts.search(query, k, [s.key for s in f.scopes] or None)
             return self._leg_hits(h, [i for i, _ in found], [s for _, s in found])
         if not h.has_text_index:
             return []

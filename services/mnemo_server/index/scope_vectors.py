@@ -1,11 +1,14 @@
-"""Each scope's vectors in memory, for exact vector search within a few scopes.
+"""Each scope's vectors in memory, for exact vector search within scopes.
 
 LanceDB's ANN search pays for a selective filter: at 100k rows, a search limited to one
 project of ~5k rows (StartSession's pool: k 100 within the workspace, session and project
 scopes) took 9.7–12.5 ms of CPU with the bitmap prefilter, where an exact scan of those
 rows' vectors in memory took 0.6 ms (float32) and found the exact top 50 where the ANN
 search found 99.5 % of it. So the index keeps every row's unit vector here, grouped by
-scope, and a search filtered by scopes alone that covers few rows is answered from memory.
+scope, and a search filtered by scopes alone that covers few rows is answered from memory;
+with the vector graph (which is built from these codes) there is no ANN index, and every
+filtered search is answered here, limited to the ids that pass the rest of the filter
+(`allowed`) when it filters on more than scopes (lance_index.py, _search_in_memory).
 
 Vectors are kept as int8 with a scale per row (the unit vector / its largest component x
 127: 388 bytes a row, ~37 MB per 100k rows, a quarter of float32). With MiniLM's vectors

@@ -170,9 +170,12 @@ class Core:
 
     def warm_up(self) -> None:
         """Pay one-time costs (onnxruntime's first run, opening each tenant's LanceDB table,
-        loading its attribute cache, scope vectors and full-text postings) before SERVING,
-        so the first real call is as fast as the rest."""
+        loading its attribute cache, scope vectors and full-text postings, filling the row
+        cache) before SERVING, so the first real call is as fast as the rest."""
         vector = self.recall.embedder.embed_one("warm-up query")
+        started = time.monotonic()
+        rows = memory_repo.preload(self.db.reader(), self.db.rows, self.db.rows.max_rows)
+        log.info("row cache: %d rows read in %.2f s", rows, time.monotonic() - started)
         for tenant_id in self.index.tenants():
             self.index.load_attrs(tenant_id)
             self.index.load_scope_vectors(tenant_id)

@@ -7,7 +7,9 @@ client relies on (a read started after a write returned sees that write)."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -239,4 +241,121 @@ def test_a_cached_row_decodes_to_a_fresh_object(tmp_path: Path) -> None:
     first.content = "changed by a caller"
     again = _cached(db)["m1"]
     assert again.content == "memory 1" and again == replace(first, content="memory 1")
+    db.close()
+
+
+def _wide(n: int, tenant: str = "t") -> tuple[object, ...]:
+    """A row shaped like a memory row: the id, repeated strings, text, numbers, None."""
+    return (
+        tenant,
+        f"m{n}",
+        "project",
+        f"kind-{n % 3}",
+        f"text {n} with ünïcode and {'x' * (n % 50)}",
+        n * 1_000_000_000_007,
+        0.25 + n,
+        n % 2 == 0,
+        None if n % 3 else n,
+        "",
+        "model-a",
+    )
+
+
+def test_packed_rows_come_back_as_they_went_in_whatever_the_combination() -> None:
+    cache = RowCache(1000, id_column=1, shared_columns=frozenset({0, 2, 3, 10}))
+    rows = [_wide(n) for n in range(300)]
+    cache.fill("t", rows, cache.generation())
+    found, missing = cache.lookup("t", [f"m{n}" for n in range(300)])
+    assert missing == [] and found == rows
+    assert [type(v) for v in found[7]] == [type(v) for v in rows[7]]
+
+
+def test_past_the_numbered_combinations_rows_carry_their_shared_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(row_cache._Packing, "MAX_COMBINATIONS", 2)
+    cache = RowCache(1000, id_column=1, shared_columns=frozenset({0, 3}))
+    rows = [(*_wide(n)[:3], f"unique-{n}", *_wide(n)[4:]) for n in range(20)]
+    cache.fill("t", rows, cache.generation())
+    assert cache.lookup("t", [f"m{n}" for n in range(20)]) == (rows, [])
+
+
+def test_a_row_marshal_cannot_write_is_not_cached() -> None:
+    cache = RowCache(100, id_column=1)
+    odd = ("t", "m1", object())
+    cache.fill("t", [_row("m0"), odd], cache.generation())
+    assert cache.lookup("t", ["m0", "m1"]) == ([_row("m0")], ["m1"])
+    assert cache.stats().fills_skipped == 1
+
+
+def test_a_tenant_drop_leaves_a_tenant_whose_name_starts_alike() -> None:
+    cache = RowCache(100, id_column=1)
+    cache.fill("t", [_row("m1")], cache.generation())
+    cache.fill("tx", [("tx", "m1", 0)], cache.generation())
+    cache.drop([RowChange("t", None)])
+    assert cache.lookup("t", ["m1"]) == ([], ["m1"])
+    assert cache.lookup("tx", ["m1"]) == ([("tx", "m1", 0)], [])
+
+
+def test_fills_numbering_combinations_at_once_never_mix_them_up() -> None:
+    cache = RowCache(100_000, id_column=1, shared_columns=frozenset({0, 3}))
+    start = threading.Barrier(4)
+
+    def fill(worker: int) -> None:
+        start.wait()
+        for n in range(500):
+            row = ("t", f"w{worker}-{n}", 0, f"kind-{worker}-{n % 40}")
+            cache.fill("t", [row], cache.generation())
+
+    threads = [threading.Thread(target=fill, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for w in range(4):
+        found, missing = cache.lookup("t", [f"w{w}-{n}" for n in range(500)])
+        assert missing == [] and [r[3] for r in found] == [f"kind-{w}-{n % 40}" for n in range(500)]
+
+
+def test_packed_rows_take_far_less_memory_than_the_tuples_duckdb_returns() -> None:
+    shared = frozenset({0, 2, 3, 10})
+    rows = [_wide(n) for n in range(5000)]
+    cache = RowCache(10_000, id_column=1, shared_columns=shared)
+    tracemalloc.start()
+    try:
+        cache.fill("t", rows, cache.generation())
+        packed = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    # What the cache held before: the tuples DuckDB returned (made afresh here, so their
+    # strings count too), the shared strings interned, by (tenant, id).
+    tracemalloc.start()
+    try:
+        fresh = (_wide(n) for n in range(5000))
+        as_tuples = {
+            (r[0], r[1]): tuple(
+                sys.intern(v) if i in shared and isinstance(v, str) else v for i, v in enumerate(r)
+            )
+            for r in fresh
+        }
+        tuples = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(as_tuples) == cache.stats().rows == 5000
+    assert packed < 0.75 * tuples, (packed, tuples)
+
+
+def test_preload_fills_the_newest_live_rows_up_to_the_limit(tmp_path: Path) -> None:
+    db = _db(tmp_path / "d.duckdb", rows=4)
+    with db.transaction() as cur:
+        memory_repo.tombstone(cur, "t", ["m7"], 99)
+        other = replace(stored_memory(0, 0), tenant_id="u", id="u0", seq=8)
+        memory_repo.insert_many(cur, [(other, "memory u0")], db.stored)
+    assert memory_repo.preload(db.reader(), db.rows, 5) == 5  # u0, m6 .. m3 (m7 is deleted)
+    found, missing = db.rows.lookup("t", _ids())
+    assert missing == ["m0", "m1", "m2", "m3", "m7"]  # at most 4 kept: the oldest fill went first
+    assert [r[1] for r in found] == ["m4", "m5", "m6"]
+    assert db.rows.lookup("u", ["u0"])[0][0] == memory_repo._rows_by_id(db.reader(), "u", ["u0"])[0]
+    assert _cached(db) == _truth(db)
+    assert memory_repo.preload(db.reader(), memory_repo.new_row_cache(0), 5) == 0
     db.close()

@@ -217,10 +217,12 @@ class IndexConfig:
     # start-up, checked row by row against the table (index/graph_files.py); false: built
     # at every start. While serving, a graph is saved again once graph_save_changes writes
     # reached it since its last save and writes have paused for graph_save_quiet_s (~0.13 s
-    # at 100k rows), so a restart after a kill -9 repairs a recent save.
+    # at 100k rows), or graph_save_max_wait_s passed since its last save (writes that never
+    # pause), so a restart after a kill -9 repairs a recent save.
     graph_saved: bool = True
     graph_save_quiet_s: float = 10.0
     graph_save_changes: int = 1_000
+    graph_save_max_wait_s: float = 300.0
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

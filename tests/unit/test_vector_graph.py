@@ -290,3 +290,26 @@ def test_the_feeder_waits_for_writes_to_pause_before_saving() -> None:
         assert graph.queued() == 0 and graph.unsaved == 41 and saves == []  # built (40) + 1 write
     finally:
         feeder.stop()
+
+
+def test_the_feeder_saves_under_writes_that_never_pause_once_the_last_save_is_old_enough() -> None:
+    graph, _, _ = _built(40)
+    saves: list[int] = []
+
+    def save() -> None:
+        saves.append(graph.unsaved)
+        graph.mark_saved()
+
+    feeder = GraphFeeder(quiet_s=60, save_quiet_s=30, save_changes=5, save_max_wait_s=0.5)
+    feeder.watch(graph, lambda: None, save)
+    try:
+        began = time.monotonic()
+        for n, v in enumerate(_vectors(60, seed=5)):  # a write every 20 ms: never quiet for 30 s
+            graph.put([(f"w{n}", v)])
+            time.sleep(0.02)
+        assert saves, "no save while writes kept coming"
+        assert saves[0] >= 40  # the first waited for the build's rows plus the writes since
+        assert time.monotonic() - began < 30  # long before writes paused for save_quiet_s
+        assert len(saves) <= 4  # at most one per save_max_wait_s
+    finally:
+        feeder.stop()

@@ -199,7 +199,11 @@ class LanceIndex:
             expansion_search=cfg.graph_expansion_search,
             max_queued=cfg.graph_max_queued,
         )
-        self._feeder = GraphFeeder(save_quiet_s=cfg.graph_save_quiet_s, save_changes=cfg.graph_save_changes)
+        self._feeder = GraphFeeder(
+            save_quiet_s=cfg.graph_save_quiet_s,
+            save_changes=cfg.graph_save_changes,
+            save_max_wait_s=cfg.graph_save_max_wait_s,
+        )
         self.schema = pa.schema(
             [
                 pa.field("id", pa.string(), nullable=False),
@@ -492,7 +496,7 @@ class LanceIndex:
             if saved is not None:
                 log.info("vector graph of %s saved in %.2f s", h.uri, time.monotonic() - began)
         finally:
-            kept.unsaved = 0  # after a failure too: tried again once as many writes reached it
+            kept.mark_saved()  # after a failure too: tried again once as many writes reached it
 
     # --- indices and maintenance -------------------------------------------------------
 

@@ -25,6 +25,7 @@ one go, which costs far less than the adds one by one.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -148,6 +149,7 @@ class VectorGraph:
         self._last_write = 0.0
         # Writes applied since the graph was last saved (a graph built afresh counts its rows).
         self.unsaved = 0
+        self._last_save = time.monotonic()  # or when this object was made
         # Queued writes in order; None as a vector is a removal. Newest per id in _latest.
         self._queue: list[tuple[str, _Queued | None]] = []
         self._latest: dict[str, _Queued | None] = {}
@@ -193,12 +195,19 @@ class VectorGraph:
     def wants_build(self, quiet_s: float) -> bool:
         return self.needs_build and time.monotonic() - self._last_write >= quiet_s
 
-    def wants_save(self, quiet_s: float, changes: int) -> bool:
+    def wants_save(self, quiet_s: float, changes: int, max_wait_s: float = math.inf) -> bool:
         """Built, every write applied, at least `changes` of them since the last save, and
-        no write for `quiet_s`."""
+        either no write for `quiet_s` or no save for `max_wait_s` (writes that never pause
+        would otherwise keep the last save from ever being renewed)."""
         with self._lock:
             settled = self.built and not self._queue and self.unsaved >= changes
-        return settled and time.monotonic() - self._last_write >= quiet_s
+        now = time.monotonic()
+        return settled and (now - self._last_write >= quiet_s or now - self._last_save >= max_wait_s)
+
+    def mark_saved(self) -> None:
+        """A save was made (or tried: it is tried again once as many writes reached it)."""
+        self.unsaved = 0
+        self._last_save = time.monotonic()
 
     # --- writes ----------------------------------------------------------------------
 
@@ -313,15 +322,23 @@ class GraphFeeder:
     """One background thread for every tenant's graph: moves queued writes in, builds a
     dropped graph again (through the callback given with it) once its writes paused for
     `quiet_s`, and saves a graph (through its save callback, if any) once `save_changes`
-    writes reached it since its last save and writes paused for `save_quiet_s`, so that a
+    writes reached it since its last save and writes paused for `save_quiet_s` (or, under
+    writes that never pause, `save_max_wait_s` passed since its last save), so that a
     restart after a kill -9 has a recent save to repair rather than one from the last
     orderly shutdown (index/graph_files.py). The feeder is the only thread that changes a
     built graph, so nothing changes it while it saves."""
 
-    def __init__(self, quiet_s: float = 2.0, save_quiet_s: float = 10.0, save_changes: int = 1_000) -> None:
+    def __init__(
+        self,
+        quiet_s: float = 2.0,
+        save_quiet_s: float = 10.0,
+        save_changes: int = 1_000,
+        save_max_wait_s: float = 300.0,
+    ) -> None:
         self.quiet_s = quiet_s
         self.save_quiet_s = save_quiet_s
         self.save_changes = save_changes
+        self.save_max_wait_s = save_max_wait_s
         self._graphs: dict[VectorGraph, tuple[Callable[[], object], Callable[[], object] | None]] = {}
         self._wake = threading.Condition()
         self._stopped = False
@@ -352,7 +369,9 @@ class GraphFeeder:
             self._thread.join(timeout=10)
 
     def _wants_save(self, graph: VectorGraph, save: Callable[[], object] | None) -> bool:
-        return save is not None and graph.wants_save(self.save_quiet_s, self.save_changes)
+        return save is not None and graph.wants_save(
+            self.save_quiet_s, self.save_changes, self.save_max_wait_s
+        )
 
     def _has_work(self) -> bool:
         return any(

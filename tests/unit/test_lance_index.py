@@ -14,7 +14,8 @@ import pytest
 
 from mnemo_server.config import IndexConfig
 from mnemo_server.index import lance_index
-from mnemo_server.index.lance_index import IndexRow, LanceIndex
+from mnemo_server.index.attrs import ATTR_COLUMNS, read_attrs
+from mnemo_server.index.lance_index import IndexRow, LanceIndex, filter_sql
 from mnemo_server.memory.model import MemoryFilter, MemoryType, Scope, ScopeKind, TimeRange
 
 DIM = 32
@@ -845,3 +846,82 @@ def test_a_graph_is_saved_while_serving_once_writes_pause(
         restarted.close()
     finally:
         serving.close()
+
+
+def _varied_row(i: int, vector: np.ndarray) -> IndexRow:
+    return dataclasses.replace(
+        _row(i, vector, word="common" if i % 2 else "rare"),
+        scope=f"project:{'ab'[i % 2]}",
+        type="episodic" if i % 3 == 0 else "semantic",
+        category=f"c{i % 4}",
+        session=f"s{i % 5}",
+        pinned=i % 7 == 0,
+        event_time_ns=i,
+        create_time_ns=1000 + i,
+    )
+
+
+VARIED_FILTERS = [
+    MemoryFilter(types=(MemoryType.EPISODIC,)),
+    MemoryFilter(categories=("c1", "c2")),
+    MemoryFilter(source_session_ids=("s3",)),
+    MemoryFilter(pinned_only=True),
+    MemoryFilter(create_time=TimeRange(1100, 1250)),
+    MemoryFilter(event_time=TimeRange(None, 40), types=(MemoryType.SEMANTIC,)),
+    MemoryFilter(scopes=_scope_filter("a").scopes, categories=("c0",)),
+    MemoryFilter(categories=("none",)),
+]
+
+
+def test_the_attributes_pass_a_filter_exactly_when_lancedb_finds_the_row_passing_it(tmp_path: Path) -> None:
+    """Searches filtered without scopes keep the hits whose cached attributes pass the filter
+    (Attrs.passes); LanceDB evaluates the same filter as SQL (filter_sql). Both must agree."""
+    rng = np.random.default_rng(12)
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig())
+    index.upsert(TENANT, [_varied_row(i, _unit(rng)) for i in range(300)])
+    h = index._handle(TENANT, create=False)
+    assert h is not None
+    ids = [f"m{i}" for i in range(300)]
+    for attrs in (
+        index.attrs(TENANT, ids),
+        dict(read_attrs(h.reader.to_table(columns=["id", *ATTR_COLUMNS]))),
+    ):
+        assert len(attrs) == 300
+        for f in VARIED_FILTERS:
+            lance = set(h.reader.to_table(columns=["id"], filter=filter_sql(f)).column("id").to_pylist())
+            assert {i for i, a in attrs.items() if a.passes(f)} == lance, f
+    index.close()
+
+
+def test_searches_filtered_without_scopes_keep_the_best_hits_that_pass(tmp_path: Path) -> None:
+    """A search filtered on other columns but no scopes asks the graph (or the postings) for
+    more hits and keeps those that pass, without reading which rows pass from LanceDB, while
+    that finds k of them; a filter few rows pass is answered by the exact scan. Either way
+    the hits pass the filter and are the best of those that do."""
+    rng = np.random.default_rng(13)
+    vectors = {i: _unit(rng) for i in range(400)}
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig())
+    index.upsert(TENANT, [_varied_row(i, vectors[i]) for i in range(400)])
+    index.load_scope_vectors(TENANT)
+    index.load_vector_graph(TENANT)
+    h = index._handle(TENANT, create=False)
+    assert h is not None
+    everything = [x.id for x in index.text_search(TENANT, "common rare memory", 400, ANY)]
+    for f, passes, broad in (
+        (MemoryFilter(types=(MemoryType.EPISODIC,)), lambda i: i % 3 == 0, True),
+        (MemoryFilter(categories=("c1", "c2")), lambda i: i % 4 in (1, 2), True),
+        (MemoryFilter(pinned_only=True, types=(MemoryType.EPISODIC,)), lambda i: i % 21 == 0, False),
+        (MemoryFilter(categories=("none",)), lambda i: False, False),
+    ):
+        members = [i for i in vectors if passes(i)]
+        for qi in (0, 7, 21, 150):
+            h.last_matching = None
+            found = [x.id for x in index.vector_search(TENANT, vectors[qi], 10, f)]
+            truth = [f"m{i}" for i in sorted(members, key=lambda i: -float(vectors[i] @ vectors[qi]))[:10]]
+            assert set(found) <= {f"m{i}" for i in members}, (f, qi, found)
+            assert len(found) == len(truth) and len(set(found) & set(truth)) >= len(truth) - 1, (f, qi)
+            text = [x.id for x in index.text_search(TENANT, "common rare memory", 10, f)]
+            assert text == [m for m in everything if passes(int(m[1:]))][:10], f
+            # Broad filters never asked LanceDB which rows pass; selective ones did.
+            assert (h.last_matching is None) == broad, (f, qi)
+    index.close()

@@ -17,7 +17,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -91,6 +91,10 @@ def _row_attrs(r: IndexRow) -> Attrs:
         r.event_time_ns,
         float(np.float32(r.importance)),
         r.seq,
+        sys.intern(r.type),
+        sys.intern(r.category),
+        r.pinned,
+        r.create_time_ns,
     )
 
 
@@ -865,20 +869,38 @@ class LanceIndex:
         self, h: _Handle, vector: npt.NDArray[np.float32], k: int, f: MemoryFilter
     ) -> list[tuple[str, float]]:
         """With the graph, LanceDB keeps no ANN index (see _wants_ann_index): an unfiltered
-        search asks the graph, a filtered one scans the filter's scopes (every row if it
-        names none) exactly, limited to the rows LanceDB finds matching the rest of the
-        filter. At 100k rows a scan of every row takes ~9 ms of CPU, the ids matching a
-        filter that half the rows pass ~15 ms more."""
+        search asks the graph; one filtered on other columns but no scopes asks it for more
+        and keeps the hits that pass, while that finds k of them (_graph_then_filter); any
+        other scans the filter's scopes (every row if it names none) exactly, limited to the
+        rows LanceDB finds passing the rest of the filter. At 100k rows a scan of every row
+        takes ~9 ms of CPU, the ids matching a filter that half the rows pass ~15 ms more."""
         assert h.graph is not None
         if f.is_empty:
             in_graph = h.graph.search(vector, k)
             if in_graph is not None:
                 return in_graph
+        elif not f.scopes:
+            kept = self._graph_then_filter(h, vector, k, f)
+            if kept is not None:
+                return kept
         scopes = [s.key for s in f.scopes] or None
         allowed = None if f.scopes_only else self._ids_matching(h, f)
         if allowed is not None and not allowed:
             return []
         return h.vectors.search(vector, k, scopes, allowed)
+
+    # A search filtered without scopes asks the graph (or the postings) for k x each of these
+    # in turn until k hits pass the filter (_then_filter).
+    _OVERSAMPLING = (4, 16)
+
+    def _graph_then_filter(
+        self, h: _Handle, vector: npt.NDArray[np.float32], k: int, f: MemoryFilter
+    ) -> list[tuple[str, float]] | None:
+        """The graph's nearest rows that pass the filter (their attributes, Attrs.passes),
+        as _then_filter finds them."""
+        assert h.graph is not None
+        graph = h.graph
+        return self._then_filter(h, k, f, lambda wanted: graph.search(vector, wanted))
 
     @staticmethod
     def _ids_matching(h: _Handle, f: MemoryFilter) -> frozenset[str]:
@@ -920,6 +942,10 @@ class LanceIndex:
         if not self._wants_text_index:
             if not h.texts.loaded:
                 self.load_text_postings(tenant_id)  # not warmed up (in-process use): once
+            if not f.scopes and not f.is_empty:
+                kept = self._text_then_filter(h, query, k, f)
+                if kept is not None:
+                    return self._leg_hits(h, [i for i, _ in kept], [s for _, s in kept])
             allowed = None if f.scopes_only else self._ids_matching(h, f)
             if allowed is not None and not allowed:
                 return []
@@ -933,6 +959,39 @@ class LanceIndex:
         ids = result.column("id").to_pylist()
         scores = result.column("_score").to_pylist()
         return self._leg_hits(h, ids, [float(s) for s in scores])
+
+    def _text_then_filter(
+        self, h: _Handle, query: str, k: int, f: MemoryFilter
+    ) -> list[tuple[str, float]] | None:
+        """The postings' best rows that pass the filter, as _then_filter finds them: exactly
+        the filtered search's answer (BM25 scores do not depend on the filter), without
+        reading which rows pass it."""
+        return self._then_filter(h, k, f, lambda wanted: h.texts.search(query, wanted))
+
+    def _then_filter(
+        self,
+        h: _Handle,
+        k: int,
+        f: MemoryFilter,
+        search: Callable[[int], list[tuple[str, float]] | None],
+    ) -> list[tuple[str, float]] | None:
+        """The hits of an unfiltered `search` for k x 4, then k x 16, that pass the filter,
+        once k of them pass or the search ran out of rows; None when it cannot answer or
+        when the share of the first round's hits that passed says the second would not
+        find k either (a filter few rows pass: the scan is then cheaper)."""
+        first, last = self._OVERSAMPLING
+        for factor in self._OVERSAMPLING:
+            wanted = k * factor
+            found = search(wanted)
+            if found is None:
+                return None
+            attrs = self._attrs_of(h, [i for i, _ in found])
+            kept = [(i, s) for i, s in found if (a := attrs.get(i)) is not None and a.passes(f)]
+            if len(kept) >= k or len(found) < wanted:
+                return kept[:k]
+            if factor == first and len(kept) * last < k * first:
+                return None
+        return None
 
     # --- hit attributes -----------------------------------------------------------------
 

@@ -870,7 +870,7 @@ class LanceIndex:
     ) -> list[tuple[str, float]]:
         """With the graph, LanceDB keeps no ANN index (see _wants_ann_index): an unfiltered
         search asks the graph; one filtered on other columns but no scopes asks it for more
-        and keeps the hits that pass, while that finds k of them (_graph_then_filter); any
+        and keeps the hits that pass, while that finds k of them (_then_filter); any
         other scans the filter's scopes (every row if it names none) exactly, limited to the
         rows LanceDB finds passing the rest of the filter. At 100k rows a scan of every row
         takes ~9 ms of CPU, the ids matching a filter that half the rows pass ~15 ms more."""
@@ -880,7 +880,8 @@ class LanceIndex:
             if in_graph is not None:
                 return in_graph
         elif not f.scopes:
-            kept = self._graph_then_filter(h, vector, k, f)
+            graph = h.graph
+            kept = self._then_filter(h, k, f, lambda wanted: graph.search(vector, wanted))
             if kept is not None:
                 return kept
         scopes = [s.key for s in f.scopes] or None
@@ -888,19 +889,6 @@ class LanceIndex:
         if allowed is not None and not allowed:
             return []
         return h.vectors.search(vector, k, scopes, allowed)
-
-    # A search filtered without scopes asks the graph (or the postings) for k x each of these
-    # in turn until k hits pass the filter (_then_filter).
-    _OVERSAMPLING = (4, 16)
-
-    def _graph_then_filter(
-        self, h: _Handle, vector: npt.NDArray[np.float32], k: int, f: MemoryFilter
-    ) -> list[tuple[str, float]] | None:
-        """The graph's nearest rows that pass the filter (their attributes, Attrs.passes),
-        as _then_filter finds them."""
-        assert h.graph is not None
-        graph = h.graph
-        return self._then_filter(h, k, f, lambda wanted: graph.search(vector, wanted))
 
     @staticmethod
     def _ids_matching(h: _Handle, f: MemoryFilter) -> frozenset[str]:
@@ -943,7 +931,8 @@ class LanceIndex:
             if not h.texts.loaded:
                 self.load_text_postings(tenant_id)  # not warmed up (in-process use): once
             if not f.scopes and not f.is_empty:
-                kept = self._text_then_filter(h, query, k, f)
+                # Exactly the filtered search's answer: BM25 scores do not depend on the filter.
+                kept = self._then_filter(h, k, f, lambda wanted: h.texts.search(query, wanted))
                 if kept is not None:
                     return self._leg_hits(h, [i for i, _ in kept], [s for _, s in kept])
             allowed = None if f.scopes_only else self._ids_matching(h, f)
@@ -960,13 +949,9 @@ class LanceIndex:
         scores = result.column("_score").to_pylist()
         return self._leg_hits(h, ids, [float(s) for s in scores])
 
-    def _text_then_filter(
-        self, h: _Handle, query: str, k: int, f: MemoryFilter
-    ) -> list[tuple[str, float]] | None:
-        """The postings' best rows that pass the filter, as _then_filter finds them: exactly
-        the filtered search's answer (BM25 scores do not depend on the filter), without
-        reading which rows pass it."""
-        return self._then_filter(h, k, f, lambda wanted: h.texts.search(query, wanted))
+    # A search filtered without scopes asks the graph (or the postings) for k x each of these
+    # in turn until k hits pass the filter (_then_filter).
+    _OVERSAMPLING = (4, 16)
 
     def _then_filter(
         self,

@@ -275,8 +275,9 @@ def read_many(cur: Cursor, cache: RowCache, tenant_id: str, ids: Sequence[str]) 
 
 def preload(cur: Cursor, cache: RowCache, limit: int, batch: int = 2048) -> int:
     """Fill the cache with the newest `limit` live rows of all tenants (at start-up: a read
-    of a row not cached costs ~0.4 ms, and a freshly started server would otherwise miss on
-    every first read of a row, ~30 % of its reads in its first minutes under the bench's mix).
+    of a few rows not cached costs ~2-3 ms of CPU at 100k rows, and a freshly started server
+    would otherwise miss on every first read of a row, ~30 % of its reads in its first minute
+    under the bench's mix).
     Streamed in batches, oldest first, so the newest are the last to be evicted. Rows that a
     write changes meanwhile are not filled (the generation taken before the read). Returns
     the rows filled or skipped."""

@@ -26,8 +26,6 @@ def test_memories_deleted_behind_the_index_are_skipped_and_replaced(
         core.indexer.start()
         assert core.indexer.wait_idle(60)
         core.indexer.stop()
-        # The worker read the rows it marked indexed (which dropped them) back into the cache.
-        assert core.db.rows.stats().rows == 40
 
         query = RecallQuery("deploy checklist staging cluster", top_k=10)
         before = [h.memory.id for h in core.recall.recall("t", query).hits]

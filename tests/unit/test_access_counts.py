@@ -52,9 +52,7 @@ def test_the_row_cache_sees_flushed_counts(tmp_path: Path) -> None:
     counts = AccessCounts(db)
     counts.record("t", ["m0"], 7)
     counts.flush()
-    misses = db.rows.stats().misses
     assert memory_repo.read_many(db.reader(), db.rows, "t", ["m0"])["m0"].access_count == 1
-    assert db.rows.stats().misses == misses  # read back into the cache by the flush itself
     db.close()
 
 

@@ -359,14 +359,3 @@ def test_preload_fills_the_newest_live_rows_up_to_the_limit(tmp_path: Path) -> N
     assert _cached(db) == _truth(db)
     assert memory_repo.preload(db.reader(), memory_repo.new_row_cache(0), 5) == 0
     db.close()
-
-
-def test_refill_reads_rows_a_write_changed_back_into_the_cache(tmp_path: Path) -> None:
-    db = _db(tmp_path / "d.duckdb")
-    with db.transaction() as cur:
-        memory_repo.mark_indexed(cur, [("t", "m4", 1), ("t", "m5", 1)], "m")
-    memory_repo.refill(db.reader(), db.rows, "t", ["m4", "m5"])
-    found, missing = db.rows.lookup("t", ["m4", "m5"])
-    assert missing == [] and [r[1] for r in found] == ["m4", "m5"]
-    assert _cached(db) == _truth(db)
-    db.close()

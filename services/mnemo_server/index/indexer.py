@@ -206,7 +206,6 @@ class IndexWorker:
                 cur, [(tenant_id, m.id, m.revision) for m in live], self.embedder.model_id
             )
             memory_repo.mark_unindexed(cur, [(tenant_id, i) for i in gone])
-        memory_repo.refill(self.db.reader(), self.db.rows, tenant_id, [m.id for m in live])
         self.stats.indexed += len(live)
         self.stats.removed += len(gone)
         self.stats.batches += 1

@@ -4,8 +4,7 @@ Why batches: written by every StartSession, the counts were a second transaction
 memories domain's lock per call, about a third of that lock's transactions under the bench
 mix, where a hold lasts ~20 ms at C = 8 and CreateMemory waits behind it; each one also
 dropped the injected rows from the row cache just before the next session read them. One
-transaction per interval now carries every session's counts, and the rows it changed are
-read back into the row cache in one query per tenant (memory_repo.refill).
+transaction per interval now carries every session's counts.
 
 The cost, stated: a count reaches the table up to one interval late (it is a ranker feature,
 read at the next StartSession), and a kill -9 loses the counts not yet written. The session
@@ -16,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from mnemo_server.store import memory_repo, session_repo
+from mnemo_server.store import session_repo
 from mnemo_server.store.database import Database, WriteDomain
 
 
@@ -62,9 +61,4 @@ class AccessCounts:
                     self._add(key, n, last)
             raise
         self.written += len(taken)
-        by_tenant: dict[str, list[str]] = {}
-        for tenant_id, memory_id in taken:
-            by_tenant.setdefault(tenant_id, []).append(memory_id)
-        for tenant_id, ids in by_tenant.items():
-            memory_repo.refill(self.db.reader(), self.db.rows, tenant_id, ids)
         return len(taken)

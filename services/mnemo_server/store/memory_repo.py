@@ -266,25 +266,11 @@ def read_many(cur: Cursor, cache: RowCache, tenant_id: str, ids: Sequence[str]) 
         return get_many(cur, tenant_id, ids)
     found, missing = cache.lookup(tenant_id, ids)
     if missing:
-        found.extend(_read_into(cur, cache, tenant_id, missing))
+        since = cache.generation()  # before the read: see row_cache on racing writes
+        fetched = _rows_by_id(cur, tenant_id, missing)
+        cache.fill(tenant_id, fetched, since)
+        found.extend(fetched)
     return {r[1]: _decode(r) for r in found}
-
-
-def refill(cur: Cursor, cache: RowCache, tenant_id: str, ids: Sequence[str]) -> None:
-    """Read rows back into the cache in one query after a background write changed them
-    (which dropped them): the index worker's marks of rows just written and the access
-    counts of memories just injected, rows that are read again soon (StartSession's recent
-    and injected candidates). A miss on a request's path costs ~2-3 ms of CPU for a few
-    rows at 100k; a batch here ~0.03-0.04 ms a row."""
-    if cache.enabled and ids:
-        _read_into(cur, cache, tenant_id, ids)
-
-
-def _read_into(cur: Cursor, cache: RowCache, tenant_id: str, ids: Sequence[str]) -> list[Row]:
-    since = cache.generation()  # before the read: see row_cache on racing writes
-    fetched = _rows_by_id(cur, tenant_id, ids)
-    cache.fill(tenant_id, fetched, since)
-    return fetched
 
 
 def preload(cur: Cursor, cache: RowCache, limit: int, batch: int = 2048) -> int:

@@ -4,8 +4,8 @@ pool).
 Reading a few memories by id from DuckDB costs ~0.4 ms a row at 100k (each row touched
 decompresses a vector of every one of its 29 columns) plus ~1 ms a query: 5 of a Recall's
 ~16 ms of CPU and ~19 of a StartSession's ~43. The rows are cached as DuckDB returned
-them, packed into bytes (a caller may change the Memory it decodes from one; a 100k tenant
-fits in the memory half of it took as tuples).
+them, packed into bytes (a caller may change the Memory it decodes from one; 100k bench
+rows take ~60 MB, where 50k took ~48 as tuples).
 
 DuckDB stays the source of truth, and a cached row must never outlive a change to it:
 - Every statement that changes memory rows says which (`rows_changed`, called by the
@@ -65,9 +65,9 @@ class RowCache:
     """Rows by (tenant, the row's `id_column`), at most `max_rows` (oldest fill evicted
     first; 0 keeps none). `shared_columns` have few distinct values across rows.
 
-    A row is kept packed (see `_Packing`): ~0.5 KB a bench row where the tuple DuckDB
-    returns, its strings interned, took ~0.95 KB, so twice the rows fit in the same memory;
-    unpacking one costs ~1.5 us against ~0.4 ms to read it from DuckDB again."""
+    A row is kept packed (see `_Packing`): ~0.6 KB a bench row where the tuple DuckDB
+    returns, its strings interned, took ~0.95 KB; unpacking one costs ~1.7 us, where a miss
+    of a few rows costs ~2-3 ms of CPU at 100k."""
 
     LOG_LENGTH = 1024  # drops remembered for racing fills (a fill older than them is skipped)
     LOG_IDS = 64  # a larger drop is remembered as the whole tenant's (bulk marks stay cheap)

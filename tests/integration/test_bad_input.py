@@ -22,6 +22,32 @@ def _big_metadata() -> struct_pb2.Struct:
     return s
 
 
+def _metadata(value: object) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update({"k": value})
+    return s
+
+
+def _nested(levels: int) -> struct_pb2.Struct:
+    """Metadata with `levels` objects one inside the other."""
+    value: object = "leaf"
+    for _ in range(levels - 1):
+        value = {"k": value}
+    return _metadata(value)
+
+
+def _at(seconds: int, nanos: int = 0) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
+
+
+def _listed_from(start: timestamp_pb2.Timestamp) -> Callable[[object], object]:
+    return lambda s: s.ListMemories(  # type: ignore[attr-defined]
+        pb.ListMemoriesRequest(
+            filter=memory_pb2.MemoryFilter(create_time=common_pb2.TimeRange(start_time=start))
+        )
+    )
+
+
 def _create(memory: memory_pb2.Memory, **kw: object) -> Callable[[object], object]:
     return lambda stub: stub.CreateMemory(pb.CreateMemoryRequest(memory=memory, **kw))  # type: ignore[arg-type]
 
@@ -47,6 +73,28 @@ CASES: list[tuple[str, Callable[[object], object], list[str]]] = [
     ("external id with spaces", _create(M(content="ok", external_id="a b")), ["memory.external_id"]),
     ("metadata too large", _create(M(content="ok", metadata=_big_metadata())), ["memory.metadata"]),
     ("bad request id", _create(M(content="ok"), request_id="has spaces"), ["request_id"]),
+    ("NaN in metadata", _create(M(content="ok", metadata=_metadata(float("nan")))), ["memory.metadata"]),
+    (
+        "infinity in metadata",
+        _create(M(content="ok", metadata=_metadata(float("-inf")))),
+        ["memory.metadata"],
+    ),
+    ("metadata nested 17 deep", _create(M(content="ok", metadata=_nested(17))), ["memory.metadata"]),
+    ("event time in year 1", _create(M(content="ok", event_time=_at(-62135596800))), ["memory.event_time"]),
+    ("event time in 2286", _create(M(content="ok", event_time=_at(10_000_000_000))), ["memory.event_time"]),
+    ("negative nanos", _create(M(content="ok", event_time=_at(1_700_000_000, -1))), ["memory.event_time"]),
+    ("filter time past 2262", _listed_from(_at(2**62)), ["filter.create_time.start_time"]),
+    ("filter nanos of 2 s", _listed_from(_at(1, 2_000_000_000)), ["filter.create_time.start_time"]),
+    (
+        "update with NaN metadata",
+        lambda s: s.UpdateMemory(  # type: ignore[attr-defined]
+            pb.UpdateMemoryRequest(
+                memory=M(id="00000000-0000-0000-0000-000000000000", metadata=_metadata(float("nan"))),
+                update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
+            )
+        ),
+        ["memory.metadata"],
+    ),
     (
         "batch too large",
         lambda s: s.BatchCreateMemories(

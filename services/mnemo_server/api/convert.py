@@ -12,6 +12,8 @@ from google.protobuf.message import Message
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_IMPORTANCE,
     IdempotencyKey,
     Memory,
     MemoryDraft,
@@ -42,20 +44,33 @@ _SCOPE_FROM_PB = {v: k for k, v in _SCOPE_TO_PB.items()}
 # --- primitives ----------------------------------------------------------------------
 
 
-def ts_to_ns(ts: timestamp_pb2.Timestamp) -> int:
-    return int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
+# Times are stored as nanoseconds since 1970 in 64-bit integers: 1677-09-21 to 2262-04-11.
+_MIN_NS, _MAX_NS = -(2**63), 2**63 - 1
+
+
+def ts_to_ns(ts: timestamp_pb2.Timestamp, field: str) -> int:
+    if not 0 <= ts.nanos < 1_000_000_000:
+        raise InvalidArgument(field, "nanos must be between 0 and 999,999,999")
+    ns = int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
+    if not _MIN_NS <= ns <= _MAX_NS:
+        raise InvalidArgument(field, "must lie between 1677-09-22 and 2262-04-11 (64-bit nanoseconds)")
+    return ns
 
 
 def ns_to_ts(ns: int) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=ns // 1_000_000_000, nanos=ns % 1_000_000_000)
 
 
-def opt_ts(msg: Message, name: str) -> int | None:
-    return ts_to_ns(getattr(msg, name)) if msg.HasField(name) else None
+def opt_ts(msg: Message, name: str, prefix: str) -> int | None:
+    """The time in field `name` of `msg` (API path `prefix.name`), None when unset."""
+    return ts_to_ns(getattr(msg, name), f"{prefix}.{name}") if msg.HasField(name) else None
 
 
-def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
-    d: dict[str, Any] = json_format.MessageToDict(s)
+def struct_to_dict(s: struct_pb2.Struct, field: str) -> dict[str, Any]:
+    try:
+        d: dict[str, Any] = json_format.MessageToDict(s)
+    except ValueError:  # NaN or an infinity: JSON has no spelling for them
+        raise InvalidArgument(field, "numbers must be finite (JSON has no NaN or Infinity)") from None
     return d
 
 
@@ -127,11 +142,12 @@ def source_to_pb(s: Source) -> common_pb2.Source:
     return common_pb2.Source(who=s.who, why=s.why, run_id=s.run_id, session_id=s.session_id)
 
 
-def time_range_from_pb(msg: Message, name: str) -> TimeRange:
+def time_range_from_pb(msg: Message, name: str, prefix: str) -> TimeRange:
     if not msg.HasField(name):
         return TimeRange()
     tr: common_pb2.TimeRange = getattr(msg, name)
-    return TimeRange(opt_ts(tr, "start_time"), opt_ts(tr, "end_time"))
+    field = f"{prefix}.{name}"
+    return TimeRange(opt_ts(tr, "start_time", field), opt_ts(tr, "end_time", field))
 
 
 # --- memories --------------------------------------------------------------------------
@@ -144,12 +160,12 @@ def draft_from_pb(m: memory_pb2.Memory, field: str) -> MemoryDraft:
         type=memory_type_from_pb(m.type, f"{field}.type"),
         category=m.category or "general",
         external_id=m.external_id,
-        importance=m.importance if m.HasField("importance") else 0.5,
-        confidence=m.confidence if m.HasField("confidence") else 1.0,
+        importance=m.importance if m.HasField("importance") else DEFAULT_IMPORTANCE,
+        confidence=m.confidence if m.HasField("confidence") else DEFAULT_CONFIDENCE,
         pinned=m.pinned,
         source=source_from_pb(m.source),
-        metadata=struct_to_dict(m.metadata),
-        event_time_ns=opt_ts(m, "event_time"),
+        metadata=struct_to_dict(m.metadata, f"{field}.metadata"),
+        event_time_ns=opt_ts(m, "event_time", field),
     )
 
 
@@ -191,15 +207,15 @@ def exported_memory_from_pb(m: memory_pb2.Memory, field: str) -> Memory:
         content=m.content,
         content_hash="",
         external_id=m.external_id,
-        importance=m.importance if m.HasField("importance") else 0.5,
-        confidence=m.confidence if m.HasField("confidence") else 1.0,
+        importance=m.importance if m.HasField("importance") else DEFAULT_IMPORTANCE,
+        confidence=m.confidence if m.HasField("confidence") else DEFAULT_CONFIDENCE,
         pinned=m.pinned,
         source=source_from_pb(m.source),
-        metadata=struct_to_dict(m.metadata),
-        event_time_ns=ts_to_ns(m.event_time),
-        create_time_ns=ts_to_ns(m.create_time),
-        update_time_ns=ts_to_ns(m.update_time),
-        delete_time_ns=opt_ts(m, "delete_time"),
+        metadata=struct_to_dict(m.metadata, f"{field}.metadata"),
+        event_time_ns=ts_to_ns(m.event_time, f"{field}.event_time"),
+        create_time_ns=ts_to_ns(m.create_time, f"{field}.create_time"),
+        update_time_ns=ts_to_ns(m.update_time, f"{field}.update_time"),
+        delete_time_ns=opt_ts(m, "delete_time", field),
         supersedes_id=m.supersedes_id,
         superseded_by_id=m.superseded_by_id,
     )
@@ -215,8 +231,8 @@ def filter_from_pb(msg: Message, name: str = "filter") -> MemoryFilter:
             memory_type_from_pb(t, f"{name}.types[{i}]", default=None) for i, t in enumerate(f.types)
         ),
         categories=tuple(f.categories),
-        create_time=time_range_from_pb(f, "create_time"),
-        event_time=time_range_from_pb(f, "event_time"),
+        create_time=time_range_from_pb(f, "create_time", name),
+        event_time=time_range_from_pb(f, "event_time", name),
         pinned_only=f.pinned_only,
         source_session_ids=tuple(f.source_session_ids),
     )

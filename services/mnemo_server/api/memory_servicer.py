@@ -13,6 +13,7 @@ from mnemo_server.api import convert, session_convert
 from mnemo_server.api.interceptor import current_principal
 from mnemo_server.diagnostics import DataDirSize, peak_rss_bytes, rss_bytes
 from mnemo_server.errors import InvalidArgument
+from mnemo_server.memory.model import DEFAULT_CONFIDENCE, DEFAULT_IMPORTANCE
 from mnemo_server.memory.service import MemoryPatch, MemoryService
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
 from mnemo_server.sessions.service import Feedback, SessionService, StartSessionInput
@@ -123,13 +124,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         tenant = _tenant()
         self.memories.validator.request_id(request.request_id)
         m = request.memory
+        # A masked field left unset takes the value CreateMemory gives it (as AIP-134 asks).
         patch = MemoryPatch(
-            importance=m.importance,
-            confidence=m.confidence,
+            importance=m.importance if m.HasField("importance") else DEFAULT_IMPORTANCE,
+            confidence=m.confidence if m.HasField("confidence") else DEFAULT_CONFIDENCE,
             pinned=m.pinned,
             category=m.category,
-            metadata=convert.struct_to_dict(m.metadata),
-            event_time_ns=convert.opt_ts(m, "event_time"),
+            metadata=convert.struct_to_dict(m.metadata, "memory.metadata"),
+            event_time_ns=convert.opt_ts(m, "event_time", "memory"),
             content=m.content,
         )
         updated = self.memories.update(
@@ -231,7 +233,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         imported = skipped = received = 0
         for n, request in enumerate(request_iterator):
             batch = [
-                convert.exported_memory_from_pb(m, f"memories[{i}]") for i, m in enumerate(request.memories)
+                convert.exported_memory_from_pb(m, f"messages[{n}].memories[{i}]")
+                for i, m in enumerate(request.memories)
             ]
             done, skip = self.memories.import_batch(tenant, batch, field_prefix=f"messages[{n}].memories")
             imported, skipped, received = imported + done, skipped + skip, received + len(batch)

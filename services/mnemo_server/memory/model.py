@@ -68,6 +68,11 @@ class TimeRange:
         return self.start_ns is not None or self.end_ns is not None
 
 
+# What an unset importance or confidence means, on create and on a masked update alike.
+DEFAULT_IMPORTANCE = 0.5
+DEFAULT_CONFIDENCE = 1.0
+
+
 @dataclass
 class MemoryDraft:
     """What a caller asks to store; server-owned fields are absent."""
@@ -77,8 +82,8 @@ class MemoryDraft:
     type: MemoryType = MemoryType.SEMANTIC
     category: str = "general"
     external_id: str = ""
-    importance: float = 0.5
-    confidence: float = 1.0
+    importance: float = DEFAULT_IMPORTANCE
+    confidence: float = DEFAULT_CONFIDENCE
     pinned: bool = False
     source: Source = field(default_factory=Source)
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -95,8 +100,8 @@ class Memory:
     content: str
     content_hash: str
     external_id: str = ""
-    importance: float = 0.5
-    confidence: float = 1.0
+    importance: float = DEFAULT_IMPORTANCE
+    confidence: float = DEFAULT_CONFIDENCE
     pinned: bool = False
     source: Source = field(default_factory=Source)
     metadata: dict[str, Any] = field(default_factory=dict)

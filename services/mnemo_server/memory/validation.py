@@ -14,6 +14,12 @@ from mnemo_server.memory.model import MemoryDraft, MemoryFilter, ScopeKind, Time
 
 _PRINTABLE_ID = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII, no spaces
 
+# Objects and lists nested in metadata. Protobuf parsers stop at 100 nested messages, each
+# level of a Struct takes up to three (Struct, map entry, Value) and a memory sits a few
+# messages deep in a response: past ~30 levels a stored memory would make every Recall that
+# returns it unreadable to clients.
+MAX_METADATA_DEPTH = 16
+
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
@@ -91,6 +97,10 @@ class Validator:
                     field, f"is {size} bytes as JSON; the limit is {self.limits.max_metadata_bytes}"
                 )
             )
+        elif _depth(metadata) > MAX_METADATA_DEPTH:
+            out.append(
+                FieldViolation(field, f"nests objects and lists deeper than {MAX_METADATA_DEPTH} levels")
+            )
 
     def request_id(self, request_id: str, field: str = "request_id") -> None:
         if request_id:
@@ -118,6 +128,15 @@ class Validator:
         if top_k < 0 or top_k > self.limits.max_top_k:
             raise InvalidArgument(field, f"must be between 1 and {self.limits.max_top_k}")
         return top_k or 10
+
+
+def _depth(value: Any) -> int:
+    """Levels of objects and lists in a JSON value (a flat object is 1)."""
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
 
 
 def raise_if(violations: list[FieldViolation]) -> None:

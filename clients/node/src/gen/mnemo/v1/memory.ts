@@ -90,11 +90,17 @@ export interface Memory {
   source?:
     | Source
     | undefined;
-  /** Free-form JSON metadata. */
+  /**
+   * Free-form JSON metadata: at most 16 KB as JSON (limits.max_metadata_bytes), objects
+   * and lists nested at most 16 levels, finite numbers only.
+   */
   metadata?:
     | { [key: string]: any }
     | undefined;
-  /** When the remembered thing happened; defaults to create_time. */
+  /**
+   * When the remembered thing happened; defaults to create_time. Every time Mnemo takes,
+   * here and in filters, lies between 1677-09-22 and 2262-04-11 (64-bit nanoseconds).
+   */
   eventTime?:
     | Date
     | undefined;

@@ -39,23 +39,44 @@ def _pack(msg: object) -> any_pb2.Any:
     return packed
 
 
+# A status travels in the response's trailers, which clients refuse past 8-16 KB: an id or
+# a list of violations echoed whole (a 10,000-character id, an import of 500 bad entries) would
+# turn the intended error into RESOURCE_EXHAUSTED on the client.
+MAX_MESSAGE_CHARS = 1_000
+MAX_DETAIL_CHARS = 200
+MAX_VIOLATIONS = 20
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 def to_rpc_status(exc: errors.MnemoError) -> grpc.Status:
     code = status_code_for(exc)
-    details = [
-        _pack(error_details_pb2.ErrorInfo(reason=exc.reason, domain=ERROR_DOMAIN, metadata=exc.metadata))
-    ]
+    metadata = {k: _cut(v, MAX_DETAIL_CHARS) for k, v in exc.metadata.items()}
+    details = [_pack(error_details_pb2.ErrorInfo(reason=exc.reason, domain=ERROR_DOMAIN, metadata=metadata))]
+    message = exc.message
     if isinstance(exc, errors.InvalidArgument):
+        shown = exc.violations[:MAX_VIOLATIONS]
+        if len(exc.violations) > len(shown):
+            listed = "; ".join(f"{v.field}: {v.description}" for v in shown)
+            message = f"{len(exc.violations)} fields are invalid, the first {len(shown)}: {listed}"
         details.append(
             _pack(
                 error_details_pb2.BadRequest(
                     field_violations=[
-                        error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                        for v in exc.violations
+                        error_details_pb2.BadRequest.FieldViolation(
+                            field=_cut(v.field, MAX_DETAIL_CHARS),
+                            description=_cut(v.description, MAX_DETAIL_CHARS),
+                        )
+                        for v in shown
                     ]
                 )
             )
         )
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=exc.message, details=details)
+    status = status_pb2.Status(
+        code=getattr(code_pb2, code.name), message=_cut(message, MAX_MESSAGE_CHARS), details=details
+    )
     result: grpc.Status = rpc_status.to_status(status)
     return result
 

@@ -18,11 +18,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from mnemo_server.api.compute_gate import COMPUTE_PRIORITY, ComputeGate
 from mnemo_server.api.errors import internal_status, to_rpc_status
 from mnemo_server.call_trace import CallTrace, mark, traced
-from mnemo_server.errors import MnemoError, Unauthenticated
+from mnemo_server.errors import InvalidArgument, MnemoError, Unauthenticated
 from mnemo_server.tenancy.tenants import Principal
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,39 @@ def bearer_token(metadata: Any) -> str:
                 "authorization metadata must be 'Bearer <api key>'", reason="BAD_AUTH_SCHEME"
             )
     return ""
+
+
+class _Unparsed:
+    """A request message protobuf could not parse, kept for the handler to refuse."""
+
+    def __init__(self, error: DecodeError):
+        self.error = error
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """gRPC answers a request its deserializer raises on with INTERNAL before any handler
+    runs; a message nested deeper than protobuf's recursion limit (metadata objects within
+    objects) is the caller's error, so it is handed on and refused as INVALID_ARGUMENT."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as exc:
+            return _Unparsed(exc)
+
+    return parse
+
+
+def _parsed(request: Any) -> Any:
+    if isinstance(request, _Unparsed):
+        raise InvalidArgument(
+            "request", "could not be parsed: malformed, or nested deeper than protobuf allows"
+        ) from request.error
+    if isinstance(request, Iterator):  # a client stream: each message as it is read
+        return (_parsed(r) for r in request)
+    return request
 
 
 def _fail(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
@@ -124,7 +158,7 @@ class ApiInterceptor(grpc.ServerInterceptor):
                 try:
                     token = _PRINCIPAL.set(principal())
                     try:
-                        yield from behavior(request, context)
+                        yield from behavior(_parsed(request), context)
                     finally:
                         _PRINCIPAL.reset(token)
                 except Exception as exc:
@@ -137,7 +171,7 @@ class ApiInterceptor(grpc.ServerInterceptor):
             )
             return factory(
                 streaming,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
 
@@ -155,6 +189,7 @@ class ApiInterceptor(grpc.ServerInterceptor):
             try:
                 token = _PRINCIPAL.set(principal())
                 try:
+                    request = _parsed(request)
                     if priority is None:
                         return behavior(request, context)
                     with self._gate.slot(context.time_remaining(), priority):
@@ -174,6 +209,6 @@ class ApiInterceptor(grpc.ServerInterceptor):
         )
         return factory(
             unary,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )

@@ -206,6 +206,21 @@ def test_procedures_may_describe_credentials(svc: LearningService) -> None:
     assert c.kind is LearningKind.PROCEDURE
 
 
+# The secrets themselves (not mentions of where one goes): a procedure becomes a skill.
+LITERAL_SECRETS = [s for s in SECRETS if s.startswith(("The OpenAI", "ci uses", "AWS id", "-----"))]
+
+
+@pytest.mark.parametrize("content", LITERAL_SECRETS)
+def test_procedures_holding_a_secret_itself_are_refused(
+    db: Database, svc: LearningService, content: str
+) -> None:
+    assert len(LITERAL_SECRETS) == 5
+    with pytest.raises(InvalidArgument) as err:
+        svc.create_candidate(A, fact(f"export TOKEN; then: {content}", kind=LearningKind.PROCEDURE))
+    assert err.value.reason == "SECRET_MATERIAL"
+    assert rows(db, "learning_candidates") == 0
+
+
 @pytest.mark.parametrize(
     "content",
     [

@@ -75,14 +75,24 @@ def test_page_size_and_top_k_bounds() -> None:
         v.top_k(-1)
 
 
+def _is_int(position: object) -> bool:
+    return type(position) is int
+
+
 def test_page_tokens_are_bound_to_their_query() -> None:
     token = encode_token(42, "fp1")
-    assert decode_token(token, "fp1") == 42
-    assert decode_token("", "fp1") is None
+    assert decode_token(token, "fp1", _is_int) == 42
+    assert decode_token("", "fp1", _is_int) is None
     with pytest.raises(InvalidArgument, match="different parameters"):
-        decode_token(token, "fp2")
+        decode_token(token, "fp2", _is_int)
     with pytest.raises(InvalidArgument, match="not a token"):
-        decode_token("garbage!!", "fp1")
+        decode_token("garbage!!", "fp1", _is_int)
+
+
+@pytest.mark.parametrize("position", [None, True, "42", [42], {"p": 1}, 4.2])
+def test_page_tokens_with_positions_of_another_shape_are_refused(position: object) -> None:
+    with pytest.raises(InvalidArgument, match="not a token"):
+        decode_token(encode_token(position, "fp1"), "fp1", _is_int)
 
 
 def test_filter_sql_quotes_values_and_matches_python() -> None:

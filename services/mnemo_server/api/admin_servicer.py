@@ -9,6 +9,7 @@ from mnemo.v1 import admin_service_pb2_grpc as pb_grpc
 from mnemo_server.api import convert
 from mnemo_server.api.interceptor import current_principal
 from mnemo_server.errors import InvalidArgument
+from mnemo_server.memory.validation import Validator
 from mnemo_server.store.tenant_repo import ApiKeyRow, TenantRow
 from mnemo_server.tenancy.tenants import TenantService, require_admin
 
@@ -34,13 +35,15 @@ def _admin() -> None:
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
-    def __init__(self, tenants: TenantService):
+    def __init__(self, tenants: TenantService, validator: Validator):
         self.tenants = tenants
+        self.validator = validator
 
     def CreateTenant(
         self, request: pb.CreateTenantRequest, context: grpc.ServicerContext
     ) -> pb.CreateTenantResponse:
         _admin()
+        self.validator.request_id(request.request_id)
         t = self.tenants.create_tenant(
             request.tenant.id,
             request.tenant.display_name,
@@ -58,7 +61,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.ListTenantsRequest, context: grpc.ServicerContext
     ) -> pb.ListTenantsResponse:
         _admin()
-        rows, token = self.tenants.list_tenants(request.page_size, request.page_token)
+        rows, token = self.tenants.list_tenants(
+            self.validator.page_size(request.page_size), request.page_token
+        )
         return pb.ListTenantsResponse(tenants=[_tenant_pb(t) for t in rows], next_page_token=token)
 
     def CreateApiKey(
@@ -67,6 +72,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         _admin()
         if not request.tenant_id:
             raise InvalidArgument("tenant_id", "is required")
+        self.validator.request_id(request.request_id)
         row, secret = self.tenants.create_key(
             request.tenant_id,
             request.description,
@@ -80,7 +86,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         _admin()
         if not request.tenant_id:
             raise InvalidArgument("tenant_id", "is required")
-        rows, token = self.tenants.list_keys(request.tenant_id, request.page_size, request.page_token)
+        rows, token = self.tenants.list_keys(
+            request.tenant_id, self.validator.page_size(request.page_size), request.page_token
+        )
         return pb.ListApiKeysResponse(api_keys=[_key_pb(k) for k in rows], next_page_token=token)
 
     def RevokeApiKey(

@@ -10,11 +10,15 @@ from __future__ import annotations
 import re
 
 # (what it looks like, pattern). Labels go into error messages; the matched text never does.
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+# Secrets themselves: never legitimate in any learning.
+_LITERALS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("a provider API key", re.compile(r"\bsk-[A-Za-z0-9_-]{20,}")),
     ("a GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")),
     ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
     ("a private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+)
+# Text that usually carries a secret; a procedure may say how one is wired without it.
+_MENTIONS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # A credential-named key followed by ':' or '=' (env files, YAML, JSON, HTTP headers).
     # No word boundary in front, so OPENAI_API_KEY= and x-api-key: match too.
     (
@@ -29,9 +33,10 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
-def find_secret_material(text: str) -> str | None:
-    """A description of the first kind of secret the text appears to hold, or None."""
-    for label, pattern in _PATTERNS:
+def find_secret_material(text: str, *, mentions: bool = True) -> str | None:
+    """A description of the first kind of secret the text appears to hold, or None. With
+    `mentions` off only secrets themselves count, not the assignments that usually hold one."""
+    for label, pattern in _LITERALS + _MENTIONS if mentions else _LITERALS:
         if pattern.search(text):
             return label
     return None

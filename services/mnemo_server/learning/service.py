@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from mnemo_server.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.learning.model import (
@@ -38,9 +38,11 @@ MAX_CONTENT_CHARS = 4_000
 MAX_EVIDENCE_REFS = 20
 MAX_EVIDENCE_REF_CHARS = 256
 MAX_REASON_CHARS = 1_000
-# Procedures legitimately say how credentials are wired ("export API_KEY=$(vault read ...)")
-# and run summaries are the daemon's own output, so only these kinds are screened for secrets.
+# Procedures legitimately say how credentials are wired ("export API_KEY=$(vault read ...)"),
+# so they are screened for secrets themselves only (a key, a token, a private key): they become
+# skills, the most widely shared text there is. Run summaries are the daemon's own output.
 SECRET_SCREENED_KINDS = frozenset({LearningKind.FACT, LearningKind.PREFERENCE, LearningKind.DECISION})
+LITERAL_SECRET_SCREENED_KINDS = frozenset({LearningKind.PROCEDURE})
 
 
 # --- newest-first paging, shared with skills ----------------------------------------------
@@ -66,19 +68,21 @@ def fetch_page(
 ) -> tuple[list[RowT], str]:
     """One page of rows newest first, plus the token for the next page ("" on the last)."""
     size = validator.page_size(page_size)
-    position = decode_token(page_token, fingerprint)
-    if position is not None and not (
-        isinstance(position, list)
-        and len(position) == 2
-        and type(position[0]) is int
-        and isinstance(position[1], str)
-    ):
-        raise InvalidArgument("page_token", "is not a token this server issued")
+    position = decode_token(page_token, fingerprint, _is_time_and_id)
     rows = fetch(None if position is None else (position[0], position[1]), size + 1)
     if len(rows) <= size:
         return rows, ""
     last = rows[size - 1]
     return rows[:size], encode_token([last.create_time_ns, last.id], fingerprint)
+
+
+def _is_time_and_id(position: Any) -> bool:
+    return (
+        isinstance(position, list)
+        and len(position) == 2
+        and type(position[0]) is int
+        and isinstance(position[1], str)
+    )
 
 
 def require_id(ident: str, field: str) -> None:
@@ -206,8 +210,8 @@ class LearningService:
         raise_if(out)
         kind = d.kind
         assert kind is not None  # reported above
-        if kind in SECRET_SCREENED_KINDS:
-            label = find_secret_material(d.content)
+        if kind in SECRET_SCREENED_KINDS or kind in LITERAL_SECRET_SCREENED_KINDS:
+            label = find_secret_material(d.content, mentions=kind in SECRET_SCREENED_KINDS)
             if label is not None:
                 raise InvalidArgument(
                     "candidate.content",

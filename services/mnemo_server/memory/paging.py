@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from mnemo_server.errors import InvalidArgument
@@ -20,7 +21,11 @@ def encode_token(position: Any, fingerprint: str) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_token(token: str, fingerprint: str, field: str = "page_token") -> Any:
+def decode_token(
+    token: str, fingerprint: str, valid: Callable[[Any], bool], field: str = "page_token"
+) -> Any:
+    """The position in `token`, None for no token. `valid` says whether a position has the
+    shape this listing issues: a token edited by hand must not reach the query."""
     if not token:
         return None
     try:
@@ -31,4 +36,6 @@ def decode_token(token: str, fingerprint: str, field: str = "page_token") -> Any
         raise InvalidArgument(field, "is not a token this server issued") from None
     if fp != fingerprint:
         raise InvalidArgument(field, "belongs to a request with different parameters")
+    if position is None or not valid(position):
+        raise InvalidArgument(field, "is not a token this server issued")
     return position

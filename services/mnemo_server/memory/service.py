@@ -64,6 +64,10 @@ class TenantStatus:
     cache_use: CacheUse = NO_CACHE_USE
 
 
+def _is_seq(position: Any) -> bool:
+    return type(position) is int and 0 <= position < 2**63
+
+
 class MemoryService:
     def __init__(
         self,
@@ -185,9 +189,7 @@ class MemoryService:
         size = self.validator.page_size(page_size)
         raise_if(self.validator.filter(f))
         fingerprint = query_fingerprint("list", f, show_deleted)
-        before = decode_token(page_token, fingerprint)
-        if before is not None and not isinstance(before, int):
-            raise InvalidArgument("page_token", "is not a token this server issued")
+        before = decode_token(page_token, fingerprint, _is_seq)
         cur = self.db.reader()
         if before is None and not show_deleted and f.scopes and f.scopes_only:
             # A first page of live memories by scope: each scope's newest ids are kept in

@@ -27,6 +27,10 @@ _KEY_RE = re.compile(r"^mnemo_([0-9a-f]{16})\.([A-Za-z0-9_-]{20,100})$")
 ADMIN_TENANT = "_admin"
 
 
+def _is_id(position: object) -> bool:
+    return isinstance(position, str)
+
+
 def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -79,9 +83,10 @@ class TenantService:
         return row
 
     def list_tenants(self, page_size: int, page_token: str) -> tuple[list[TenantRow], str]:
-        size = max(1, min(page_size or 50, 1000))
+        """`page_size` as the API's validator returned it (1 to the configured maximum)."""
+        size = page_size
         fp = query_fingerprint("tenants")
-        after = decode_token(page_token, fp) or ""
+        after = decode_token(page_token, fp, _is_id) or ""
         rows = tenant_repo.list_tenants(self.db.reader(), str(after), size + 1)
         return rows[:size], encode_token(rows[size - 1].id, fp) if len(rows) > size else ""
 
@@ -116,9 +121,9 @@ class TenantService:
 
     def list_keys(self, tenant_id: str, page_size: int, page_token: str) -> tuple[list[ApiKeyRow], str]:
         self.get_tenant(tenant_id)
-        size = max(1, min(page_size or 50, 1000))
+        size = page_size
         fp = query_fingerprint("keys", tenant_id)
-        after = decode_token(page_token, fp) or ""
+        after = decode_token(page_token, fp, _is_id) or ""
         rows = tenant_repo.list_keys(self.db.reader(), tenant_id, str(after), size + 1)
         return rows[:size], encode_token(rows[size - 1].id, fp) if len(rows) > size else ""
 

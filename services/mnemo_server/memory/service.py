@@ -20,6 +20,8 @@ from mnemo_server.index.lance_index import NO_CACHE_USE, CacheUse
 from mnemo_server.memory.creates import CreateRequest, CreateWriter, counted_write
 from mnemo_server.memory.live_counts import LiveCounts
 from mnemo_server.memory.model import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_IMPORTANCE,
     CreateResult,
     IdempotencyKey,
     Memory,
@@ -66,6 +68,13 @@ class TenantStatus:
 
 def _is_seq(position: Any) -> bool:
     return type(position) is int and 0 <= position < 2**63
+
+
+def _is_canonical_uuid(text: str) -> bool:
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
 
 
 class MemoryService:
@@ -269,8 +278,8 @@ class MemoryService:
         probe = MemoryDraft(
             content=patch.content if "content" in paths else "x",
             category=patch.category,
-            importance=patch.importance if "importance" in paths else 0.5,
-            confidence=patch.confidence if "confidence" in paths else 1.0,
+            importance=patch.importance if "importance" in paths else DEFAULT_IMPORTANCE,
+            confidence=patch.confidence if "confidence" in paths else DEFAULT_CONFIDENCE,
             metadata=(patch.metadata or {}) if "metadata" in paths else {},
         )
         raise_if(self.validator.draft(probe, "memory"))
@@ -385,14 +394,23 @@ class MemoryService:
         if len(memories) > self.validator.limits.max_batch_size:
             raise InvalidArgument(field_prefix, f"at most {self.validator.limits.max_batch_size} per message")
         violations: list[FieldViolation] = []
+        named: set[str] = set()
         for k, m in enumerate(memories):
             p = f"{field_prefix}[{k}]"
-            try:
-                uuid.UUID(m.id)
-            except ValueError:
+            if not _is_canonical_uuid(m.id):
+                # Other spellings of a stored id ({...}, upper case, urn:uuid:) would be
+                # stored as new ids beside it, so only the form exports carry is taken.
                 violations.append(
-                    FieldViolation(f"{p}.id", "must be the memory's id (a UUID) from an export")
+                    FieldViolation(
+                        f"{p}.id", "must be the memory's id from an export (a lower-case hyphenated UUID)"
+                    )
                 )
+            if m.external_id and m.delete_time_ns is None:
+                if m.external_id in named:
+                    violations.append(
+                        FieldViolation(f"{p}.external_id", "repeats another live entry of this message")
+                    )
+                named.add(m.external_id)
             draft = MemoryDraft(
                 content=m.content,
                 scope=m.scope,
@@ -416,18 +434,22 @@ class MemoryService:
             dups = memory_repo.find_live_duplicates(
                 cur, self.db.stored.hashes, tenant_id, [n.hash for n in normalized.values()]
             )
+            owners = memory_repo.live_by_external_ids(
+                cur,
+                tenant_id,
+                [m.external_id for m in memories if m.external_id and m.delete_time_ns is None],
+            )
             revive = [m.id for m in memories if m.id in existing and existing[m.id].deleted]
             if revive:
                 memory_repo.delete_rows(cur, tenant_id, revive)
             rows: list[tuple[Memory, str]] = []
             seen: set[str] = set()
-            for m in memories:
+            for k, m in enumerate(memories):
                 norm = normalized[m.id]
-                live_dup = dups.get((m.scope.key, norm.hash))
-                if (
-                    (m.id in existing and not existing[m.id].deleted)
-                    or m.id in seen
-                    or (live_dup is not None and live_dup.id != m.id and m.delete_time_ns is None)
+                if (m.id in existing and not existing[m.id].deleted) or m.id in seen:
+                    continue
+                if m.delete_time_ns is None and self._held_elsewhere(
+                    m, norm.hash, owners, dups, field_prefix, k
                 ):
                     continue
                 seen.add(m.id)
@@ -457,6 +479,33 @@ class MemoryService:
             self.live_counts.forget(tenant_id)
         self.indexer.submit(tenant_id, imported)
         return len(imported), len(memories) - len(imported)
+
+    @staticmethod
+    def _held_elsewhere(
+        m: Memory,
+        content_hash: str,
+        owners: dict[str, Memory],
+        dups: dict[tuple[str, str], Memory],
+        field_prefix: str,
+        k: int,
+    ) -> bool:
+        """Whether a live imported memory is already stored under another id, by the rules
+        CreateMemory applies: a named memory by its external id (the same scope and content
+        is the same memory; anything else under that name is a conflict, which fails the
+        message), an unnamed one by its content in the scope."""
+        if not m.external_id:
+            dup = dups.get((m.scope.key, content_hash))
+            return dup is not None and dup.id != m.id
+        owner = owners.get(m.external_id)
+        if owner is None or owner.id == m.id:
+            return False
+        if owner.scope == m.scope and owner.content_hash == content_hash:
+            return True
+        raise AlreadyExists(
+            f"{field_prefix}[{k}].external_id: {m.external_id!r} is already used by memory {owner.id}",
+            reason="EXTERNAL_ID_TAKEN",
+            metadata={"memory_id": owner.id},
+        )
 
     def status(self, tenant_id: str) -> TenantStatus:
         s = memory_repo.tenant_stats(self.db.reader(), tenant_id, self.embedding_model)

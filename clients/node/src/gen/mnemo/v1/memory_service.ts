@@ -280,7 +280,10 @@ export interface ListMemoriesResponse {
 }
 
 export interface UpdateMemoryRequest {
-  /** id identifies the memory; the fields named in update_mask are applied. */
+  /**
+   * id identifies the memory; the fields named in update_mask are applied. A named field
+   * left unset takes the value CreateMemory would give it (importance 0.5, confidence 1).
+   */
   memory?: Memory | undefined;
   updateMask?: string[] | undefined;
   requestId: string;
@@ -395,7 +398,11 @@ export interface ExportMemoriesResponse {
 }
 
 export interface ImportMemoriesRequest {
-  /** At most 500 per message. */
+  /**
+   * At most 500 per message, each with the id an export gave it (a lower-case hyphenated
+   * UUID). A live memory whose external_id another live memory holds is skipped when that
+   * one has the same scope and content, else the message fails with ALREADY_EXISTS.
+   */
   memories: Memory[];
 }
 
@@ -573,6 +580,11 @@ export interface StartSessionRequest {
   tokenBudget: number;
   /** At most this many memories are injected; default 20, at most 100. */
   maxMemories: number;
+  /**
+   * The session id is the idempotency key: a retry with the same session_id, request_id and
+   * request returns the recorded session; any other request for a taken session_id is
+   * ALREADY_EXISTS. request_id is not checked across session ids.
+   */
   requestId: string;
 }
 

@@ -215,6 +215,19 @@ def test_end_session_scores_continuity_and_validates(server: LiveServer, tenant_
             timeout=5,
         )
     assert error_info(err.value)[1] == ["feedback[0].relevance"]
+    with pytest.raises(grpc.RpcError) as err:  # two verdicts on one memory: which is meant?
+        stub.EndSession(
+            pb.EndSessionRequest(
+                session_id="s1",
+                feedback=[
+                    pb.MemoryFeedback(memory_id=first, relevance=1),
+                    pb.MemoryFeedback(memory_id=first, relevance=-1),
+                ],
+            ),
+            metadata=tenant_a.md,
+            timeout=5,
+        )
+    assert error_info(err.value)[1] == ["feedback[1].memory_id"]
     transcript = f"We discussed: {r.memories[1].memory.content}"
     req = pb.EndSessionRequest(
         session_id="s1",

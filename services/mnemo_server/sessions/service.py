@@ -450,9 +450,13 @@ class SessionService:
         out: list[FieldViolation] = []
         if not session_id:
             out.append(FieldViolation("session_id", "is required"))
+        judged: set[str] = set()
         for i, fb in enumerate(feedback):
             if not -1.0 <= fb.relevance <= 1.0:
                 out.append(FieldViolation(f"feedback[{i}].relevance", "must be between -1 and 1"))
+            if fb.memory_id in judged:
+                out.append(FieldViolation(f"feedback[{i}].memory_id", "repeats another entry's memory"))
+            judged.add(fb.memory_id)
         if len(transcript) > 1_000_000:
             out.append(FieldViolation("transcript", "longer than 1,000,000 characters"))
         raise_if(out)

@@ -264,7 +264,7 @@ export interface GetMemoryResponse {
 export interface ListMemoriesRequest {
   /** 1..1000, default 50. */
   pageSize: number;
-  /** From a previous response; the other fields must not change between pages. */
+  /** From a previous response; the fields other than page_size must not change between pages. */
   pageToken: string;
   filter?:
     | MemoryFilter
@@ -630,6 +630,7 @@ export interface StartSessionResponse {
 }
 
 export interface MemoryFeedback {
+  /** An injected memory of the session; at most one entry per memory. */
   memoryId: string;
   /** -1 (harmful) .. 1 (essential); 0 means unused. */
   relevance: number;

@@ -25,6 +25,17 @@ from mnemo_server.store.database import Cursor, Database, WriteDomain
 from mnemo_server.store.group_commit import GroupCommit, GroupStats
 
 
+def require_same_memory(holder: Memory, scope: Scope, content_hash: str, field: str) -> None:
+    """A write naming the external id `holder` holds is a retry of that memory when its
+    scope and content are the same; anything else under the name is a conflict."""
+    if holder.scope != scope or holder.content_hash != content_hash:
+        raise AlreadyExists(
+            f"{field}: {holder.external_id!r} is already used by memory {holder.id}",
+            reason="EXTERNAL_ID_TAKEN",
+            metadata={"memory_id": holder.id},
+        )
+
+
 @dataclass(frozen=True)
 class CreateRequest:
     """One CreateMemory or BatchCreateMemories call, validated and prepared."""
@@ -175,14 +186,9 @@ class CreateWriter:
                 # both say "thanks!").
                 owner = owners.get(d.external_id)
                 if owner is not None:
-                    if owner.scope == d.scope and owner.content_hash == norm.hash:
-                        results.append(CreateResult(owner, True))
-                        continue
-                    raise AlreadyExists(
-                        f"{prefixes[k]}.external_id: {d.external_id!r} is already used by memory {owner.id}",
-                        reason="EXTERNAL_ID_TAKEN",
-                        metadata={"memory_id": owner.id},
-                    )
+                    require_same_memory(owner, d.scope, norm.hash, f"{prefixes[k]}.external_id")
+                    results.append(CreateResult(owner, True))
+                    continue
             else:
                 dup = existing.get(dedup_key) or batch_seen.get(dedup_key)
                 if dup is not None:

@@ -17,7 +17,7 @@ from mnemo_server.config import CapsConfig, IndexConfig
 from mnemo_server.errors import AlreadyExists, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import NO_CACHE_USE, CacheUse
-from mnemo_server.memory.creates import CreateRequest, CreateWriter, counted_write
+from mnemo_server.memory.creates import CreateRequest, CreateWriter, counted_write, require_same_memory
 from mnemo_server.memory.live_counts import LiveCounts
 from mnemo_server.memory.model import (
     DEFAULT_CONFIDENCE,
@@ -499,13 +499,8 @@ class MemoryService:
         owner = owners.get(m.external_id)
         if owner is None or owner.id == m.id:
             return False
-        if owner.scope == m.scope and owner.content_hash == content_hash:
-            return True
-        raise AlreadyExists(
-            f"{field_prefix}[{k}].external_id: {m.external_id!r} is already used by memory {owner.id}",
-            reason="EXTERNAL_ID_TAKEN",
-            metadata={"memory_id": owner.id},
-        )
+        require_same_memory(owner, m.scope, content_hash, f"{field_prefix}[{k}].external_id")
+        return True
 
     def status(self, tenant_id: str) -> TenantStatus:
         s = memory_repo.tenant_stats(self.db.reader(), tenant_id, self.embedding_model)

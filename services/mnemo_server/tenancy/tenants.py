@@ -84,11 +84,10 @@ class TenantService:
 
     def list_tenants(self, page_size: int, page_token: str) -> tuple[list[TenantRow], str]:
         """`page_size` as the API's validator returned it (1 to the configured maximum)."""
-        size = page_size
         fp = query_fingerprint("tenants")
-        after = decode_token(page_token, fp, _is_id) or ""
-        rows = tenant_repo.list_tenants(self.db.reader(), str(after), size + 1)
-        return rows[:size], encode_token(rows[size - 1].id, fp) if len(rows) > size else ""
+        after: str = decode_token(page_token, fp, _is_id) or ""
+        rows = tenant_repo.list_tenants(self.db.reader(), after, page_size + 1)
+        return rows[:page_size], encode_token(rows[page_size - 1].id, fp) if len(rows) > page_size else ""
 
     # --- keys ------------------------------------------------------------------------
 
@@ -121,11 +120,10 @@ class TenantService:
 
     def list_keys(self, tenant_id: str, page_size: int, page_token: str) -> tuple[list[ApiKeyRow], str]:
         self.get_tenant(tenant_id)
-        size = page_size
         fp = query_fingerprint("keys", tenant_id)
-        after = decode_token(page_token, fp, _is_id) or ""
-        rows = tenant_repo.list_keys(self.db.reader(), tenant_id, str(after), size + 1)
-        return rows[:size], encode_token(rows[size - 1].id, fp) if len(rows) > size else ""
+        after: str = decode_token(page_token, fp, _is_id) or ""
+        rows = tenant_repo.list_keys(self.db.reader(), tenant_id, after, page_size + 1)
+        return rows[:page_size], encode_token(rows[page_size - 1].id, fp) if len(rows) > page_size else ""
 
     def revoke_key(self, key_id: str) -> ApiKeyRow:
         with self.db.transaction() as cur:

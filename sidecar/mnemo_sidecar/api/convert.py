@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Sequence
 
 from google.protobuf import timestamp_pb2
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+from mnemo_server.api.convert import ts_to_ns
 from mnemo_server.errors import FieldViolation, InvalidArgument
 from mnemo_sidecar.learning.health import Health
 from mnemo_sidecar.learning.model import (
@@ -20,6 +23,15 @@ from mnemo_sidecar.learning.model import (
 _TENANT = re.compile(r"[a-z0-9_][a-z0-9_-]{0,63}")
 KINDS = {rpb.MODEL_KIND_CROSS_ENCODER: ModelKind.CROSS_ENCODER, rpb.MODEL_KIND_RANKER: ModelKind.RANKER}
 KINDS_PB = {v: k for k, v in KINDS.items()}
+MAX_SESSION_ID_CHARS = 1_024  # the server sends ids of up to limits.max_request_id_chars (128)
+
+
+def model_kinds(values: Sequence[rpb.ModelKind]) -> set[ModelKind]:
+    """The models a Train request names; none named: both."""
+    unknown = [int(v) for v in values if v not in KINDS]
+    if unknown:
+        raise InvalidArgument("models", f"unknown model kind(s) {unknown}: cross-encoder (1) or ranker (2)")
+    return {KINDS[v] for v in values} or set(ModelKind)
 
 
 def tenant_of(tenant_id: str) -> str:
@@ -37,12 +49,17 @@ def candidates(items: list[rpb.Candidate], field: str, n_features: int | None, c
     for i, c in enumerate(items):
         if not c.id:
             out.append(FieldViolation(f"{field}[{i}].id", "is required"))
+        if not math.isfinite(c.baseline_score):
+            out.append(FieldViolation(f"{field}[{i}].baseline_score", "must be a finite number"))
         if n_features is not None and len(c.features) != n_features:
             out.append(
                 FieldViolation(
                     f"{field}[{i}].features", f"has {len(c.features)} values for {n_features} feature names"
                 )
             )
+        # NaN is a missing value to the ranker; an infinity is no value at all.
+        if any(math.isinf(x) for x in c.features):
+            out.append(FieldViolation(f"{field}[{i}].features", "must not hold an infinity (NaN: missing)"))
     if out:
         raise InvalidArgument.many(out)
     return [Candidate(c.id, c.text, c.baseline_score, tuple(c.features)) for c in items]
@@ -52,11 +69,18 @@ def feedback_session(s: rpb.TrainingSession, cap: int) -> FeedbackSession:
     if not s.session_id:
         raise InvalidArgument("session.session_id", "is required")
     items = candidates([c.candidate for c in s.candidates], "session.candidates", len(s.feature_names), cap)
-    out = [
-        FieldViolation(f"session.candidates[{i}].relevance", "must be between -1 and 1")
-        for i, c in enumerate(s.candidates)
-        if not -1.0 <= c.relevance <= 1.0
-    ]
+    if len(s.session_id) > MAX_SESSION_ID_CHARS:
+        raise InvalidArgument("session.session_id", f"longer than {MAX_SESSION_ID_CHARS} characters")
+    end_time_ns = ts_to_ns(s.end_time, "session.end_time")
+    out: list[FieldViolation] = []
+    for i, c in enumerate(s.candidates):
+        if not -1.0 <= c.relevance <= 1.0:
+            out.append(FieldViolation(f"session.candidates[{i}].relevance", "must be between -1 and 1"))
+        for name in ("baseline_rank", "predictor_rank"):
+            if getattr(c, name) < 0:
+                out.append(
+                    FieldViolation(f"session.candidates[{i}].{name}", "must be 0 (none) or a 1-based rank")
+                )
     if out:
         raise InvalidArgument.many(out)
     return FeedbackSession(
@@ -67,7 +91,7 @@ def feedback_session(s: rpb.TrainingSession, cap: int) -> FeedbackSession:
             FeedbackCandidate(item, c.relevance, c.baseline_rank, c.predictor_rank)
             for item, c in zip(items, s.candidates, strict=True)
         ),
-        s.end_time.ToNanoseconds(),
+        end_time_ns,
     )
 
 

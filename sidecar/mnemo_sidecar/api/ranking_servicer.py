@@ -15,7 +15,6 @@ from mnemo_sidecar.api import convert
 from mnemo_sidecar.api.stats import LatencyStats
 from mnemo_sidecar.deadlines import AdmissionGate, Deadline
 from mnemo_sidecar.engine import RankingEngine
-from mnemo_sidecar.learning.model import ModelKind
 from mnemo_sidecar.learning.runner import TrainingRunner
 
 
@@ -90,7 +89,7 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
 
     def Train(self, request: rpb.TrainRequest, context: grpc.ServicerContext) -> Iterator[rpb.TrainResponse]:
         tenant = convert.tenant_of(request.tenant_id)
-        kinds = {convert.KINDS[k] for k in request.models if k in convert.KINDS} or set(ModelKind)
+        kinds = convert.model_kinds(request.models)
         run, _ = self.runner.start(tenant, kinds, request.force)
         for e in run.follow():
             if not context.is_active():

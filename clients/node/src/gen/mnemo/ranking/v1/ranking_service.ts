@@ -109,9 +109,12 @@ export function modelKindToJSON(object: ModelKind): string {
 export interface Candidate {
   id: string;
   text: string;
-  /** The caller's own score (first stage / baseline), used for blending and fallback. */
+  /** The caller's own score (first stage / baseline), used for blending and fallback; finite. */
   baselineScore: number;
-  /** Per-candidate features, in the order of the request's feature_names. */
+  /**
+   * Per-candidate features, in the order of the request's feature_names. NaN marks a
+   * missing value; infinities are refused.
+   */
   features: number[];
 }
 
@@ -168,6 +171,7 @@ export interface TrainingSession {
   query: string;
   featureNames: string[];
   candidates: TrainingCandidate[];
+  /** Between 1677-09-22 and 2262-04-11 (64-bit nanoseconds), as every time Mnemo takes. */
   endTime?: Date | undefined;
 }
 
@@ -208,7 +212,10 @@ export interface SubmitTrainingPairsResponse {
 
 export interface TrainRequest {
   tenantId: string;
-  /** Empty trains both (cross-encoder first, then the ranker on its scores). */
+  /**
+   * Empty trains both (cross-encoder first, then the ranker on its scores); an unknown
+   * kind is INVALID_ARGUMENT.
+   */
   models: ModelKind[];
   /** Train even if fewer sessions than the minimum are stored. */
   force: boolean;

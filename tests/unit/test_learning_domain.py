@@ -221,6 +221,35 @@ def test_procedures_holding_a_secret_itself_are_refused(
     assert rows(db, "learning_candidates") == 0
 
 
+KEY = "sk-abcdefghijklmnopqrstuvwxyz123456"
+
+
+def test_secrets_are_refused_in_every_text_shown_with_a_learning_or_skill(
+    db: Database, svc: LearningService, skills: SkillService
+) -> None:
+    for draft, field in [
+        (fact(evidence_refs=("run:r1", f"env {KEY}")), "candidate.evidence_refs[1]"),
+        (fact(source=Source(why=f"pasted {KEY}")), "candidate.source.why"),
+    ]:
+        with pytest.raises(InvalidArgument) as err:
+            svc.create_candidate(A, draft)
+        assert (err.value.reason, [v.field for v in err.value.violations]) == ("SECRET_MATERIAL", [field])
+    assert rows(db, "learning_candidates") == 0
+    c = svc.create_candidate(A, fact("Run `make release` from a clean tree.", kind=LearningKind.PROCEDURE))
+    with pytest.raises(InvalidArgument) as err:
+        svc.publish_candidate(A, c.id, reason=f"verified with {KEY}")
+    assert [v.field for v in err.value.violations] == ["reason"]
+    learning = svc.publish_candidate(A, c.id, reason="verified by hand").learning.id
+    with pytest.raises(InvalidArgument) as err:
+        skills.promote_procedure(A, learning, "release", f"uses {KEY}")
+    assert [v.field for v in err.value.violations] == ["description"]
+    assert rows(db, "skills") == 0
+    # Saying where a secret is kept stays possible outside a learning's content.
+    assert (
+        skills.promote_procedure(A, learning, "release", "needs the deploy key from vault").name == "release"
+    )
+
+
 @pytest.mark.parametrize(
     "content",
     [

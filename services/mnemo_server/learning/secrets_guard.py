@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from mnemo_server.errors import InvalidArgument
+
 # (what it looks like, pattern). Labels go into error messages; the matched text never does.
 # Secrets themselves: never legitimate in any learning.
 _LITERALS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -40,3 +42,16 @@ def find_secret_material(text: str, *, mentions: bool = True) -> str | None:
         if pattern.search(text):
             return label
     return None
+
+
+def refuse_secret_material(field: str, text: str, *, mentions: bool = False) -> None:
+    """INVALID_ARGUMENT (SECRET_MATERIAL) naming `field` when `text` appears to hold a secret
+    (with `mentions`, also an assignment that usually holds one)."""
+    label = find_secret_material(text, mentions=mentions)
+    if label is not None:
+        raise InvalidArgument(
+            field,
+            f"looks like it holds secret material ({label}); "
+            "record where the secret is kept, never the secret itself",
+            reason="SECRET_MATERIAL",
+        )

@@ -25,7 +25,7 @@ from mnemo_server.learning.model import (
     PublishResult,
     SubjectKind,
 )
-from mnemo_server.learning.secrets_guard import find_secret_material
+from mnemo_server.learning.secrets_guard import refuse_secret_material
 from mnemo_server.memory.model import IdempotencyKey, Scope, ScopeKind, now_ns
 from mnemo_server.memory.paging import decode_token, encode_token, query_fingerprint
 from mnemo_server.memory.validation import Validator, check_unit_interval, raise_if
@@ -126,6 +126,7 @@ def check_reason(reason: str, *, required: bool) -> None:
         raise InvalidArgument("reason", "is required")
     if len(reason) > MAX_REASON_CHARS:
         raise InvalidArgument("reason", f"is {len(reason)} characters; the limit is {MAX_REASON_CHARS}")
+    refuse_secret_material("reason", reason)
 
 
 # --- the service ------------------------------------------------------------------------
@@ -211,14 +212,12 @@ class LearningService:
         kind = d.kind
         assert kind is not None  # reported above
         if kind in SECRET_SCREENED_KINDS or kind in LITERAL_SECRET_SCREENED_KINDS:
-            label = find_secret_material(d.content, mentions=kind in SECRET_SCREENED_KINDS)
-            if label is not None:
-                raise InvalidArgument(
-                    "candidate.content",
-                    f"looks like it holds secret material ({label}); "
-                    "record where the secret is kept, never the secret itself",
-                    reason="SECRET_MATERIAL",
-                )
+            refuse_secret_material("candidate.content", d.content, mentions=kind in SECRET_SCREENED_KINDS)
+        # The rest of a candidate's text is shown beside it: no secret itself there either.
+        for i, ref in enumerate(d.evidence_refs):
+            refuse_secret_material(f"candidate.evidence_refs[{i}]", ref)
+        for name in ("who", "why", "run_id", "session_id"):
+            refuse_secret_material(f"candidate.source.{name}", getattr(d.source, name))
         scope = Scope.workspace() if d.scope.kind is ScopeKind.WORKSPACE else d.scope
         return CandidateDraft(
             kind=kind,

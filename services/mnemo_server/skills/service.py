@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from mnemo_server.errors import AlreadyExists, FailedPrecondition, FieldViolation, NotFound
 from mnemo_server.learning.model import LearningKind, LearningState, LifecycleEvent, SubjectKind
+from mnemo_server.learning.secrets_guard import refuse_secret_material
 from mnemo_server.learning.service import fetch_page, require_id
 from mnemo_server.memory.model import IdempotencyKey, ScopeKind, now_ns
 from mnemo_server.memory.paging import query_fingerprint
@@ -54,6 +55,7 @@ class SkillService:
                 )
             )
         raise_if(out)
+        refuse_secret_material("description", description)  # shown with the skill to every agent
         now = self.clock()
         with self.db.transaction() as cur:
             replay = idempotency_repo.lookup(cur, tenant_id, key)

@@ -182,6 +182,25 @@ CASES: list[tuple[str, Callable[[object], object], list[str]]] = [
         ["memory.content"],
     ),
     (
+        "purge of all memories and a filter",
+        lambda s: s.PurgeMemories(  # type: ignore[attr-defined]
+            pb.PurgeMemoriesRequest(
+                all_memories=True, force=True, filter=memory_pb2.MemoryFilter(categories=["x"])
+            )
+        ),
+        ["all_memories"],
+    ),
+    (
+        "too many session ids in a filter",
+        lambda s: s.Recall(  # type: ignore[attr-defined]
+            pb.RecallRequest(
+                query="q",
+                filter=memory_pb2.MemoryFilter(source_session_ids=[f"s{i}" for i in range(101)]),
+            )
+        ),
+        ["filter.source_session_ids"],
+    ),
+    (
         "purge without criteria",
         lambda s: s.PurgeMemories(pb.PurgeMemoriesRequest(force=True)),  # type: ignore[attr-defined]
         ["filter"],

@@ -334,6 +334,9 @@ class MemoryService:
         raise_if(self.validator.filter(f))
         if f.is_empty and not all_memories:
             raise InvalidArgument("filter", "must name at least one criterion (or set all_memories)")
+        if all_memories and not f.is_empty:
+            # Which one was meant, every memory or the filtered ones? Guessing either is wrong.
+            raise InvalidArgument("all_memories", "must not be set together with a filter")
         if not force:
             return memory_repo.count(self.db.reader(), tenant_id, f, include_deleted=False)
         now = self.clock()

@@ -19,6 +19,7 @@ _PRINTABLE_ID = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII, no spaces
 # messages deep in a response: past ~30 levels a stored memory would make every Recall that
 # returns it unreadable to clients.
 MAX_METADATA_DEPTH = 16
+MAX_FILTER_VALUES = 100  # scopes, categories or source session ids in one filter
 
 
 def _join(prefix: str, name: str) -> str:
@@ -115,8 +116,9 @@ class Validator:
             self.scope_id(scope.kind, scope.id, f"{prefix}.scopes[{i}].id", out)
         check_time_range(f.create_time, f"{prefix}.create_time", out)
         check_time_range(f.event_time, f"{prefix}.event_time", out)
-        if len(f.scopes) > 100 or len(f.categories) > 100 or len(f.source_session_ids) > 100:
-            out.append(FieldViolation(prefix, "at most 100 scopes, categories or session ids"))
+        for name in ("scopes", "categories", "source_session_ids"):
+            if len(getattr(f, name)) > MAX_FILTER_VALUES:
+                out.append(FieldViolation(f"{prefix}.{name}", f"holds more than {MAX_FILTER_VALUES} values"))
         return out
 
     def page_size(self, page_size: int, default: int = 50, field: str = "page_size") -> int:

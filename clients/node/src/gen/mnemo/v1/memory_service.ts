@@ -312,7 +312,7 @@ export interface PurgeMemoriesRequest {
   /** Without force nothing is deleted; purge_count says how many would be. */
   force: boolean;
   requestId: string;
-  /** Explicitly target every live memory of the tenant. */
+  /** Explicitly target every live memory of the tenant (then filter must be empty). */
   allMemories: boolean;
 }
 

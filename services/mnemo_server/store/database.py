@@ -28,7 +28,7 @@ from mnemo_server.call_trace import mark
 from mnemo_server.errors import Aborted, FailedPrecondition
 from mnemo_server.store import write_changes
 from mnemo_server.store.recent_ids import RecentIds
-from mnemo_server.store.row_cache import RowCache
+from mnemo_server.store.row_cache import RowCache, RowPatch
 from mnemo_server.store.schema import MIGRATIONS
 from mnemo_server.store.stored_summary import StoredSummary
 
@@ -219,10 +219,12 @@ class Database:
                 cur = self.reader()
                 cur.execute("BEGIN TRANSACTION")
                 write_changes.begin()
-                committed = False
+                committed = announced = False
                 try:
                     try:
                         yield cur
+                        self._announce(write_changes.collected(), held_domains)
+                        announced = True
                     except BaseException:
                         cur.execute("ROLLBACK")
                         raise
@@ -232,7 +234,7 @@ class Database:
                 finally:
                     # After the transaction ended, before the writer returns (write_changes).
                     changes = write_changes.end()
-                    self.rows.drop(changes)
+                    self.rows.apply(changes, committed=committed, announced=announced)
                     if committed:
                         self.recent.apply(changes)
             except duckdb.TransactionException as exc:
@@ -250,6 +252,13 @@ class Database:
                         self._lock_stats[d] = WriteLockStats(
                             old.transactions + 1, old.held_s + held, old.waited_s + waited
                         )
+
+    def _announce(self, changes: Sequence[object], held: Sequence[WriteDomain]) -> None:
+        """Before COMMIT: rows the row cache patches (row_cache says why only under the
+        memories write lock)."""
+        if WriteDomain.MEMORIES not in held and any(isinstance(c, RowPatch) for c in changes):
+            raise RuntimeError("memory rows patched outside the memories write lock")
+        self.rows.announce(changes)
 
     @property
     def write_lock_stats(self) -> dict[WriteDomain, WriteLockStats]:

@@ -4,7 +4,7 @@ decide the transaction; nothing here calls a model or the network."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,7 @@ from mnemo_server.store import recent_ids
 from mnemo_server.store.database import Cursor, fetch_one
 from mnemo_server.store.hash_filter import ContentHashFilter
 from mnemo_server.store.recent_ids import RecentIds
-from mnemo_server.store.row_cache import Row, RowCache, all_rows_changed, rows_changed
+from mnemo_server.store.row_cache import Row, RowCache, all_rows_changed, rows_changed, rows_patched
 from mnemo_server.store.stored_summary import StoredSummary
 
 # Column order shared by SELECTs and the row decoder.
@@ -61,6 +61,9 @@ _COLUMNS = (
     "access_count",
 )
 SELECT_COLUMNS = ", ".join(_COLUMNS)
+_REVISION, _DELETE_TIME = _COLUMNS.index("revision"), _COLUMNS.index("delete_time_ns")
+_EMBEDDING_MODEL, _INDEXED_REVISION = _COLUMNS.index("embedding_model"), _COLUMNS.index("indexed_revision")
+_INDEXED_MODEL, _ACCESS_COUNT = _COLUMNS.index("indexed_model"), _COLUMNS.index("access_count")
 # Columns with few distinct values across a tenant's rows (numbered by their combination in
 # the row cache); scope ids, metadata and run ids can be one per row and stay in each row.
 _SHARED_COLUMNS: tuple[str, ...] = ("tenant_id", "scope_kind", "type", "category", "source_who")
@@ -670,12 +673,37 @@ def mark_indexed(cur: Cursor, done: Sequence[tuple[str, str, int]], model: str) 
     for t, i, r in done:
         groups.setdefault((t, r), []).append(i)
     for (tenant_id, revision), ids in groups.items():
-        rows_changed(tenant_id, ids)
+        rows_patched(tenant_id, ids, _index_mark(revision, model))
         cur.execute(
             f"UPDATE memories SET indexed_revision = revision, indexed_model = ?, embedding_model = ? "
             f"WHERE id IN ({id_list(ids)}) AND tenant_id = ? AND revision = ? AND delete_time_ns IS NULL",
             [model, model, tenant_id, revision],
         )
+
+
+def _index_mark(revision: int, model: str) -> Callable[[Row], Row]:
+    """`mark_indexed`'s UPDATE applied to a cached row (row_cache: patched, not dropped)."""
+
+    def apply(row: Row) -> Row:
+        if row[_REVISION] != revision or row[_DELETE_TIME] is not None:
+            return row
+        new = list(row)
+        new[_INDEXED_REVISION], new[_INDEXED_MODEL], new[_EMBEDDING_MODEL] = revision, model, model
+        return tuple(new)
+
+    return apply
+
+
+def access_added(n: int) -> Callable[[Row], Row]:
+    """`session_repo.add_accesses`' UPDATE applied to a cached row (its last access time is
+    not among the columns read)."""
+
+    def apply(row: Row) -> Row:
+        new = list(row)
+        new[_ACCESS_COUNT] += n
+        return tuple(new)
+
+    return apply
 
 
 def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:

@@ -11,8 +11,8 @@ import duckdb
 import pyarrow as pa
 
 from mnemo_server.store.database import Cursor, fetch_one
-from mnemo_server.store.memory_repo import arrow_view, id_list, insert_table
-from mnemo_server.store.row_cache import rows_changed
+from mnemo_server.store.memory_repo import access_added, arrow_view, id_list, insert_table
+from mnemo_server.store.row_cache import rows_patched
 
 
 @dataclass
@@ -223,7 +223,7 @@ def add_accesses(cur: Cursor, accesses: Sequence[tuple[str, str, int, int]]) -> 
         ids.append(memory_id)
         groups[(tenant_id, n)] = (ids, max(latest, last_ns))
     for (tenant_id, n), (ids, latest) in groups.items():
-        rows_changed(tenant_id, ids)
+        rows_patched(tenant_id, ids, access_added(n))
         cur.execute(
             "UPDATE memories SET access_count = access_count + ?, "
             "last_access_ns = greatest(coalesce(last_access_ns, 0), ?) "

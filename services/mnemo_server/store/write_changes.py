@@ -30,6 +30,11 @@ def end() -> list[object]:
     return changes
 
 
+def collected() -> list[object]:
+    """The changes recorded so far in the open transaction (collection goes on)."""
+    return list(getattr(_pending, "changes", None) or [])
+
+
 def record(change: object) -> None:
     """Record a change the open transaction on this thread makes."""
     changes: list[object] | None = getattr(_pending, "changes", None)

@@ -1,67 +1,104 @@
-"""Migration 7 rebuilds session_memories without its primary key: a store written by the
-version before keeps every candidate row, and reads them as before."""
+"""Migrations of a store written by an earlier version: 7 rebuilt session_memories without
+its primary key, 8 packs each session's candidate rows into its own row (with the relevance
+its end gave them) and drops the table. A store from before both reads every candidate as
+before, and ends up with the same schema as a new store."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from mnemo_server.store import session_repo
 from mnemo_server.store.database import Database
 from mnemo_server.store.schema import MIGRATIONS
 
-_ROW = "(?, ?, ?, ?, ?, 'recall', 0.5, ?, 0.0, 0, 0.5, 12, '[1.0, 2.0]', ?, ?)"
+_ROW = "(?, ?, ?, ?, ?, 'recall', 0.5, ?, 0.0, 0, 0.5, 12, ?, ?, ?)"
+_SESSION = (
+    "INSERT INTO sessions (tenant_id, id, agent_id, persona_id, project_id, context, state, "
+    "request_fingerprint, ranking_path, fallback_reason, model_version, predictor_weight, sidecar_ms, "
+    "sidecar_deadline_ms, took_ms, token_budget, tokens_used, dropped_count, feature_names, "
+    "start_time_ns) VALUES (?, ?, '', '', '', 'ctx', ?, '', 'baseline', '', '', 0, 0, 0, 0, 0, 0, 0, "
+    '\'["a", "b"]\', 1)'
+)
 
 
 def _store_at_version_6(path: Path) -> None:
     con = duckdb.connect(str(path))
     for ddl in MIGRATIONS[:6]:
+        assert isinstance(ddl, str)
         con.execute(ddl)
     con.execute("INSERT INTO store_meta VALUES ('schema_version', '6')")
+    for tenant, sid, state in (
+        ("t", "s1", "ended"),
+        ("t", "s2", "active"),
+        ("u", "s1", "ended"),
+        ("t", "s3", "active"),
+    ):
+        con.execute(_SESSION, [tenant, sid, state])
     rows = [
-        ("t", "s1", "m1", 0, 1, 1, 0.8, "feedback"),
-        ("t", "s1", "m2", 1, 0, 2, None, ""),
-        ("t", "s2", "m1", 0, 1, 1, None, ""),
-        ("u", "s1", "m9", 0, 1, 1, -0.5, "transcript"),
+        ("t", "s1", "m2", 1, 0, 2, "[3.0, NaN]", None, ""),
+        ("t", "s1", "m1", 0, 1, 1, "[1.0, 2.0]", 0.8, "feedback"),
+        ("t", "s2", "m1", 0, 1, 1, "[1.0, 2.0]", None, ""),
+        ("u", "s1", "m9", 0, 1, 1, "[0.5, 0.25]", -0.5, "transcript"),
     ]
     for r in rows:
         con.execute(f"INSERT INTO session_memories VALUES {_ROW}", list(r))
     con.close()
 
 
-def test_candidate_rows_survive_the_rebuild_without_the_key(tmp_path: Path) -> None:
+def test_candidate_rows_survive_both_migrations_in_order_with_their_relevance(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     _store_at_version_6(path)
-    db = Database(path)  # opening runs migration 7
+    db = Database(path)  # opening runs migrations 7 and 8
     assert db.get_meta("schema_version") == str(len(MIGRATIONS))
     cur = db.reader()
     s1 = session_repo.session_memories(cur, "t", "s1")
     assert [(m.memory_id, m.candidate_ord, m.injected_rank, m.relevance, m.relevance_source) for m in s1] == [
-        ("m1", 0, 1, 0.800000011920929, "feedback"),
+        ("m1", 0, 1, pytest.approx(0.8), "feedback"),
         ("m2", 1, 0, None, ""),
     ]
-    assert s1[0].features == [1.0, 2.0]
-    assert [m.memory_id for m in session_repo.session_memories(cur, "u", "s1")] == ["m9"]
+    assert (
+        s1[0].features == [1.0, 2.0] and s1[1].features[0] == 3.0 and s1[1].features[1] != s1[1].features[1]
+    )
+    (m9,) = session_repo.session_memories(cur, "u", "s1")
+    assert (m9.memory_id, m9.relevance, m9.relevance_source, m9.features) == (
+        "m9",
+        -0.5,
+        "transcript",
+        [0.5, 0.25],
+    )
     assert [m.memory_id for m in session_repo.session_memories(cur, "t", "s2")] == ["m1"]
-    kinds = cur.execute(
-        "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 'session_memories'"
-    ).fetchall()
-    assert ("PRIMARY KEY",) not in kinds and kinds  # the NOT NULLs stay
-    indexes = cur.execute(
-        "SELECT index_name FROM duckdb_indexes() WHERE table_name = 'session_memories'"
-    ).fetchall()
-    assert indexes == [("session_memories_by_session",)]
+    assert session_repo.session_memories(cur, "t", "s3") == []  # a session without candidates
+    tables = {r[0] for r in cur.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    assert "session_memories" not in tables
     db.close()
 
 
-def test_a_new_store_and_a_migrated_one_have_the_same_columns(tmp_path: Path) -> None:
+def test_a_new_store_and_a_migrated_one_have_the_same_schema(tmp_path: Path) -> None:
     _store_at_version_6(tmp_path / "old.duckdb")
     migrated, fresh = Database(tmp_path / "old.duckdb"), Database(tmp_path / "new.duckdb")
-    sql = (
-        "SELECT column_name, data_type, is_nullable, column_default FROM information_schema.columns "
-        "WHERE table_name = 'session_memories' ORDER BY ordinal_position"
+    columns = (
+        "SELECT table_name, column_name, data_type, is_nullable, column_default "
+        "FROM information_schema.columns ORDER BY table_name, ordinal_position"
     )
-    assert migrated.reader().execute(sql).fetchall() == fresh.reader().execute(sql).fetchall()
+    indexes = "SELECT table_name, index_name, sql FROM duckdb_indexes() ORDER BY index_name"
+    for sql in (columns, indexes):
+        assert migrated.reader().execute(sql).fetchall() == fresh.reader().execute(sql).fetchall()
     migrated.close()
     fresh.close()
+
+
+def test_a_failing_migration_leaves_the_store_at_its_version(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    _store_at_version_6(path)
+    con = duckdb.connect(str(path))
+    con.execute("UPDATE session_memories SET features = 'not json' WHERE memory_id = 'm9'")
+    con.close()
+    with pytest.raises(ValueError):
+        Database(path)
+    con = duckdb.connect(str(path))
+    assert con.execute("SELECT value FROM store_meta WHERE key = 'schema_version'").fetchall() == [("7",)]
+    assert con.execute("SELECT count(*) FROM session_memories").fetchall() == [(4,)]
+    con.close()

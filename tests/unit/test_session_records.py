@@ -1,16 +1,17 @@
-"""session_repo.insert_sessions: several StartSession records (a session row and its
-candidates) in one transaction, as group commit writes them; a taken id fails them all."""
+"""session_repo.insert_sessions: several StartSession records (a session row and its packed
+candidates) in one transaction, as group commit writes them; a taken id fails them all.
+The relevance a session's end gives its candidates is read back with them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
-from mnemo_server.store import session_repo
+from mnemo_server.store import session_candidates, session_repo
 from mnemo_server.store.database import Database, WriteDomain
-from mnemo_server.store.session_repo import SessionMemoryRow, SessionRow, SessionTaken
+from mnemo_server.store.session_candidates import SessionMemoryRow
+from mnemo_server.store.session_repo import SessionRow, SessionTaken
 
 
 def _session(sid: str) -> SessionRow:
@@ -38,12 +39,12 @@ def _session(sid: str) -> SessionRow:
     )
 
 
-def _members(sid: str, n: int, relevance: float | None = None) -> pa.Table:
+def _members(sid: str, n: int) -> bytes:
     rows = [
-        SessionMemoryRow(f"{sid}-m{i}", i, i + 1, "vector", 1.0, i + 1, 0.0, 0, 1.0, 5, [0.5], relevance)
+        SessionMemoryRow(f"{sid}-m{i}", i, i + 1, "vector", 1.0, i + 1, 0.0, 0, 1.0, 5, [0.5])
         for i in range(n)
     ]
-    return session_repo.member_table("t", sid, rows)
+    return session_candidates.pack(rows)
 
 
 @pytest.fixture
@@ -51,14 +52,13 @@ def db(tmp_path: Path) -> Database:
     return Database(tmp_path / "d.duckdb")
 
 
-def _write(db: Database, records: list[tuple[SessionRow, pa.Table]]) -> None:
+def _write(db: Database, records: list[tuple[SessionRow, bytes]]) -> None:
     with db.transaction(WriteDomain.SESSIONS) as cur:
         session_repo.insert_sessions(cur, records)
 
 
 def test_several_sessions_and_their_candidates_are_written_together(db: Database) -> None:
-    # s2's relevance is set (a float column), s1's is all None (a null column), s3 has none.
-    _write(db, [(_session("s1"), _members("s1", 3)), (_session("s2"), _members("s2", 2, 0.5))])
+    _write(db, [(_session("s1"), _members("s1", 3)), (_session("s2"), _members("s2", 2))])
     _write(db, [(_session("s3"), _members("s3", 0))])
     cur = db.reader()
     for sid, n in (("s1", 3), ("s2", 2), ("s3", 0)):
@@ -66,8 +66,24 @@ def test_several_sessions_and_their_candidates_are_written_together(db: Database
         assert stored is not None and stored.context == f"context of {sid}" and stored.feature_names == ["x"]
         members = session_repo.session_memories(cur, "t", sid)
         assert [m.memory_id for m in members] == [f"{sid}-m{i}" for i in range(n)]
-    assert [m.relevance for m in session_repo.session_memories(cur, "t", "s2")] == [0.5, 0.5]
+        assert [(m.candidate_ord, m.injected_rank, m.features) for m in members] == [
+            (i, i + 1, [0.5]) for i in range(n)
+        ]
+
+
+def test_the_end_s_relevance_is_read_back_with_the_candidates(db: Database) -> None:
+    _write(db, [(_session("s1"), _members("s1", 3)), (_session("s2"), _members("s2", 2))])
+    with db.transaction(WriteDomain.SESSIONS) as cur:
+        session_repo.end_session(cur, "t", "s2", {"s2-m1": (0.75, "feedback")}, "", 9)
+        session_repo.end_session(cur, "t", "s1", {}, "", 9)
+    cur = db.reader()
+    assert [(m.relevance, m.relevance_source) for m in session_repo.session_memories(cur, "t", "s2")] == [
+        (None, ""),
+        (0.75, "feedback"),
+    ]
     assert [m.relevance for m in session_repo.session_memories(cur, "t", "s1")] == [None, None, None]
+    ended = session_repo.get_session(cur, "t", "s2")
+    assert ended is not None and ended.state == "ended" and ended.end_time_ns == 9
 
 
 def test_a_taken_id_fails_the_whole_group_and_writes_none_of_it(db: Database) -> None:

@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo_server.call_trace import mark
 from mnemo_server.config import LimitsConfig, RankingConfig
@@ -34,11 +32,12 @@ from mnemo_server.sessions.access_counts import AccessCounts
 from mnemo_server.sessions.continuity import overlap_relevance
 from mnemo_server.sessions.features import Candidate, compute_features
 from mnemo_server.sessions.packing import pack, render
-from mnemo_server.store import idempotency_repo, memory_repo, session_repo
+from mnemo_server.store import idempotency_repo, memory_repo, session_candidates, session_repo
 from mnemo_server.store.database import Cursor, Database, WriteDomain
 from mnemo_server.store.group_commit import GroupCommit
 from mnemo_server.store.row_cache import RowCache
-from mnemo_server.store.session_repo import SessionMemoryRow, SessionRow
+from mnemo_server.store.session_candidates import SessionMemoryRow
+from mnemo_server.store.session_repo import SessionRow
 
 MODEL, BASELINE, FALLBACK = "model", "baseline", "fallback"
 
@@ -127,7 +126,7 @@ class SessionService:
         self.clock = clock
         # Session records that queue while another is being written share its transaction
         # (store/group_commit.py); max 0: each its own.
-        self._records: GroupCommit[tuple[SessionRow, pa.Table], None] = GroupCommit(
+        self._records: GroupCommit[tuple[SessionRow, bytes], None] = GroupCommit(
             self._record_together, self._record_alone, group_commit_max_sessions
         )
 
@@ -284,11 +283,11 @@ class SessionService:
             )
             for i, r in sorted(injected_rank.items(), key=lambda kv: kv[1])
         ]
-        rows = session_repo.member_table(tenant_id, req.session_id, members)
+        candidates = session_candidates.pack(members)
         session.took_ms = (time.perf_counter() - started) * 1000.0
         mark("packing")
         try:
-            self._records.submit((session, rows))
+            self._records.submit((session, candidates))
         except session_repo.SessionTaken:
             # The insert is the check, not a read before the work: a copy of this request
             # running at the same time (a client's retry after a timeout) would pass a read.
@@ -297,12 +296,12 @@ class SessionService:
         self.access.record(tenant_id, [x.memory.id for x in injected], now)
         return SessionBundle(session, injected, render([x.memory for x in injected]))
 
-    def _record_together(self, records: Sequence[tuple[SessionRow, pa.Table]]) -> list[None]:
+    def _record_together(self, records: Sequence[tuple[SessionRow, bytes]]) -> list[None]:
         with self.db.transaction(WriteDomain.SESSIONS) as cur:
             session_repo.insert_sessions(cur, records)
         return [None] * len(records)
 
-    def _record_alone(self, record: tuple[SessionRow, pa.Table]) -> None:
+    def _record_alone(self, record: tuple[SessionRow, bytes]) -> None:
         self._record_together([record])
 
     def _existing(self, tenant_id: str, req: StartSessionInput) -> SessionBundle:

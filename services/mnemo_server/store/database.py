@@ -153,7 +153,11 @@ class Database:
         self._cursors_lock = threading.Lock()
         self._closed = False
         if not read_only:
-            self._migrate()
+            try:
+                self._migrate()
+            except BaseException:  # a failed migration leaves the file at its version, unlocked
+                self._conn.close()
+                raise
         # Read-only: nothing takes numbers or stores hashes (and the file may predate the table).
         self.memory_seqs = (
             StoredSequence(1) if read_only else StoredSequence.after_largest(self._conn, "memories", "seq")
@@ -174,10 +178,13 @@ class Database:
                 f"{self.path} has schema version {version}, newer than this server ({len(MIGRATIONS)})",
                 reason="SCHEMA_TOO_NEW",
             )
-        for number, ddl in enumerate(MIGRATIONS[version:], start=version + 1):
+        for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
             con.execute("BEGIN")
             try:
-                con.execute(ddl)
+                if isinstance(step, str):
+                    con.execute(step)
+                else:
+                    step(con)
                 con.execute("INSERT OR REPLACE INTO store_meta VALUES ('schema_version', ?)", [str(number)])
                 con.execute("COMMIT")
             except Exception:

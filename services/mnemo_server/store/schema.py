@@ -1,8 +1,79 @@
-"""DuckDB schema, applied as numbered migrations recorded in store_meta."""
+"""DuckDB schema, applied as numbered migrations recorded in store_meta. A migration is SQL,
+or a function of the connection where a change needs Python (it runs in the same
+transaction as the version's record)."""
 
 from __future__ import annotations
 
-MIGRATIONS: list[str] = [
+import json
+from collections.abc import Callable
+
+import duckdb
+
+from mnemo_server.store import session_candidates
+from mnemo_server.store.session_candidates import SessionMemoryRow
+
+
+def _candidates_into_sessions(con: duckdb.DuckDBPyConnection) -> None:
+    """8: each session's candidates packed into its own row (session_candidates says why),
+    the relevance its end gave them into `continuity`; session_memories goes. Reads the
+    table as migration 7 left it (a session's rows, its features as JSON); a session without
+    candidate rows keeps NULL candidates, which read as none."""
+    con.execute("DROP INDEX sessions_by_id")
+    con.execute("ALTER TABLE sessions ADD COLUMN candidates BLOB")
+    con.execute("ALTER TABLE sessions ADD COLUMN continuity VARCHAR")
+    con.execute("CREATE INDEX sessions_by_id ON sessions (id)")
+    # One connection throughout (a cursor is a transaction of its own, which would not see
+    # the new columns), so the rows are read a chunk of sessions at a time, not streamed.
+    keys = con.execute("SELECT DISTINCT tenant_id, session_id FROM session_memories ORDER BY 1, 2").fetchall()
+    for start in range(0, len(keys), 256):
+        chunk = keys[start : start + 256]
+        wanted = set(chunk)
+        rows = con.execute(
+            "SELECT tenant_id, session_id, memory_id, candidate_ord, injected_rank, origin, "
+            "baseline_score, baseline_rank, predictor_score, predictor_rank, final_score, tokens, "
+            "features, relevance, relevance_source FROM session_memories "
+            f"WHERE session_id IN ({', '.join('?' * len(chunk))}) "
+            "ORDER BY tenant_id, session_id, candidate_ord",
+            [sid for _, sid in chunk],
+        ).fetchall()
+        sessions: dict[tuple[str, str], list[SessionMemoryRow]] = {}
+        for r in rows:
+            if (r[0], r[1]) in wanted:
+                sessions.setdefault((r[0], r[1]), []).append(
+                    SessionMemoryRow(
+                        memory_id=r[2],
+                        candidate_ord=r[3],
+                        injected_rank=r[4],
+                        origin=r[5],
+                        baseline_score=r[6],
+                        baseline_rank=r[7],
+                        predictor_score=r[8],
+                        predictor_rank=r[9],
+                        final_score=r[10],
+                        tokens=r[11],
+                        features=json.loads(r[12]),
+                        relevance=r[13],
+                        relevance_source=r[14],
+                    )
+                )
+        for (tenant_id, session_id), members in sessions.items():
+            judged = [
+                [m.memory_id, m.relevance, m.relevance_source] for m in members if m.relevance is not None
+            ]
+            con.execute(
+                "UPDATE sessions SET candidates = ?, continuity = ? WHERE tenant_id = ? AND id = ?",
+                [
+                    session_candidates.pack(members),
+                    json.dumps(judged) if judged else None,
+                    tenant_id,
+                    session_id,
+                ],
+            )
+    con.execute("DROP INDEX session_memories_by_session")
+    con.execute("DROP TABLE session_memories")
+
+
+MIGRATIONS: list[str | Callable[[duckdb.DuckDBPyConnection], None]] = [
     # 1: tenants, keys, memories, audit, idempotency
     """
     CREATE TABLE store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
@@ -265,4 +336,5 @@ MIGRATIONS: list[str] = [
     ALTER TABLE session_memories_v7 RENAME TO session_memories;
     CREATE INDEX session_memories_by_session ON session_memories (session_id);
     """,
+    _candidates_into_sessions,
 ]

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
+from mnemo_server.store import session_candidates
 from mnemo_server.store.database import Cursor, fetch_one
-from mnemo_server.store.memory_repo import access_added, arrow_view, id_list, insert_table
+from mnemo_server.store.memory_repo import access_added, id_list
 from mnemo_server.store.row_cache import rows_patched
+from mnemo_server.store.session_candidates import SessionMemoryRow
 
 
 @dataclass
@@ -41,77 +42,31 @@ class SessionRow:
     feedback_delivered: bool = False
 
 
-@dataclass
-class SessionMemoryRow:
-    memory_id: str
-    candidate_ord: int
-    injected_rank: int  # 0: a candidate that was not injected
-    origin: str
-    baseline_score: float
-    baseline_rank: int
-    predictor_score: float
-    predictor_rank: int
-    final_score: float
-    tokens: int
-    features: list[float]
-    relevance: float | None = None
-    relevance_source: str = ""
-
-
 _SESSION_COLUMNS = (
     "tenant_id, id, agent_id, persona_id, project_id, context, state, request_fingerprint, "
     "ranking_path, fallback_reason, model_version, predictor_weight, sidecar_ms, sidecar_deadline_ms, "
     "took_ms, token_budget, tokens_used, dropped_count, feature_names, start_time_ns, end_time_ns, "
     "feedback_delivered"
 )
+_SESSION_VALUES = _SESSION_COLUMNS.count(",") + 1
 
 
 class SessionTaken(Exception):
     """The tenant already has a session with this id (the transaction must be rolled back)."""
 
 
-def member_table(tenant_id: str, session_id: str, members: Sequence[SessionMemoryRow]) -> pa.Table:
-    """A session's candidate rows, built before the write lock is taken (~2 ms for 60 rows
-    with their features, which the lock's other waiters need not wait for)."""
-    return pa.Table.from_pylist(
-        [
-            {
-                "tenant_id": tenant_id,
-                "session_id": session_id,
-                "memory_id": m.memory_id,
-                "candidate_ord": m.candidate_ord,
-                "injected_rank": m.injected_rank,
-                "origin": m.origin,
-                "baseline_score": m.baseline_score,
-                "baseline_rank": m.baseline_rank,
-                "predictor_score": m.predictor_score,
-                "predictor_rank": m.predictor_rank,
-                "final_score": m.final_score,
-                "tokens": m.tokens,
-                "features": json.dumps(m.features),
-                "relevance": m.relevance,
-                "relevance_source": m.relevance_source,
-            }
-            for m in members
-        ]
-    )
-
-
-def insert_sessions(cur: Cursor, sessions: Sequence[tuple[SessionRow, pa.Table]]) -> None:
-    """Sessions and their candidates (from member_table), in two statements whatever their
-    number. A taken id fails the whole insert (SessionTaken names the first of them)."""
-    one = "(" + ", ".join("?" * 22) + ")"
+def insert_sessions(cur: Cursor, sessions: Sequence[tuple[SessionRow, bytes]]) -> None:
+    """Sessions and their candidates (packed by session_candidates.pack), in one statement
+    whatever their number. A taken id fails the whole insert (SessionTaken names the first)."""
+    one = "(" + ", ".join("?" * (_SESSION_VALUES + 1)) + ")"
+    values = ", ".join([one] * len(sessions))
     try:
         cur.execute(
-            f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES {', '.join([one] * len(sessions))}",
-            [v for s, _ in sessions for v in _session_values(s)],
+            f"INSERT INTO sessions ({_SESSION_COLUMNS}, candidates) VALUES {values}",
+            [v for s, packed in sessions for v in (*_session_values(s), packed)],
         )
     except duckdb.ConstraintException as exc:
         raise SessionTaken(sessions[0][0].id) from exc
-    tables = [m for _, m in sessions if m.num_rows]
-    if tables:
-        # A column all None in one session's table (relevance) is typed null there.
-        insert_table(cur, "session_memories", pa.concat_tables(tables, promote_options="default"))
 
 
 def _session_values(s: SessionRow) -> list[Any]:
@@ -165,19 +120,21 @@ def session_state(cur: Cursor, tenant_id: str, session_id: str) -> tuple[str, in
 
 
 def session_memories(cur: Cursor, tenant_id: str, session_id: str) -> list[SessionMemoryRow]:
-    rows = cur.execute(
-        "SELECT memory_id, candidate_ord, injected_rank, origin, baseline_score, baseline_rank, "
-        "predictor_score, predictor_rank, final_score, tokens, features, relevance, relevance_source "
-        "FROM session_memories "
-        "WHERE tenant_id = ? AND session_id = ? ORDER BY candidate_ord",
+    """A session's candidates in order, with the relevance its end gave them."""
+    row = fetch_one(
+        cur,
+        "SELECT candidates, continuity FROM sessions WHERE tenant_id = ? AND id = ?",
         [tenant_id, session_id],
-    ).fetchall()
-    return [
-        SessionMemoryRow(
-            r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], json.loads(r[10]), r[11], r[12]
-        )
-        for r in rows
-    ]
+    )
+    if row is None:
+        return []
+    members = session_candidates.unpack(row[0])
+    if row[1]:
+        judged = {mid: (float(rel), str(src)) for mid, rel, src in json.loads(row[1])}
+        for m in members:
+            if m.memory_id in judged:
+                m.relevance, m.relevance_source = judged[m.memory_id]
+    return members
 
 
 def end_session(
@@ -188,20 +145,11 @@ def end_session(
     transcript: str,
     now_ns: int,
 ) -> None:
+    continuity = json.dumps([[mid, rel, src] for mid, (rel, src) in relevance.items()]) if relevance else None
     cur.execute(
-        "UPDATE sessions SET state = 'ended', end_time_ns = ? WHERE tenant_id = ? AND id = ?",
-        [now_ns, tenant_id, session_id],
+        "UPDATE sessions SET state = 'ended', end_time_ns = ?, continuity = ? WHERE tenant_id = ? AND id = ?",
+        [now_ns, continuity, tenant_id, session_id],
     )
-    if relevance:
-        rows = [{"memory_id": mid, "relevance": rel, "source": src} for mid, (rel, src) in relevance.items()]
-        with arrow_view(cur, "feedback", rows):
-            cur.execute(
-                "UPDATE session_memories SET relevance = feedback.relevance, "
-                "relevance_source = feedback.source FROM feedback WHERE session_memories.tenant_id = ? "
-                "AND session_memories.session_id = ? "
-                "AND session_memories.memory_id = feedback.memory_id",
-                [tenant_id, session_id],
-            )
     if transcript:
         cur.execute(
             "INSERT OR REPLACE INTO session_transcripts VALUES (?, ?, ?, ?)",

@@ -122,6 +122,35 @@ def test_a_batch_mixing_new_and_indexed_rows_neither_duplicates_nor_loses(index:
     assert not index.text_search(TENANT, "first17", 5, ANY)
 
 
+def test_which_rows_a_write_finds_present_comes_from_the_postings_as_from_the_table(
+    index: LanceIndex,
+) -> None:
+    """Upserts tell new rows (appended) from known ones (merged, moved between scopes) by
+    the postings once they are loaded; the table itself must agree, and a row moved to
+    another scope is found there only, once."""
+    rng = np.random.default_rng(12)
+    vectors = {i: _unit(rng) for i in range(30)}
+    index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(30)])
+    moved = [
+        dataclasses.replace(_row(i, vectors[i], word=f"moved{i}", revision=2), scope="project:t")
+        for i in range(5)
+    ]
+    index.upsert(TENANT, moved)
+    h = index._handle(TENANT, create=False)
+    assert h is not None and h.texts.loaded
+    ids = [f"m{i}" for i in range(35)]
+    from_postings = LanceIndex._scopes_of(h, ids)
+    h.texts.loaded = False  # the same question to the table
+    assert LanceIndex._scopes_of(h, ids) == from_postings
+    h.texts.loaded = True
+    assert from_postings == {f"m{i}": "project:t" if i < 5 else "s" for i in range(30)}
+    assert index.count(TENANT) == 30
+    in_t = MemoryFilter(scopes=(Scope(ScopeKind.PROJECT, "t"),))
+    found = {hit.id for hit in index.vector_search(TENANT, vectors[2], 10, in_t)}
+    assert found == {f"m{i}" for i in range(5)}
+    assert [hit.id for hit in index.text_search(TENANT, "moved3", 5, in_t)] == ["m3"]
+
+
 def test_rows_outside_the_ann_index_are_searched_in_memory_with_the_filter(tmp_path: Path) -> None:
     """Once the ANN index holds every row, newer rows are searched from memory and LanceDB
     is asked for indexed rows only; the filter applies to both, an optimize hands the rows

@@ -93,10 +93,13 @@ def test_writes_rewrites_deletes_folds_and_scopes() -> None:
     assert [i for i, _ in p.search("gamma", 10)] in (["b", "c"], ["c", "b"])
     assert [i for i, _ in p.search("gamma", 10, ["s2"])] == ["c"]
     assert p.search("gamma", 10, ["nowhere"]) == []
+    assert p.scopes_of(["a", "b", "c", "missing"]) == {"a": "s1", "b": "s1", "c": "s2"}
     p.put([("b", "s2", "epsilon")])  # rewritten: new text, new scope
     assert [i for i, _ in p.search("beta", 10)] == ["a"]
     assert [i for i, _ in p.search("epsilon", 10, ["s2"])] == ["b"]
+    assert p.scopes_of(["b"]) == {"b": "s2"}
     p.remove(["a", "missing"])
+    assert p.scopes_of(["a", "b"]) == {"b": "s2"}
     assert p.search("alpha beta", 10) == []
     for n in range(10):  # several folds
         p.put([(f"n{n}", "s3", f"zeta row{n}")])

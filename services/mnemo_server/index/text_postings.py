@@ -116,6 +116,7 @@ class TextPostings:
         self._scope = np.zeros(1024, np.int32)
         self._alive = np.zeros(1024, np.bool_)
         self._scope_code: dict[str, int] = {}
+        self._scope_names: list[str] = []  # scope by code
         self._alive_rows = 0
         self._alive_length = 0.0
         self._dead_rows = 0  # since dead slots' postings were last dropped
@@ -189,11 +190,21 @@ class TextPostings:
         self._slot_of[mid] = slot
         length = float(sum(counts.values()))
         self._lengths[slot] = length
-        self._scope[slot] = self._scope_code.setdefault(scope, len(self._scope_code))
+        code = self._scope_code.get(scope)
+        if code is None:
+            code = self._scope_code[scope] = len(self._scope_names)
+            self._scope_names.append(scope)
+        self._scope[slot] = code
         self._alive[slot] = True
         self._alive_rows += 1
         self._alive_length += length
         return slot
+
+    def scopes_of(self, ids: Iterable[str]) -> dict[str, str]:
+        """The scope of each of these ids held (once loaded, every row of the table is)."""
+        with self._lock:
+            slots = ((mid, self._slot_of.get(mid)) for mid in ids)
+            return {mid: self._scope_names[self._scope[slot]] for mid, slot in slots if slot is not None}
 
     def remove(self, ids: Iterable[str]) -> None:
         with self._lock:

@@ -125,13 +125,7 @@ class Core:
                 config.index,
                 graph_dir=self.paths.vector_graphs if config.index.graph_saved else None,
             )
-            self.indexer = IndexWorker(
-                self.db,
-                self.index,
-                index_embedder,
-                config.index,
-                small_batches=(self.embedder, config.embedding.index_one_thread_max_batch),
-            )
+            self.indexer = IndexWorker(self.db, self.index, index_embedder, config.index)
             self.validator = Validator(config.limits)
             self.memories = MemoryService(
                 self.db,

@@ -95,10 +95,6 @@ class EmbeddingConfig:
     intra_op_threads: int = 1
     # Threads for the index worker's batches (its own session: bulk loads use both cores).
     index_intra_op_threads: int = 2
-    # Index batches of at most this many texts go to the query session (one thread) instead:
-    # a second thread makes a short batch ~35 % dearer in CPU for ~8 % less wall time (one
-    # bench memory: 4.7 against 6.4 ms of CPU), and under load creates come a few at a time.
-    index_one_thread_max_batch: int = 4
     max_seq_length: int = 256
     query_cache_size: int = 2048
     # Where the one-time ONNX export is cached; empty means <data_dir>/models.

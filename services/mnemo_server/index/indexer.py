@@ -39,21 +39,10 @@ class IndexerStats:
 
 
 class IndexWorker:
-    def __init__(
-        self,
-        db: Database,
-        index: LanceIndex,
-        embedder: Embedder,
-        cfg: IndexConfig,
-        *,
-        small_batches: tuple[Embedder, int] | None = None,
-    ):
-        """`small_batches`: (embedder, n): batches of at most n texts are embedded by that
-        one instead (the query session, one thread: cheaper in CPU for a few texts)."""
+    def __init__(self, db: Database, index: LanceIndex, embedder: Embedder, cfg: IndexConfig):
         self.db = db
         self.index = index
         self.embedder = embedder
-        self.small_batches = small_batches
         self.cfg = cfg
         self.stats = IndexerStats()
         self._queue: queue.Queue[Key | None] = queue.Queue()
@@ -178,11 +167,6 @@ class IndexWorker:
                     self._busy -= 1
                     self._idle.notify_all()
 
-    def _embedder_for(self, texts: int) -> Embedder:
-        if self.small_batches is not None and texts <= self.small_batches[1]:
-            return self.small_batches[0]
-        return self.embedder
-
     def process(self, batch: Sequence[Key]) -> None:
         by_tenant: dict[str, list[str]] = defaultdict(list)
         for tenant_id, mid in dict.fromkeys(batch):
@@ -195,7 +179,7 @@ class IndexWorker:
         live = [m for m in current.values() if not m.deleted and not m.indexed]
         gone = [i for i in ids if i not in current or current[i].deleted]
         if live:
-            vectors = self._embedder_for(len(live)).embed([m.content for m in live])
+            vectors = self.embedder.embed([m.content for m in live])
             rows = [
                 IndexRow(
                     id=m.id,

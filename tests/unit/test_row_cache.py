@@ -198,6 +198,47 @@ def test_readers_racing_access_counts_never_see_one_twice_or_lost(tmp_path: Path
     db.close()
 
 
+def test_rows_created_a_few_at_a_time_are_cached_as_duckdb_stored_them(tmp_path: Path) -> None:
+    db = _db(tmp_path / "d.duckdb")
+    new = [(replace(stored_memory(i, i), metadata={"k": [i]}, pinned=True), f"memory {i}") for i in (8, 9)]
+    with db.transaction(WriteDomain.MEMORIES) as cur:
+        memory_repo.insert_many(cur, new, db.stored)
+    found, missing = db.rows.lookup("t", ["m8", "m9"])
+    assert missing == [] and found == memory_repo._rows_by_id(db.reader(), "t", ["m8", "m9"])
+    # Changed in the transaction that inserts it: cached as it ends up, or not at all.
+    with db.transaction(WriteDomain.MEMORIES) as cur:
+        memory_repo.insert_many(cur, [(stored_memory(10, 10), "memory 10")], db.stored)
+        memory_repo.update_columns(cur, db.stored, "t", "m10", {"importance": 0.9}, 11)
+        memory_repo.mark_indexed(cur, [("t", "m10", 2)], "m")
+    assert memory_repo.read_many(db.reader(), db.rows, "t", ["m10"]) == memory_repo.get_many(
+        db.reader(), "t", ["m10"]
+    )
+    db.close()
+
+
+def test_bulk_inserts_and_rolled_back_ones_are_not_cached(tmp_path: Path) -> None:
+    db = _db(tmp_path / "d.duckdb")
+    cached = db.rows.stats().rows  # the rows _db created, a few at a time
+    bulk = [(stored_memory(i, i), f"memory {i}") for i in range(100, 100 + memory_repo.CACHED_AT_INSERT + 1)]
+    with db.transaction(WriteDomain.MEMORIES) as cur:
+        memory_repo.insert_many(cur, bulk, db.stored)
+
+    def insert_then_fail() -> None:
+        with db.transaction(WriteDomain.MEMORIES) as cur:
+            memory_repo.insert_many(cur, [(stored_memory(99, 99), "memory 99")], db.stored)
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        insert_then_fail()
+    assert db.rows.stats().rows == cached == COUNT
+    # A read that does not fill (the index worker's) leaves it so.
+    ids = [m.id for m, _ in bulk]
+    assert len(memory_repo.read_many(db.reader(), db.rows, "t", ids, fill=False)) == len(bulk)
+    assert db.rows.stats().rows == cached
+    assert memory_repo.get_many(db.reader(), "t", ["m99"]) == {}
+    db.close()
+
+
 def test_index_mark_resets_and_purges_are_seen(tmp_path: Path) -> None:
     db = _db(tmp_path / "d.duckdb")
     with db.transaction() as cur:
@@ -475,11 +516,14 @@ def test_packed_rows_take_far_less_memory_than_the_tuples_duckdb_returns() -> No
 
 
 def test_preload_fills_the_newest_live_rows_up_to_the_limit(tmp_path: Path) -> None:
-    db = _db(tmp_path / "d.duckdb", rows=4)
-    with db.transaction() as cur:
+    written = _db(tmp_path / "d.duckdb", rows=4)
+    with written.transaction() as cur:
         memory_repo.tombstone(cur, "t", ["m7"], 99)
         other = replace(stored_memory(0, 0), tenant_id="u", id="u0", seq=8)
-        memory_repo.insert_many(cur, [(other, "memory u0")], db.stored)
+        memory_repo.insert_many(cur, [(other, "memory u0")], written.stored)
+    written.close()
+    db = Database(tmp_path / "d.duckdb", rows=memory_repo.new_row_cache(4))  # a restart: none cached
+    assert db.rows.stats().rows == 0
     assert memory_repo.preload(db.reader(), db.rows, 5) == 5  # u0, m6 .. m3 (m7 is deleted)
     found, missing = db.rows.lookup("t", _ids())
     assert missing == ["m0", "m1", "m2", "m3", "m7"]  # at most 4 kept: the oldest fill went first

@@ -175,7 +175,9 @@ class IndexWorker:
             self._process_tenant(tenant_id, ids)
 
     def _process_tenant(self, tenant_id: str, ids: list[str]) -> None:
-        current = memory_repo.get_many(self.db.reader(), tenant_id, ids)
+        # Through the row cache, which holds rows created one by one from their insert on;
+        # not filled from here, or a bulk load would push the rows read most out of it.
+        current = memory_repo.read_many(self.db.reader(), self.db.rows, tenant_id, ids, fill=False)
         live = [m for m in current.values() if not m.deleted and not m.indexed]
         gone = [i for i in ids if i not in current or current[i].deleted]
         if live:

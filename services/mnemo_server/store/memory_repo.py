@@ -25,7 +25,14 @@ from mnemo_server.store import recent_ids
 from mnemo_server.store.database import Cursor, fetch_one
 from mnemo_server.store.hash_filter import ContentHashFilter
 from mnemo_server.store.recent_ids import RecentIds
-from mnemo_server.store.row_cache import Row, RowCache, all_rows_changed, rows_changed, rows_patched
+from mnemo_server.store.row_cache import (
+    Row,
+    RowCache,
+    all_rows_changed,
+    rows_changed,
+    rows_patched,
+    rows_written,
+)
 from mnemo_server.store.stored_summary import StoredSummary
 
 # Column order shared by SELECTs and the row decoder.
@@ -97,25 +104,31 @@ def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]] | pa.Table) ->
 _VALUES_MAX_ROWS = 5
 
 
-def insert_rows(cur: Cursor, table: str, rows: list[dict[str, Any]]) -> None:
-    """Insert dicts (all with the same keys) in one statement."""
+def insert_rows(cur: Cursor, table: str, rows: list[dict[str, Any]], returning: str = "") -> list[Row]:
+    """Insert dicts (all with the same keys) in one statement; with `returning` (columns),
+    the rows as DuckDB stored them."""
     cols = list(rows[0])
     names = ", ".join(cols)
+    back = f" RETURNING {returning}" if returning else ""
     if len(rows) <= _VALUES_MAX_ROWS:
         one = "(" + ", ".join("?" * len(cols)) + ")"
-        cur.execute(
-            f"INSERT INTO {table} ({names}) VALUES {', '.join([one] * len(rows))}",
+        result = cur.execute(
+            f"INSERT INTO {table} ({names}) VALUES {', '.join([one] * len(rows))}{back}",
             [r[c] for r in rows for c in cols],
         )
-        return
-    insert_table(cur, table, rows)
+        return result.fetchall() if returning else []
+    return insert_table(cur, table, rows, returning)
 
 
-def insert_table(cur: Cursor, table: str, rows: list[dict[str, Any]] | pa.Table) -> None:
-    """Insert through Arrow, whatever the number of rows."""
+def insert_table(
+    cur: Cursor, table: str, rows: list[dict[str, Any]] | pa.Table, returning: str = ""
+) -> list[Row]:
+    """Insert through Arrow, whatever the number of rows (see insert_rows on `returning`)."""
     names = ", ".join(rows.column_names if isinstance(rows, pa.Table) else list(rows[0]))
+    back = f" RETURNING {returning}" if returning else ""
     with arrow_view(cur, f"new_{table}", rows):
-        cur.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM new_{table}")
+        result = cur.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM new_{table}{back}")
+        return result.fetchall() if returning else []
 
 
 # Enum lookups by value through a dict: calling the enum class is ~1 us each, and Recall,
@@ -219,13 +232,29 @@ def _row_values(m: Memory, normalized: str) -> dict[str, Any]:
     }
 
 
+# Inserts of up to this many rows (creates, a group of them) go into the row cache as
+# written: the index worker reads each new row, and clients and StartSession's recent
+# candidates read new rows first. Bulk inserts (imports, batch creates) would only push the
+# rows read most out of it.
+CACHED_AT_INSERT = 16
+
+
 def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]], stored: StoredSummary) -> None:
     """Insert (memory, normalized_content) pairs in one statement; they join the `stored`
     summary before COMMIT, so no later duplicate check or pinned read can miss them."""
     if rows:
         stored.inserting(m for m, _ in rows)
         recent_ids.rows_added(m for m, _ in rows)
-        insert_rows(cur, "memories", [_row_values(m, normalized) for m, normalized in rows])
+        values = [_row_values(m, normalized) for m, normalized in rows]
+        if len(rows) > CACHED_AT_INSERT:
+            insert_rows(cur, "memories", values)
+            return
+        written = insert_rows(cur, "memories", values, returning=SELECT_COLUMNS)
+        by_tenant: dict[str, list[Row]] = {}
+        for row in written:
+            by_tenant.setdefault(row[0], []).append(row)
+        for tenant_id, tenant_rows in by_tenant.items():
+            rows_written(tenant_id, tenant_rows)
 
 
 def get(cur: Cursor, tenant_id: str, memory_id: str) -> Memory | None:
@@ -262,16 +291,20 @@ def get_many(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[str, Memor
     return {r[1]: _decode(r) for r in _rows_by_id(cur, tenant_id, ids)}
 
 
-def read_many(cur: Cursor, cache: RowCache, tenant_id: str, ids: Sequence[str]) -> dict[str, Memory]:
+def read_many(
+    cur: Cursor, cache: RowCache, tenant_id: str, ids: Sequence[str], *, fill: bool = True
+) -> dict[str, Memory]:
     """`get_many` through the row cache. Only for reads outside a write transaction (a
-    transaction's own uncommitted changes are not in the cache)."""
+    transaction's own uncommitted changes are not in the cache). `fill`: rows not cached
+    are cached once read (not for reads of rows few others will read)."""
     if not cache.enabled:
         return get_many(cur, tenant_id, ids)
     found, missing = cache.lookup(tenant_id, ids)
     if missing:
         since = cache.generation()  # before the read: see row_cache on racing writes
         fetched = _rows_by_id(cur, tenant_id, missing)
-        cache.fill(tenant_id, fetched, since)
+        if fill:
+            cache.fill(tenant_id, fetched, since)
         found.extend(fetched)
     return {r[1]: _decode(r) for r in found}
 

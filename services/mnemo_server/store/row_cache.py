@@ -78,6 +78,20 @@ def rows_patched(tenant_id: str, ids: Iterable[str], apply: Callable[[Row], Row]
     write_changes.record(RowPatch(tenant_id, frozenset(ids), apply))
 
 
+@dataclass(frozen=True)
+class RowsWritten:
+    """New rows of a tenant as the transaction wrote them (read back with RETURNING):
+    cached once it commits."""
+
+    tenant_id: str
+    rows: tuple[Row, ...]
+
+
+def rows_written(tenant_id: str, rows: Sequence[Row]) -> None:
+    """Record that the open transaction inserts these rows (as DuckDB returns them)."""
+    write_changes.record(RowsWritten(tenant_id, tuple(rows)))
+
+
 def all_rows_changed() -> None:
     """Record that the open transaction changes rows of every tenant."""
     write_changes.record(RowChange(None, None))
@@ -160,13 +174,16 @@ class RowCache:
                     self._skipped += 1
                     continue
                 self._rows[_key(tenant_id, mid)] = value
-            excess = len(self._rows) - self.max_rows
-            if excess > 0:
-                # Oldest fills first (dicts keep insertion order); a tenth at once keeps
-                # eviction off the per-fill path.
-                doomed = [k for k, _ in zip(self._rows, range(excess + self.max_rows // 10), strict=False)]
-                for k in doomed:
-                    del self._rows[k]
+            self._evict()
+
+    def _evict(self) -> None:
+        """Past max_rows, the oldest fills go first (dicts keep insertion order); a tenth at
+        once keeps eviction off the per-fill path. Under the lock."""
+        excess = len(self._rows) - self.max_rows
+        if excess > 0:
+            doomed = [k for k, _ in zip(self._rows, range(excess + self.max_rows // 10), strict=False)]
+            for k in doomed:
+                del self._rows[k]
 
     def _dropped_since(self, tenant_id: str, since: int) -> set[str] | None:
         """Ids of the tenant dropped after generation `since`; None when that is unknown
@@ -200,12 +217,15 @@ class RowCache:
     def apply(self, changes: Sequence[object], *, committed: bool, announced: bool) -> None:
         """After the transaction ended: forget changed rows and, if it committed, patch the
         patched ones (`announced`: `announce` saw these changes)."""
-        if not any(isinstance(c, RowChange | RowPatch) for c in changes):
+        if not any(isinstance(c, RowChange | RowPatch | RowsWritten) for c in changes):
             return
         with self._lock:
             for change in changes:
                 if isinstance(change, RowChange):
                     self._forget(change)
+                elif isinstance(change, RowsWritten):
+                    if committed and self.enabled:
+                        self._put(change.tenant_id, change.rows)
                 elif isinstance(change, RowPatch):
                     if committed:
                         self._patch(change)
@@ -216,6 +236,19 @@ class RowCache:
                         for k in keys:
                             if self._patching[k] <= 0:
                                 del self._patching[k]
+
+    def _put(self, tenant_id: str, rows: Sequence[Row]) -> None:
+        """Rows just committed, under the memories write lock: nothing that changed them
+        since can have been applied yet, and a fill racing this one brings the same rows."""
+        if not rows:
+            return
+        if self._packing is None:
+            self._packing = _Packing(len(rows[0]), self.id_column, self._shared)
+        for row in rows:
+            packed = self._packing.pack(row)
+            if packed is not None:
+                self._rows[_key(tenant_id, row[self.id_column])] = packed
+        self._evict()
 
     def _patch(self, change: RowPatch) -> None:
         packing = self._packing

@@ -4,6 +4,7 @@ with the reference scorer on the same run file."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -95,6 +96,12 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
         assert locks["sessions"]["transactions"] >= starts, (name, locks)
         for lock in locks.values():
             assert 0 < lock["utilization"] < 1 and lock["mean_wait_ms"] >= 0, (name, locks)
+        # The server's own CPU over the phase: some per operation, at most the machine's cores.
+        cpu = sc["server_cpu"]
+        assert 0 < cpu["ms_per_op"] < 1000 and 0 < cpu["cores_busy"] <= (os.cpu_count() or 1), (name, cpu)
+    # Every watched create is probed until searchable, at least once.
+    probes = result["scenarios"]["sidecar_ok"]["server_cpu"]["searchability_probes"]
+    assert probes >= result["create_searchable"]["samples"] > 0
     # With the sidecar gone every session is ordered by the baseline, for a stated reason.
     killed = result["scenarios"]["sidecar_killed"]["fallbacks"]
     assert set(killed) <= {"unavailable", "circuit_open", "deadline", "no_time"} and sum(killed.values()) > 0
@@ -115,6 +122,7 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
     assert {p.name for p in logs} == {"server.log", "sidecar.log"}, logs
     assert all(p.parent == tmp_path / "bench.logs" and p.stat().st_size > 0 for p in logs)
     assert "sidecar_killed" in out.stdout and "memories write lock: busy" in out.stdout  # the tables
+    assert "ms per operation" in out.stdout
 
 
 def test_eval_with_training_sessions_runs_every_phase(tmp_path: Path, model_cache: Path) -> None:

@@ -287,7 +287,8 @@ def test_concurrent_creates_are_each_written_once_and_counted(tenant_a: TenantCl
     as if alone, equal content dedups to one memory, a taken external id fails only its
     own call, and GetStatus counts every call and the transactions they took."""
     stub = tenant_a.memory()
-    before = stub.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=10).create_group_commit
+    status = stub.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=10)
+    before, cpu_before = status.create_group_commit, status.process_cpu_seconds
     stub.CreateMemory(
         pb.CreateMemoryRequest(memory=_mem("owned text", external_id="owned")),
         metadata=tenant_a.md,
@@ -317,7 +318,10 @@ def test_concurrent_creates_are_each_written_once_and_counted(tenant_a: TenantCl
     listed = stub.ListMemories(pb.ListMemoriesRequest(page_size=100), metadata=tenant_a.md, timeout=10)
     contents = [m.content for m in listed.memories]
     assert contents.count("said twice at once") == 1 and "other text" not in contents
-    after = stub.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=10).create_group_commit
+    status = stub.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=10)
+    after = status.create_group_commit
     calls, groups = after.calls - before.calls, after.groups - before.groups
     assert calls == 1 + len(requests), (before, after)
     assert 1 <= groups <= calls and 1 <= after.largest_group <= calls
+    # The server's CPU since it started grows with the work it did (the bench reads it).
+    assert 0 < cpu_before < status.process_cpu_seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -262,6 +263,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             memory_count_by_type=s.by_type,
             process_rss_bytes=rss_bytes(),
             process_peak_rss_bytes=peak_rss_bytes(),
+            process_cpu_seconds=time.process_time(),
             search_index_lag_rows=s.search_index_lag,
             ranking_fallbacks=dict(self.sessions.ranking.fallbacks),
             sidecar_circuit=self.sessions.ranking.breaker.state.value

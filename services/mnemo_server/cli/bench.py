@@ -65,6 +65,11 @@ def print_tables(result: dict[str, Any]) -> None:
                 f"  {domain} write lock: busy {lock['utilization']:.0%} of the time, "
                 f"{lock['transactions']} writes waited {lock['mean_wait_ms']} ms on average"
             )
+        cpu = sc["server_cpu"]
+        console.print(
+            f"  server CPU: {cpu['ms_per_op']} ms per operation, {cpu['cores_busy']} cores busy "
+            f"({cpu['searchability_probes']} GetMemory probes of fresh memories served beside the ops)"
+        )
         g = sc["create_groups"]
         console.print(
             f"  create calls: {g['calls']} written in {g['groups']} transactions "

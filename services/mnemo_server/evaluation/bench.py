@@ -114,6 +114,7 @@ class Bench:
         self.sessions = 0
         self._lags: list[float] = []
         self._watchers: list[asyncio.Task[None]] = []
+        self._probes = 0  # GetMemory calls of the watchers (not in the ops table)
         self.fallbacks: Counter[str] = Counter()
 
     def _new_memory(self) -> memory_pb2.Memory:
@@ -289,6 +290,7 @@ class Bench:
         ops = self._ops(stub, stats)
         self._lags = []
         self._watchers = []
+        self._probes = 0
         self.fallbacks = Counter()
         rss_peak = 0
         deadline = time.perf_counter() + cfg.duration_s
@@ -316,9 +318,19 @@ class Bench:
         after = await self.status(stub)
         await asyncio.gather(*self._watchers, return_exceptions=True)
         lags = sorted(self._lags)
+        done = sum(len(s.latencies_ms) for s in stats.values())
+        cpu_s = after.process_cpu_seconds - before.process_cpu_seconds
         return {
             "seconds": round(elapsed, 2),
             "ops": {n: s.summary(elapsed) for n, s in stats.items() if s.latencies_ms or s.errors},
+            # The server's CPU (all its threads) over the phase, per operation answered: far
+            # steadier between runs on a shared machine than throughput or latency. The
+            # watchers' probes and the RSS samples are served within it, not counted as ops.
+            "server_cpu": {
+                "ms_per_op": round(cpu_s * 1000.0 / done, 2) if done else 0.0,
+                "cores_busy": round(cpu_s / elapsed, 2) if elapsed else 0.0,
+                "searchability_probes": self._probes,
+            },
             "fallbacks": dict(self.fallbacks),
             "create_searchable": {
                 "samples": len(lags),
@@ -334,6 +346,7 @@ class Bench:
     async def _watch(self, stub: pb_grpc.MemoryServiceAsyncStub, memory_id: str, acked_at: float) -> None:
         """Time from acknowledgement until the memory is searchable."""
         while time.perf_counter() - acked_at < 60:
+            self._probes += 1
             m = await stub.GetMemory(pb.GetMemoryRequest(id=memory_id), metadata=self.md, timeout=10)
             if m.memory.index_state == memory_pb2.INDEX_STATE_INDEXED:
                 self._lags.append(time.perf_counter() - acked_at)
@@ -391,6 +404,7 @@ def _scenario(mixed: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
         "fallbacks": mixed["fallbacks"],
         "write_locks": mixed["write_locks"],
         "create_groups": mixed["create_groups"],
+        "server_cpu": mixed["server_cpu"],
         # None when the mix had no StartSession (see --mix).
         "start_session_p99_within_deadline_plus_10ms": start["p99_ms"] <= deadline_ms + 10 if start else None,
         "failed_calls": sum(sum(s["errors"].values()) for s in mixed["ops"].values()),

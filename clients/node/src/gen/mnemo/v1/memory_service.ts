@@ -478,7 +478,15 @@ export interface GetStatusResponse {
    * the transactions they took: calls that queue while another is being written go into
    * one transaction together (storage.group_commit_max_memories).
    */
-  createGroupCommit?: GroupCommitStats | undefined;
+  createGroupCommit?:
+    | GroupCommitStats
+    | undefined;
+  /**
+   * CPU time the server process has used since it started (all threads, user + system):
+   * read before and after a workload, it gives the CPU per operation, which varies far less
+   * between runs on a shared machine than throughput or latency do.
+   */
+  processCpuSeconds: number;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -3274,6 +3282,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     cacheUse: undefined,
     accessCountsPending: 0,
     createGroupCommit: undefined,
+    processCpuSeconds: 0,
   };
 }
 
@@ -3338,6 +3347,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.createGroupCommit !== undefined) {
       GroupCommitStats.encode(message.createGroupCommit, writer.uint32(162).fork()).join();
+    }
+    if (message.processCpuSeconds !== 0) {
+      writer.uint32(169).double(message.processCpuSeconds);
     }
     return writer;
   },
@@ -3521,6 +3533,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.createGroupCommit = GroupCommitStats.decode(reader, reader.uint32());
             continue;
           }
+          case 21: {
+            if (tag !== 169) {
+              break;
+            }
+
+            message.processCpuSeconds = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3679,6 +3699,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.create_group_commit)
         ? GroupCommitStats.fromJSON(object.create_group_commit)
         : undefined,
+      processCpuSeconds: isSet(object.processCpuSeconds)
+        ? globalThis.Number(object.processCpuSeconds)
+        : isSet(object.process_cpu_seconds)
+        ? globalThis.Number(object.process_cpu_seconds)
+        : 0,
     };
   },
 
@@ -3756,6 +3781,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.createGroupCommit !== undefined) {
       obj.createGroupCommit = GroupCommitStats.toJSON(message.createGroupCommit);
     }
+    if (message.processCpuSeconds !== 0) {
+      obj.processCpuSeconds = floatToJson(message.processCpuSeconds);
+    }
     return obj;
   },
 
@@ -3804,6 +3832,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.createGroupCommit = (object.createGroupCommit !== undefined && object.createGroupCommit !== null)
       ? GroupCommitStats.fromPartial(object.createGroupCommit)
       : undefined;
+    message.processCpuSeconds = object.processCpuSeconds ?? 0;
     return message;
   },
 };

@@ -30,6 +30,7 @@ from mnemo_server.embed.factory import build_embedder
 from mnemo_server.errors import EmbeddingModelMismatch, FailedPrecondition
 from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import LanceIndex
+from mnemo_server.latency_histogram import CallTimes
 from mnemo_server.learning.service import LearningService
 from mnemo_server.memory.model import MemoryFilter
 from mnemo_server.memory.service import MemoryService
@@ -279,12 +280,14 @@ class MnemoServer:
         self.config = config
         self.core = Core(config)
         self.scheduler = Scheduler()
+        call_times = CallTimes()
         self.grpc = GrpcServer(
             config.server,
             ApiInterceptor(
                 self._authenticate,
                 ComputeGate(config.server.compute_slots, config.server.compute_reserved_slots),
                 config.server.slow_call_ms,
+                call_times,
             ),
         )
         self.grpc.add(
@@ -295,6 +298,7 @@ class MnemoServer:
                 self.core.embedder.dimension,
                 DataDirSize(config.data_dir, exclude=(self.core.paths.models(config),)),
                 self.core.sessions,
+                call_times,
             ),
             "mnemo.v1.MemoryService",
         )

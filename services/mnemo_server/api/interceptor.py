@@ -1,10 +1,12 @@
-"""Authentication, error mapping and the slow-call log for every RPC, in one interceptor.
+"""Authentication, error mapping, call times and the slow-call log for every RPC, in one
+interceptor.
 
 The caller's principal is resolved from ``authorization: Bearer <key>`` and made available
 to servicers through a context variable; any domain error raised below becomes a canonical
 status with details, and anything unexpected becomes INTERNAL with an incident id (the
 traceback goes to the log, never to the client). A unary call slower than `slow_call_ms`
-is logged with where its time went (call_trace.py)."""
+is logged with where its time went (call_trace.py); every unary call's time is counted per
+method (latency_histogram.py), for GetStatus."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from mnemo_server.api.compute_gate import COMPUTE_PRIORITY, ComputeGate
 from mnemo_server.api.errors import internal_status, to_rpc_status
 from mnemo_server.call_trace import CallTrace, mark, traced
 from mnemo_server.errors import InvalidArgument, MnemoError, Unauthenticated
+from mnemo_server.latency_histogram import CallTimes
 from mnemo_server.tenancy.tenants import Principal
 
 log = logging.getLogger(__name__)
@@ -101,10 +104,12 @@ class ApiInterceptor(grpc.ServerInterceptor):
         authenticate: Callable[[str], Principal],
         gate: ComputeGate | None = None,
         slow_call_ms: float = 0.0,
+        call_times: CallTimes | None = None,
     ):
         self._authenticate = authenticate
         self._gate = gate or ComputeGate(0)
         self._slow_call_ms = slow_call_ms
+        self.call_times = call_times or CallTimes()
         # Handlers still running (a call cancelled by its client keeps its thread until it
         # returns): shutdown waits for them before closing the stores under their feet.
         self._active = 0
@@ -131,9 +136,10 @@ class ApiInterceptor(grpc.ServerInterceptor):
                 self._idle.wait(remaining)
         return True
 
-    def _log_if_slow(self, method: str, trace: CallTrace) -> None:
+    def _finished(self, method: str, trace: CallTrace) -> None:
         # From the handler's start: time queued for a gRPC worker thread is not in it.
         took_ms = trace.elapsed_ms()
+        self.call_times.record(method, took_ms, trace.outcome == "ok")
         if self._slow_call_ms > 0 and took_ms >= self._slow_call_ms:
             log.warning("slow call %s (%s): %.0f ms: %s", method, trace.outcome, took_ms, trace.summary())
 
@@ -183,7 +189,7 @@ class ApiInterceptor(grpc.ServerInterceptor):
                 try:
                     return guarded_unary(request, context, trace)
                 finally:
-                    self._log_if_slow(method, trace)
+                    self._finished(method, trace)
 
         def guarded_unary(request: Any, context: grpc.ServicerContext, trace: CallTrace) -> Any:
             try:

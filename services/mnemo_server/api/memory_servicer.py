@@ -14,6 +14,7 @@ from mnemo_server.api import convert, session_convert
 from mnemo_server.api.interceptor import current_principal
 from mnemo_server.diagnostics import DataDirSize, peak_rss_bytes, rss_bytes
 from mnemo_server.errors import InvalidArgument
+from mnemo_server.latency_histogram import BUCKET_UPPER_MS, CallTimes
 from mnemo_server.memory.model import DEFAULT_CONFIDENCE, DEFAULT_IMPORTANCE
 from mnemo_server.memory.service import MemoryPatch, MemoryService
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
@@ -54,12 +55,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         embedding_dimension: int,
         data_size: DataDirSize,
         sessions: SessionService,
+        call_times: CallTimes,
     ):
         self.memories = memories
         self.recall_pipeline = recall
         self.embedding_dimension = embedding_dimension
         self.data_size = data_size
         self.sessions = sessions
+        self.call_times = call_times
 
     def CreateMemory(
         self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
@@ -293,6 +296,19 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             create_group_commit=pb.GroupCommitStats(
                 calls=groups.requests, groups=groups.groups, largest_group=groups.largest
             ),
+            method_latencies=[
+                pb.MethodLatency(
+                    method=m.method,
+                    calls=m.calls,
+                    failed=m.failed,
+                    p50_ms=m.quantile(0.5),
+                    p99_ms=m.quantile(0.99),
+                    max_ms=m.max_ms,
+                    bucket_counts=m.bucket_counts,
+                )
+                for m in self.call_times.snapshot()
+            ],
+            latency_bucket_upper_ms=BUCKET_UPPER_MS,
         )
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))

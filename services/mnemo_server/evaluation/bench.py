@@ -34,6 +34,7 @@ from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 from mnemo_server.evaluation.synth import memory_text, query_text
+from mnemo_server.latency_histogram import quantile
 from mnemo_server.launcher import LaunchedProcess
 
 Metadata = tuple[tuple[str, str], ...]
@@ -320,9 +321,14 @@ class Bench:
         lags = sorted(self._lags)
         done = sum(len(s.latencies_ms) for s in stats.values())
         cpu_s = after.process_cpu_seconds - before.process_cpu_seconds
+        inside = _server_side(before, after)
         return {
             "seconds": round(elapsed, 2),
-            "ops": {n: s.summary(elapsed) for n, s in stats.items() if s.latencies_ms or s.errors},
+            "ops": {
+                n: {**s.summary(elapsed), **inside.get(n, {})}
+                for n, s in stats.items()
+                if s.latencies_ms or s.errors
+            },
             # The server's CPU (all its threads) over the phase, per operation answered: far
             # steadier between runs on a shared machine than throughput or latency. The
             # watchers' probes and the RSS samples are served within it, not counted as ops.
@@ -353,6 +359,26 @@ class Bench:
                 return
             await asyncio.sleep(0.05)
         self._lags.append(float("inf"))
+
+
+def _server_side(before: pb.GetStatusResponse, after: pb.GetStatusResponse) -> dict[str, dict[str, float]]:
+    """Each MemoryService method's time inside the server over one phase (the difference of
+    two GetStatus histograms), by short name: beside a client's latency it shows how much
+    of it the transport and the wait for a worker thread took."""
+    bounds = list(after.latency_bucket_upper_ms)
+    start = {m.method: list(m.bucket_counts) for m in before.method_latencies}
+    out: dict[str, dict[str, float]] = {}
+    for m in after.method_latencies:
+        if not m.method.startswith("/mnemo.v1.MemoryService/"):
+            continue
+        was = start.get(m.method, [0] * len(m.bucket_counts))
+        window = [b - a for a, b in zip(was, m.bucket_counts, strict=True)]
+        if sum(window) > 0:
+            out[m.method.rsplit("/", 1)[1]] = {
+                "server_p50_ms": round(quantile(window, 0.5, bounds), 2),
+                "server_p99_ms": round(quantile(window, 0.99, bounds), 2),
+            }
+    return out
 
 
 def _lock_use(

@@ -285,7 +285,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("server_version", "embedding_model", "embedding_dimension", "memory_count", "deleted_count", "pending_index_count", "memory_count_by_type", "oldest_pending_index_time", "process_rss_bytes", "data_bytes", "search_index_lag_rows", "ranking_fallbacks", "sidecar_circuit", "feedback_outbox_pending", "write_lock", "write_locks", "process_peak_rss_bytes", "cache_use", "access_counts_pending", "create_group_commit", "process_cpu_seconds")
+    __slots__ = ("server_version", "embedding_model", "embedding_dimension", "memory_count", "deleted_count", "pending_index_count", "memory_count_by_type", "oldest_pending_index_time", "process_rss_bytes", "data_bytes", "search_index_lag_rows", "ranking_fallbacks", "sidecar_circuit", "feedback_outbox_pending", "write_lock", "write_locks", "process_peak_rss_bytes", "cache_use", "access_counts_pending", "create_group_commit", "process_cpu_seconds", "method_latencies", "latency_bucket_upper_ms")
     class MemoryCountByTypeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +321,8 @@ class GetStatusResponse(_message.Message):
     ACCESS_COUNTS_PENDING_FIELD_NUMBER: _ClassVar[int]
     CREATE_GROUP_COMMIT_FIELD_NUMBER: _ClassVar[int]
     PROCESS_CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    METHOD_LATENCIES_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_BUCKET_UPPER_MS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     embedding_model: str
     embedding_dimension: int
@@ -342,7 +344,27 @@ class GetStatusResponse(_message.Message):
     access_counts_pending: int
     create_group_commit: GroupCommitStats
     process_cpu_seconds: float
-    def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., process_rss_bytes: _Optional[int] = ..., data_bytes: _Optional[int] = ..., search_index_lag_rows: _Optional[int] = ..., ranking_fallbacks: _Optional[_Mapping[str, int]] = ..., sidecar_circuit: _Optional[str] = ..., feedback_outbox_pending: _Optional[int] = ..., write_lock: _Optional[_Union[WriteLockStats, _Mapping]] = ..., write_locks: _Optional[_Iterable[_Union[WriteLockStats, _Mapping]]] = ..., process_peak_rss_bytes: _Optional[int] = ..., cache_use: _Optional[_Union[CacheUse, _Mapping]] = ..., access_counts_pending: _Optional[int] = ..., create_group_commit: _Optional[_Union[GroupCommitStats, _Mapping]] = ..., process_cpu_seconds: _Optional[float] = ...) -> None: ...
+    method_latencies: _containers.RepeatedCompositeFieldContainer[MethodLatency]
+    latency_bucket_upper_ms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., process_rss_bytes: _Optional[int] = ..., data_bytes: _Optional[int] = ..., search_index_lag_rows: _Optional[int] = ..., ranking_fallbacks: _Optional[_Mapping[str, int]] = ..., sidecar_circuit: _Optional[str] = ..., feedback_outbox_pending: _Optional[int] = ..., write_lock: _Optional[_Union[WriteLockStats, _Mapping]] = ..., write_locks: _Optional[_Iterable[_Union[WriteLockStats, _Mapping]]] = ..., process_peak_rss_bytes: _Optional[int] = ..., cache_use: _Optional[_Union[CacheUse, _Mapping]] = ..., access_counts_pending: _Optional[int] = ..., create_group_commit: _Optional[_Union[GroupCommitStats, _Mapping]] = ..., process_cpu_seconds: _Optional[float] = ..., method_latencies: _Optional[_Iterable[_Union[MethodLatency, _Mapping]]] = ..., latency_bucket_upper_ms: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class MethodLatency(_message.Message):
+    __slots__ = ("method", "calls", "failed", "p50_ms", "p99_ms", "max_ms", "bucket_counts")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    calls: int
+    failed: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    bucket_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, method: _Optional[str] = ..., calls: _Optional[int] = ..., failed: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., max_ms: _Optional[float] = ..., bucket_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GroupCommitStats(_message.Message):
     __slots__ = ("calls", "groups", "largest_group")

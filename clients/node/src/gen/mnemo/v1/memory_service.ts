@@ -487,6 +487,21 @@ export interface GetStatusResponse {
    * between runs on a shared machine than throughput or latency do.
    */
   processCpuSeconds: number;
+  /**
+   * Each unary RPC method's time inside the server since it started (all tenants), one
+   * entry per method called at least once: from the moment a worker thread takes the call
+   * to the moment its handler returns. Not in it: reading the request off the connection,
+   * waiting for a worker thread, sending the answer. A client's latency minus this is that
+   * transport part (and the client's own time). Streaming methods are not measured.
+   */
+  methodLatencies: MethodLatency[];
+  /**
+   * Upper bounds in milliseconds of MethodLatency.bucket_counts' buckets, ascending; the
+   * last bucket (one more count than bounds) holds the calls longer than the last bound.
+   * The same for every method and for the server's lifetime, so two GetStatus answers can
+   * be subtracted bucket by bucket to get the distribution of a time window.
+   */
+  latencyBucketUpperMs: number[];
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -497,6 +512,22 @@ export interface GetStatusResponse_MemoryCountByTypeEntry {
 export interface GetStatusResponse_RankingFallbacksEntry {
   key: string;
   value: number;
+}
+
+/** One method's server-side time (see GetStatusResponse.method_latencies). */
+export interface MethodLatency {
+  /** The full method name, e.g. "/mnemo.v1.MemoryService/Recall". */
+  method: string;
+  /** Calls completed, and of those the ones that ended with an error status. */
+  calls: number;
+  failed: number;
+  /** Since the server started; estimated within a bucket (buckets grow by 19 %). */
+  p50Ms: number;
+  p99Ms: number;
+  /** The longest call, exact. */
+  maxMs: number;
+  /** Calls per bucket (GetStatusResponse.latency_bucket_upper_ms), failed ones included. */
+  bucketCounts: number[];
 }
 
 export interface GroupCommitStats {
@@ -3283,6 +3314,8 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     accessCountsPending: 0,
     createGroupCommit: undefined,
     processCpuSeconds: 0,
+    methodLatencies: [],
+    latencyBucketUpperMs: [],
   };
 }
 
@@ -3350,6 +3383,16 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.processCpuSeconds !== 0) {
       writer.uint32(169).double(message.processCpuSeconds);
+    }
+    for (const v of message.methodLatencies) {
+      MethodLatency.encode(v!, writer.uint32(178).fork()).join();
+    }
+    if (message.latencyBucketUpperMs.length !== 0) {
+      writer.uint32(186).fork();
+      for (const v of message.latencyBucketUpperMs) {
+        writer.double(v);
+      }
+      writer.join();
     }
     return writer;
   },
@@ -3541,6 +3584,32 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.processCpuSeconds = reader.double();
             continue;
           }
+          case 22: {
+            if (tag !== 178) {
+              break;
+            }
+
+            message.methodLatencies.push(MethodLatency.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 23: {
+            if (tag === 185) {
+              message.latencyBucketUpperMs.push(reader.double());
+
+              continue;
+            }
+
+            if (tag === 186) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.latencyBucketUpperMs.push(reader.double());
+              }
+
+              continue;
+            }
+
+            break;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3704,6 +3773,16 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.process_cpu_seconds)
         ? globalThis.Number(object.process_cpu_seconds)
         : 0,
+      methodLatencies: globalThis.Array.isArray(object?.methodLatencies)
+        ? object.methodLatencies.map((e: any) => MethodLatency.fromJSON(e))
+        : globalThis.Array.isArray(object?.method_latencies)
+        ? object.method_latencies.map((e: any) => MethodLatency.fromJSON(e))
+        : [],
+      latencyBucketUpperMs: globalThis.Array.isArray(object?.latencyBucketUpperMs)
+        ? object.latencyBucketUpperMs.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.latency_bucket_upper_ms)
+        ? object.latency_bucket_upper_ms.map((e: any) => globalThis.Number(e))
+        : [],
     };
   },
 
@@ -3784,6 +3863,12 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.processCpuSeconds !== 0) {
       obj.processCpuSeconds = floatToJson(message.processCpuSeconds);
     }
+    if (message.methodLatencies?.length) {
+      obj.methodLatencies = message.methodLatencies.map((e) => MethodLatency.toJSON(e));
+    }
+    if (message.latencyBucketUpperMs?.length) {
+      obj.latencyBucketUpperMs = message.latencyBucketUpperMs.map((e) => floatToJson(e));
+    }
     return obj;
   },
 
@@ -3833,6 +3918,8 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
       ? GroupCommitStats.fromPartial(object.createGroupCommit)
       : undefined;
     message.processCpuSeconds = object.processCpuSeconds ?? 0;
+    message.methodLatencies = object.methodLatencies?.map((e) => MethodLatency.fromPartial(e)) || [];
+    message.latencyBucketUpperMs = object.latencyBucketUpperMs?.map((e) => e) || [];
     return message;
   },
 };
@@ -4011,6 +4098,201 @@ export const GetStatusResponse_RankingFallbacksEntry: MessageFns<GetStatusRespon
     const message = createBaseGetStatusResponse_RankingFallbacksEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? 0;
+    return message;
+  },
+};
+
+function createBaseMethodLatency(): MethodLatency {
+  return { method: "", calls: 0, failed: 0, p50Ms: 0, p99Ms: 0, maxMs: 0, bucketCounts: [] };
+}
+
+export const MethodLatency: MessageFns<MethodLatency> = {
+  encode(message: MethodLatency, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.method !== "") {
+      writer.uint32(10).string(message.method);
+    }
+    if (message.calls !== 0) {
+      writer.uint32(16).int64(message.calls);
+    }
+    if (message.failed !== 0) {
+      writer.uint32(24).int64(message.failed);
+    }
+    if (message.p50Ms !== 0) {
+      writer.uint32(33).double(message.p50Ms);
+    }
+    if (message.p99Ms !== 0) {
+      writer.uint32(41).double(message.p99Ms);
+    }
+    if (message.maxMs !== 0) {
+      writer.uint32(49).double(message.maxMs);
+    }
+    if (message.bucketCounts.length !== 0) {
+      writer.uint32(58).fork();
+      for (const v of message.bucketCounts) {
+        writer.int64(v);
+      }
+      writer.join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): MethodLatency {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMethodLatency();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.method = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.calls = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.failed = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 33) {
+              break;
+            }
+
+            message.p50Ms = reader.double();
+            continue;
+          }
+          case 5: {
+            if (tag !== 41) {
+              break;
+            }
+
+            message.p99Ms = reader.double();
+            continue;
+          }
+          case 6: {
+            if (tag !== 49) {
+              break;
+            }
+
+            message.maxMs = reader.double();
+            continue;
+          }
+          case 7: {
+            if (tag === 56) {
+              message.bucketCounts.push(longToNumber(reader.int64()));
+
+              continue;
+            }
+
+            if (tag === 58) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.bucketCounts.push(longToNumber(reader.int64()));
+              }
+
+              continue;
+            }
+
+            break;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): MethodLatency {
+    return {
+      method: isSet(object.method) ? globalThis.String(object.method) : "",
+      calls: isSet(object.calls) ? globalThis.Number(object.calls) : 0,
+      failed: isSet(object.failed) ? globalThis.Number(object.failed) : 0,
+      p50Ms: isSet(object.p50Ms)
+        ? globalThis.Number(object.p50Ms)
+        : isSet(object.p50_ms)
+        ? globalThis.Number(object.p50_ms)
+        : 0,
+      p99Ms: isSet(object.p99Ms)
+        ? globalThis.Number(object.p99Ms)
+        : isSet(object.p99_ms)
+        ? globalThis.Number(object.p99_ms)
+        : 0,
+      maxMs: isSet(object.maxMs)
+        ? globalThis.Number(object.maxMs)
+        : isSet(object.max_ms)
+        ? globalThis.Number(object.max_ms)
+        : 0,
+      bucketCounts: globalThis.Array.isArray(object?.bucketCounts)
+        ? object.bucketCounts.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.bucket_counts)
+        ? object.bucket_counts.map((e: any) => globalThis.Number(e))
+        : [],
+    };
+  },
+
+  toJSON(message: MethodLatency): unknown {
+    const obj: any = {};
+    if (message.method !== "") {
+      obj.method = message.method;
+    }
+    if (message.calls !== 0) {
+      obj.calls = Math.round(message.calls);
+    }
+    if (message.failed !== 0) {
+      obj.failed = Math.round(message.failed);
+    }
+    if (message.p50Ms !== 0) {
+      obj.p50Ms = floatToJson(message.p50Ms);
+    }
+    if (message.p99Ms !== 0) {
+      obj.p99Ms = floatToJson(message.p99Ms);
+    }
+    if (message.maxMs !== 0) {
+      obj.maxMs = floatToJson(message.maxMs);
+    }
+    if (message.bucketCounts?.length) {
+      obj.bucketCounts = message.bucketCounts.map((e) => Math.round(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<MethodLatency>, I>>(base?: I): MethodLatency {
+    return MethodLatency.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<MethodLatency>, I>>(object: I): MethodLatency {
+    const message = createBaseMethodLatency();
+    message.method = object.method ?? "";
+    message.calls = object.calls ?? 0;
+    message.failed = object.failed ?? 0;
+    message.p50Ms = object.p50Ms ?? 0;
+    message.p99Ms = object.p99Ms ?? 0;
+    message.maxMs = object.maxMs ?? 0;
+    message.bucketCounts = object.bucketCounts?.map((e) => e) || [];
     return message;
   },
 };

@@ -57,6 +57,11 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
 
     status = json.loads(run(["status", "--json"], env).stdout)
     assert status["memory_count"] == "5" and status["embedding_dimension"] == 384
+    assert len(status["latency_bucket_upper_ms"]) > 0
+    # Without --json each method's time is a line, not its histogram.
+    shown = run(["status"], env).stdout
+    assert "/mnemo.v1.MemoryService/CreateMemory: 5 calls, 0 failed, p50 " in shown
+    assert "bucket" not in shown
 
     export = tmp_path / "export.jsonl"
     assert run(["memory", "export", "-o", str(export)], env).returncode == 0

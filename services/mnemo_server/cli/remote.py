@@ -305,8 +305,18 @@ def status(server: str, timeout: float, api_key: str | None, as_json: bool) -> N
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
+    # The histograms are for programs (the JSON has them); people get each method's figures.
+    data.pop("latency_bucket_upper_ms", None)
+    methods = data.pop("method_latencies", [])
     for k, v in data.items():
         click.echo(f"{k}: {v}")
+    if methods:
+        click.echo("time inside the server per method since it started (ms):")
+        for m in s.method_latencies:
+            click.echo(
+                f"  {m.method}: {m.calls} calls, {m.failed} failed, "
+                f"p50 {m.p50_ms:.1f}, p99 {m.p99_ms:.1f}, max {m.max_ms:.1f}"
+            )
 
 
 @click.command()

@@ -4,6 +4,7 @@ The relevance a session's end gives its candidates is read back with them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,20 @@ def test_a_taken_id_fails_the_whole_group_and_writes_none_of_it(db: Database) ->
     assert session_repo.get_session(cur, "t", "s4") is None
     assert session_repo.session_memories(cur, "t", "s4") == []
     assert len(session_repo.session_memories(cur, "t", "s1")) == 1
+
+
+def test_outbox_payloads_are_stored_compressed_and_older_plain_ones_still_read(db: Database) -> None:
+    payload = {
+        "session_id": "s1",
+        "query": "q",
+        "candidates": [{"id": f"m{i}", "features": [0.0] * 40} for i in range(60)],
+    }
+    encoded = session_repo.encode_payload(payload)
+    assert len(encoded) < len(json.dumps(payload)) / 10  # repeated features compress
+    with db.transaction(WriteDomain.SESSIONS) as cur:
+        session_repo.enqueue(cur, "t", "s1", encoded, 5)
+        # A payload written before compression: the JSON itself.
+        plain = {"session_id": "s0", "query": "older", "candidates": []}
+        session_repo.enqueue(cur, "t", "s0", json.dumps(plain).encode(), 4)
+    due = session_repo.due(db.reader(), 10, 10)
+    assert [(d.session_id, d.payload) for d in due] == [("s0", plain), ("s1", payload)]

@@ -16,7 +16,6 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo_server.call_trace import mark
@@ -98,7 +97,7 @@ class _Ending:
     start_time_ns: int
     continuity: dict[str, tuple[float, str]]
     pairs: int
-    payload: dict[str, Any]
+    payload: bytes  # the outbox's (session_repo.encode_payload)
 
 
 class SessionService:
@@ -535,7 +534,7 @@ class SessionService:
                 for m in training
             ],
         }
-        return _Ending(s.start_time_ns, continuity, len(training), payload)
+        return _Ending(s.start_time_ns, continuity, len(training), session_repo.encode_payload(payload))
 
 
 def fingerprint(*parts: object) -> str:

@@ -102,10 +102,13 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
         cpu = sc["server_cpu"]
         assert 0 < cpu["ms_per_op"] < 1000 and 0 < cpu["cores_busy"] <= (os.cpu_count() or 1), (name, cpu)
         # Time inside the server, from GetStatus' histograms: each call's is within the
-        # client's, so each quantile is too (up to the histogram's 19 % buckets).
+        # client's, so the median is too (up to the histogram's 19 % buckets). The p99s are
+        # read at ranks that can differ by one call, so the server's is held to the client's
+        # slowest call instead.
         for op, s in sc["ops"].items():
             assert 0 < s["server_p50_ms"] <= s["server_p99_ms"], (name, op, s)
-            assert s["server_p50_ms"] <= s["p50_ms"] * 2**0.25 and s["server_p99_ms"] <= s["p99_ms"] * 2**0.25
+            assert s["server_p50_ms"] <= s["p50_ms"] * 2**0.25, (name, op, s)
+            assert s["server_p99_ms"] <= s["max_ms"] * 2**0.25, (name, op, s)
     # Every watched create is probed until searchable, at least once.
     probes = result["scenarios"]["sidecar_ok"]["server_cpu"]["searchability_probes"]
     assert probes >= result["create_searchable"]["samples"] > 0

@@ -307,10 +307,10 @@ def status(server: str, timeout: float, api_key: str | None, as_json: bool) -> N
         return
     # The histograms are for programs (the JSON has them); people get each method's figures.
     data.pop("latency_bucket_upper_ms", None)
-    methods = data.pop("method_latencies", [])
+    data.pop("method_latencies", None)
     for k, v in data.items():
         click.echo(f"{k}: {v}")
-    if methods:
+    if s.method_latencies:
         click.echo("time inside the server per method since it started (ms):")
         for m in s.method_latencies:
             click.echo(

@@ -159,9 +159,7 @@ class RowCache:
         if not self.enabled or not rows:
             return
         with self._lock:
-            if self._packing is None:
-                self._packing = _Packing(len(rows[0]), self.id_column, self._shared)
-            packing = self._packing
+            packing = self._packing_for(rows[0])
         packed = [(row[self.id_column], packing.pack(row)) for row in rows]  # outside the lock
         with self._lock:
             banned = self._dropped_since(tenant_id, since)
@@ -175,6 +173,12 @@ class RowCache:
                     continue
                 self._rows[_key(tenant_id, mid)] = value
             self._evict()
+
+    def _packing_for(self, row: Row) -> _Packing:
+        """The packing of this cache's rows, made from the first row cached. Under the lock."""
+        if self._packing is None:
+            self._packing = _Packing(len(row), self.id_column, self._shared)
+        return self._packing
 
     def _evict(self) -> None:
         """Past max_rows, the oldest fills go first (dicts keep insertion order); a tenth at
@@ -242,10 +246,9 @@ class RowCache:
         since can have been applied yet, and a fill racing this one brings the same rows."""
         if not rows:
             return
-        if self._packing is None:
-            self._packing = _Packing(len(rows[0]), self.id_column, self._shared)
+        packing = self._packing_for(rows[0])
         for row in rows:
-            packed = self._packing.pack(row)
+            packed = packing.pack(row)
             if packed is not None:
                 self._rows[_key(tenant_id, row[self.id_column])] = packed
         self._evict()

@@ -18,6 +18,8 @@ from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
+from mnemo_server.store import session_repo
+from mnemo_server.store.database import WriteDomain
 from mnemo_sidecar.config import SidecarConfig
 from tests.conftest import LiveServer, TenantClient, error_info, provision
 
@@ -551,6 +553,19 @@ def test_training_pairs_carry_query_and_neighbour_features(
     }
 
 
+def _end_sessions_while_the_sidecar_is_down(t: TenantClient, n: int) -> None:
+    for i in range(n):
+        r = start(t, f"s{i}", "deploy pipeline schedule")
+        assert r.ranking.path == pb.RANKING_PATH_FALLBACK  # no error, baseline order
+        t.memory().EndSession(
+            pb.EndSessionRequest(
+                session_id=f"s{i}", feedback=[pb.MemoryFeedback(memory_id=r.memories[0].memory.id, used=True)]
+            ),
+            metadata=t.md,
+            timeout=5,
+        )
+
+
 def test_feedback_survives_sidecar_and_server_restarts(
     start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any], tmp_path: Any
 ) -> None:
@@ -562,16 +577,7 @@ def test_feedback_survives_sidecar_and_server_restarts(
     t = tenant(live)
     seed(t)
     side.stop(0.1)  # the sidecar goes down
-    for i in range(3):
-        r = start(t, f"s{i}", "deploy pipeline schedule")
-        assert r.ranking.path == pb.RANKING_PATH_FALLBACK  # no error, baseline order
-        t.memory().EndSession(
-            pb.EndSessionRequest(
-                session_id=f"s{i}", feedback=[pb.MemoryFeedback(memory_id=r.memories[0].memory.id, used=True)]
-            ),
-            metadata=t.md,
-            timeout=5,
-        )
+    _end_sessions_while_the_sidecar_is_down(t, 3)
     assert live.server.core.delivery.pending() == 3
     live.close()  # ...and the server restarts too, with the feedback still undelivered
     live2 = start_server(data_dir=data, ranking=ranking)
@@ -579,6 +585,53 @@ def test_feedback_survives_sidecar_and_server_restarts(
     side2 = start_sidecar(data_dir=tmp_path / "side", server={"port": port})  # the sidecar is back
     wait_for(lambda: live2.server.core.delivery.pending() == 0)
     assert side2.store.counts("acme")[0] == 3
+
+
+def test_feedback_that_can_never_be_delivered_is_parked_and_holds_back_nothing(
+    start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any], tmp_path: Any
+) -> None:
+    """An outbox row whose payload no longer decodes (the oldest), and pairs the sidecar
+    refuses as invalid, are kept with their error and not tried again; the rows queued
+    between and after them are delivered."""
+    side = start_sidecar(data_dir=tmp_path / "side")
+    port = side.port
+    ranking = {"sidecar_address": f"127.0.0.1:{port}", "delivery_interval_s": 0.05, "breaker_cooldown_s": 0.2}
+    side.stop(0.1)
+    live = start_server(ranking=ranking)
+    t = tenant(live)
+    seed(t)
+    _end_sessions_while_the_sidecar_is_down(t, 4)
+    db = live.server.core.db
+    with db.transaction(WriteDomain.SESSIONS) as cur:
+        cur.execute("UPDATE sidecar_outbox SET payload = ? WHERE session_id = 's0'", [b"x\x9c damaged"])
+        (stored,) = cur.execute("SELECT payload FROM sidecar_outbox WHERE session_id = 's2'").fetchall()[0]
+        refused = session_repo.decode_payload(bytes(stored))
+        refused["candidates"][0]["relevance"] = 2.0  # outside -1..1: the sidecar says INVALID_ARGUMENT
+        update = "UPDATE sidecar_outbox SET payload = ? WHERE session_id = ?"
+        cur.execute(update, [session_repo.encode_payload(refused), "s2"])
+    side2 = start_sidecar(data_dir=tmp_path / "side", server={"port": port})
+
+    def status() -> pb.GetStatusResponse:
+        return t.memory().GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5)
+
+    wait_for(lambda: status().feedback_outbox_pending == 0)
+    assert status().feedback_outbox_undeliverable == 2
+    assert side2.store.counts("acme")[0] == 2  # s1 and s3
+
+    def undelivered() -> list[tuple[str, int, str]]:
+        rows = db.reader().execute(
+            "SELECT session_id, attempts, last_error FROM sidecar_outbox WHERE delivered_ns IS NULL "
+            "ORDER BY session_id"
+        )
+        return [tuple(r) for r in rows.fetchall()]
+
+    parked = undelivered()
+    assert [r[0] for r in parked] == ["s0", "s2"]
+    assert "does not decode" in parked[0][2]
+    assert "refuses" in parked[1][2] and "relevance" in parked[1][2]
+    assert live.server.core.delivery.parked == 2
+    time.sleep(0.5)  # ten delivery passes: neither is tried again
+    assert undelivered() == parked
 
 
 class StalledRanking(rpb_grpc.RankingServiceServicer):

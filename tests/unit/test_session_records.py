@@ -111,4 +111,27 @@ def test_outbox_payloads_are_stored_compressed_and_older_plain_ones_still_read(d
         plain = {"session_id": "s0", "query": "older", "candidates": []}
         session_repo.enqueue(cur, "t", "s0", json.dumps(plain).encode(), 4)
     due = session_repo.due(db.reader(), 10, 10)
-    assert [(d.session_id, d.payload) for d in due] == [("s0", plain), ("s1", payload)]
+    decoded = [(d.session_id, session_repo.decode_payload(d.stored)) for d in due]
+    assert decoded == [("s0", plain), ("s1", payload)]
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [b"{not json", b"[1, 2]", b"\xff\xfe", session_repo.encode_payload({"a": 1})[:-3], b"x\x9c damaged"],
+)
+def test_a_payload_that_is_not_one_is_a_value_error(stored: bytes) -> None:
+    with pytest.raises(ValueError):
+        session_repo.decode_payload(stored)
+
+
+def test_parked_outbox_rows_are_kept_never_due_and_counted_apart(db: Database) -> None:
+    with db.transaction(WriteDomain.SESSIONS) as cur:
+        for i in range(3):
+            session_repo.enqueue(cur, "t", f"s{i}", session_repo.encode_payload({"i": i}), i)
+        session_repo.park(cur, "t", "s1", "the payload does not decode")
+    assert session_repo.outbox_counts(db.reader()) == (2, 1)
+    assert session_repo.pending_count(db.reader()) == 2
+    assert [d.session_id for d in session_repo.due(db.reader(), session_repo.PARKED_NS, 10)] == ["s0", "s2"]
+    with db.transaction(WriteDomain.SESSIONS) as cur:
+        session_repo.mark_delivered(cur, "t", "s0", 9)
+    assert session_repo.outbox_counts(db.reader()) == (1, 1)

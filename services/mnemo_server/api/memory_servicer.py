@@ -256,6 +256,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             )
             for d, x in self.memories.db.write_lock_stats.items()
         ]
+        outbox_pending, outbox_parked = session_repo.outbox_counts(self.memories.db.reader())
         resp = pb.GetStatusResponse(
             server_version=__version__,
             embedding_model=self.memories.embedding_model,
@@ -272,7 +273,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             sidecar_circuit=self.sessions.ranking.breaker.state.value
             if self.sessions.ranking.enabled
             else "",
-            feedback_outbox_pending=session_repo.pending_count(self.memories.db.reader()),
+            feedback_outbox_pending=outbox_pending,
+            feedback_outbox_undeliverable=outbox_parked,
             data_bytes=self.data_size.get(),
             write_lock=next(x for x in locks if x.domain == WriteDomain.MEMORIES.value),
             write_locks=locks,

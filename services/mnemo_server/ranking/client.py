@@ -35,6 +35,7 @@ class SidecarAnswer(Generic[T]):
     value: T | None
     fallback_reason: str
     elapsed_ms: float
+    detail: str = ""  # the sidecar's own words with an error status
 
     @property
     def ok(self) -> bool:
@@ -69,9 +70,9 @@ class RankingClient:
                 self._channel.close()
             self._channel = self._stub = None
 
-    def _fallback(self, reason: str, started: float) -> SidecarAnswer[T]:
+    def _fallback(self, reason: str, started: float, detail: str = "") -> SidecarAnswer[T]:
         self.fallbacks[reason] += 1
-        return SidecarAnswer(None, reason, (self._clock() - started) * 1000.0)
+        return SidecarAnswer(None, reason, (self._clock() - started) * 1000.0, detail)
 
     def _call(self, name: str, request: object, budget_s: float) -> SidecarAnswer[T]:
         started = self._clock()
@@ -90,7 +91,7 @@ class RankingClient:
         except grpc.RpcError as err:
             code = err.code()
             self.breaker.record_failure()
-            return self._fallback(_REASONS.get(code, f"error:{code.name}"), started)
+            return self._fallback(_REASONS.get(code, f"error:{code.name}"), started, err.details() or "")
         self.breaker.record_success()
         return SidecarAnswer(value, "", (self._clock() - started) * 1000.0)
 

@@ -3,7 +3,10 @@
 EndSession commits the training session into the outbox in its own transaction, so the
 caller never waits for the sidecar and a crash of either process loses nothing: rows stay
 until the sidecar acknowledges them (the sidecar's store is idempotent by session id, so a
-redelivery after a lost acknowledgement is harmless). Failures back off exponentially."""
+redelivery after a lost acknowledgement is harmless). Failures back off exponentially. A row
+that can never be delivered (its payload does not decode, or the sidecar refuses it as
+invalid) is parked with its error instead of being retried forever, so one damaged row
+cannot hold back the others: kept for an operator, counted in GetStatus."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+import grpc
 from google.protobuf import timestamp_pb2
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
@@ -21,6 +25,8 @@ from mnemo_server.store import session_repo
 from mnemo_server.store.database import Database, WriteDomain
 
 log = logging.getLogger(__name__)
+# The client's reason for an INVALID_ARGUMENT answer.
+_REFUSED = f"error:{grpc.StatusCode.INVALID_ARGUMENT.name}"
 
 
 def to_request(tenant_id: str, payload: dict[str, Any]) -> rpb.SubmitTrainingPairsRequest:
@@ -55,6 +61,7 @@ class FeedbackDelivery:
         self.cfg = cfg
         self.delivered = 0
         self.failed = 0
+        self.parked = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -93,7 +100,16 @@ class FeedbackDelivery:
         for item in session_repo.due(self.db.reader(), time.time_ns(), 50):
             if self._stop.is_set():
                 break
-            answer = self.client.submit(to_request(item.tenant_id, item.payload), self.cfg.delivery_timeout_s)
+            try:
+                request = to_request(item.tenant_id, session_repo.decode_payload(item.stored))
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
+                self._park(item, f"the payload does not decode: {type(exc).__name__}: {exc}")
+                continue
+            answer = self.client.submit(request, self.cfg.delivery_timeout_s)
+            if answer.fallback_reason == _REFUSED:
+                # Sending the same pairs again gets the same answer.
+                self._park(item, f"the sidecar refuses the pairs: {answer.detail}")
+                continue
             now = time.time_ns()
             with self.db.transaction(WriteDomain.SESSIONS) as cur:
                 if answer.ok:
@@ -110,3 +126,9 @@ class FeedbackDelivery:
                 self.failed += 1
                 break  # the sidecar is unhappy: wait for the next pass instead of hammering it
         return sent
+
+    def _park(self, item: session_repo.OutboxItem, error: str) -> None:
+        log.error("feedback of session %r (tenant %r) parked: %s", item.session_id, item.tenant_id, error)
+        with self.db.transaction(WriteDomain.SESSIONS) as cur:
+            session_repo.park(cur, item.tenant_id, item.session_id, error)
+        self.parked += 1

@@ -27,11 +27,12 @@ values (uncompressed, features candidate by candidate) written before are still 
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from mnemo_server.store.compressed import deflate, inflate
 
 _MAGIC_PLAIN, _MAGIC = b"MSC1", b"MSC2"
 _HEADER = struct.Struct("<4sII")  # magic, candidates, features per candidate
@@ -79,7 +80,7 @@ def pack(members: Sequence[SessionMemoryRow]) -> bytes:
     parts.append(np.ascontiguousarray(features.T).tobytes())  # feature by feature
     parts.append(_strings([m.memory_id for m in members]))
     parts.append(_strings([m.origin for m in members]))
-    return _HEADER.pack(_MAGIC, n, width) + zlib.compress(b"".join(parts), 1)
+    return _HEADER.pack(_MAGIC, n, width) + deflate(b"".join(parts))
 
 
 class _Reader:
@@ -114,7 +115,7 @@ def unpack(blob: bytes | None) -> list[SessionMemoryRow]:
         raise ValueError("packed session candidates end early")
     magic, n, width = _HEADER.unpack_from(blob)
     if magic == _MAGIC:
-        r = _Reader(_inflate(blob[_HEADER.size :]))
+        r = _Reader(inflate(blob[_HEADER.size :], _MAX_BODY_BYTES, "packed session candidates"))
     elif magic == _MAGIC_PLAIN:
         r = _Reader(blob, _HEADER.size)
     else:
@@ -144,18 +145,3 @@ def unpack(blob: bytes | None) -> list[SessionMemoryRow]:
         )
         for i in range(n)
     ]
-
-
-def _inflate(data: bytes) -> bytes:
-    inflater = zlib.decompressobj()
-    try:
-        body = inflater.decompress(data, _MAX_BODY_BYTES)
-    except zlib.error as exc:
-        raise ValueError(f"packed session candidates do not decompress: {exc}") from None
-    if inflater.unconsumed_tail:
-        raise ValueError("packed session candidates decompress past any session's size")
-    if not inflater.eof:
-        raise ValueError("packed session candidates end early")
-    if inflater.unused_data:
-        raise ValueError("packed session candidates hold trailing bytes")
-    return body

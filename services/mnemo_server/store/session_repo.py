@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import duckdb
 
 from mnemo_server.store import session_candidates
+from mnemo_server.store.compressed import deflate, inflate
 from mnemo_server.store.database import Cursor, fetch_one
 from mnemo_server.store.memory_repo import access_added, id_list
 from mnemo_server.store.row_cache import rows_patched
@@ -185,11 +185,20 @@ def add_accesses(cur: Cursor, accesses: Sequence[tuple[str, str, int, int]]) -> 
 # --- outbox --------------------------------------------------------------------------
 
 
+# An outbox row that can never be delivered (its payload does not decode, or the sidecar
+# refuses it as invalid) is parked: kept, with its error, and never due again, so it neither
+# blocks the rows behind it nor counts as pending. Its next attempt is "never".
+PARKED_NS = 2**63 - 1
+# Far above any session's payload (~70 candidates of at most 20,000 characters, JSON-escaped):
+# a bound on what a damaged row can make zlib allocate.
+_MAX_PAYLOAD_BYTES = 256 << 20
+
+
 @dataclass(frozen=True)
 class OutboxItem:
     tenant_id: str
     session_id: str
-    payload: dict[str, Any]
+    stored: bytes  # as encode_payload wrote it: decode_payload reads it
     attempts: int
 
 
@@ -198,14 +207,17 @@ def encode_payload(payload: dict[str, Any]) -> bytes:
     1: ~7.4 KB of JSON a session under the bench's mix, written to DuckDB's log at every
     EndSession; session_candidates says why the log's size matters). Encoded by the caller
     before it takes the sessions' write lock."""
-    return zlib.compress(json.dumps(payload).encode(), 1)
+    return deflate(json.dumps(payload).encode())
 
 
 def decode_payload(stored: bytes) -> dict[str, Any]:
+    """The payload encode_payload stored; ValueError when it is not one (damaged)."""
     # Payloads stored before compression are plain JSON objects, which begin with "{"; a
     # zlib stream never does (its first byte is 0x78 at every level).
-    data = stored if stored[:1] == b"{" else zlib.decompress(stored)
-    payload: dict[str, Any] = json.loads(data)
+    data = stored if stored[:1] == b"{" else inflate(stored, _MAX_PAYLOAD_BYTES, "an outbox payload's bytes")
+    payload = json.loads(data)
+    if not isinstance(payload, dict):
+        raise ValueError(f"an outbox payload is a JSON object, not {type(payload).__name__}")
     return payload
 
 
@@ -221,10 +233,10 @@ def enqueue(cur: Cursor, tenant_id: str, session_id: str, payload: bytes, now_ns
 def due(cur: Cursor, now_ns: int, limit: int) -> list[OutboxItem]:
     rows = cur.execute(
         "SELECT tenant_id, session_id, payload, attempts FROM sidecar_outbox WHERE delivered_ns IS NULL "
-        "AND next_attempt_ns <= ? ORDER BY create_time_ns LIMIT ?",
-        [now_ns, limit],
+        "AND next_attempt_ns <= ? AND next_attempt_ns < ? ORDER BY create_time_ns LIMIT ?",
+        [now_ns, PARKED_NS, limit],
     ).fetchall()
-    return [OutboxItem(t, s, decode_payload(bytes(p)), a) for t, s, p, a in rows]
+    return [OutboxItem(t, s, bytes(p), a) for t, s, p, a in rows]
 
 
 def mark_delivered(cur: Cursor, tenant_id: str, session_id: str, now_ns: int) -> None:
@@ -247,6 +259,22 @@ def mark_failed(cur: Cursor, tenant_id: str, session_id: str, next_attempt_ns: i
     )
 
 
+def park(cur: Cursor, tenant_id: str, session_id: str, error: str) -> None:
+    """Keep the row and its error, and never try it again (see PARKED_NS)."""
+    mark_failed(cur, tenant_id, session_id, PARKED_NS, error)
+
+
+def outbox_counts(cur: Cursor) -> tuple[int, int]:
+    """(rows still to deliver, parked rows)."""
+    row = fetch_one(
+        cur,
+        "SELECT count(*) FILTER (WHERE next_attempt_ns < ?), count(*) FILTER (WHERE next_attempt_ns = ?) "
+        "FROM sidecar_outbox WHERE delivered_ns IS NULL",
+        [PARKED_NS, PARKED_NS],
+    )
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
 def pending_count(cur: Cursor) -> int:
-    row = fetch_one(cur, "SELECT count(*) FROM sidecar_outbox WHERE delivered_ns IS NULL")
-    return int(row[0]) if row else 0
+    """Rows still to deliver, parked ones not included."""
+    return outbox_counts(cur)[0]

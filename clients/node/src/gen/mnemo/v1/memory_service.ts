@@ -443,7 +443,10 @@ export interface GetStatusResponse {
    */
   rankingFallbacks: { [key: string]: number };
   sidecarCircuit: string;
-  /** Feedback sessions not yet delivered to the sidecar (all tenants). */
+  /**
+   * Feedback sessions not yet delivered to the sidecar (all tenants), parked ones not
+   * included.
+   */
   feedbackOutboxPending: number;
   /**
    * The "memories" domain's write lock since the server started (all tenants); the same
@@ -502,6 +505,12 @@ export interface GetStatusResponse {
    * be subtracted bucket by bucket to get the distribution of a time window.
    */
   latencyBucketUpperMs: number[];
+  /**
+   * Feedback sessions that can never be delivered (all tenants): a payload that does not
+   * decode, or pairs the sidecar refused as invalid. They are kept with their error in the
+   * outbox and not retried; the server's log names each.
+   */
+  feedbackOutboxUndeliverable: number;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -3316,6 +3325,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     processCpuSeconds: 0,
     methodLatencies: [],
     latencyBucketUpperMs: [],
+    feedbackOutboxUndeliverable: 0,
   };
 }
 
@@ -3393,6 +3403,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         writer.double(v);
       }
       writer.join();
+    }
+    if (message.feedbackOutboxUndeliverable !== 0) {
+      writer.uint32(192).int64(message.feedbackOutboxUndeliverable);
     }
     return writer;
   },
@@ -3610,6 +3623,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
 
             break;
           }
+          case 24: {
+            if (tag !== 192) {
+              break;
+            }
+
+            message.feedbackOutboxUndeliverable = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3783,6 +3804,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : globalThis.Array.isArray(object?.latency_bucket_upper_ms)
         ? object.latency_bucket_upper_ms.map((e: any) => globalThis.Number(e))
         : [],
+      feedbackOutboxUndeliverable: isSet(object.feedbackOutboxUndeliverable)
+        ? globalThis.Number(object.feedbackOutboxUndeliverable)
+        : isSet(object.feedback_outbox_undeliverable)
+        ? globalThis.Number(object.feedback_outbox_undeliverable)
+        : 0,
     };
   },
 
@@ -3869,6 +3895,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.latencyBucketUpperMs?.length) {
       obj.latencyBucketUpperMs = message.latencyBucketUpperMs.map((e) => floatToJson(e));
     }
+    if (message.feedbackOutboxUndeliverable !== 0) {
+      obj.feedbackOutboxUndeliverable = Math.round(message.feedbackOutboxUndeliverable);
+    }
     return obj;
   },
 
@@ -3920,6 +3949,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.processCpuSeconds = object.processCpuSeconds ?? 0;
     message.methodLatencies = object.methodLatencies?.map((e) => MethodLatency.fromPartial(e)) || [];
     message.latencyBucketUpperMs = object.latencyBucketUpperMs?.map((e) => e) || [];
+    message.feedbackOutboxUndeliverable = object.feedbackOutboxUndeliverable ?? 0;
     return message;
   },
 };

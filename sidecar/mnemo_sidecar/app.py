@@ -69,8 +69,9 @@ class SidecarServer:
         return self.grpc.port
 
     def start(self) -> int:
-        # Load the configured cross-encoder before SERVING (an export may take a while once).
-        self.engine.base_cross_encoder()
+        # Models load before SERVING (an export may take a while once; a cross-encoder takes
+        # ~1 s to open), not inside the first calls' deadlines.
+        self.engine.warm_up()
         port = self.grpc.start()
         log.info(
             "mnemo-sidecar serving on %s:%d (data in %s)", self.cfg.server.host, port, self.cfg.data_path

@@ -89,9 +89,18 @@ class RankingEngine:
         base = self.base_cross_encoder()
         return base, (f"configured: {self.cfg.cross_encoder.path}" if base else "")
 
+    def load_ranker(self, directory: Path) -> RankerModel:
+        return RankerModel.load(directory, self.cfg.inference.intra_op_threads)
+
     def ranker(self, tenant: str) -> Promoted[RankerModel] | None:
-        return self.registry.current(
-            tenant, ModelKind.RANKER, lambda d: RankerModel.load(d, self.cfg.inference.intra_op_threads)
+        return self.registry.current(tenant, ModelKind.RANKER, self.load_ranker)
+
+    def warm_up(self) -> None:
+        """The configured cross-encoder and every tenant's promoted models, loaded now rather
+        than by the first calls, which would overrun their deadlines."""
+        self.base_cross_encoder()
+        self.registry.warm_up(
+            {ModelKind.CROSS_ENCODER: self.load_cross_encoder, ModelKind.RANKER: self.load_ranker}
         )
 
     # --- scoring -----------------------------------------------------------------------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -128,6 +130,75 @@ def test_registry_promotes_atomically_and_reloads(tmp_path: Path) -> None:
     v2, d2 = reg.new_version("t", ModelKind.RANKER)
     reg.discard("t", ModelKind.RANKER, v2)
     assert not d2.exists() and d1.exists()
+
+
+def test_registry_loads_a_model_once_however_many_ask_at_once(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path)
+    v1, _ = reg.new_version("t", ModelKind.RANKER)
+    reg.promote("t", ModelKind.RANKER, v1, "model-1", "test")
+    fresh = ModelRegistry(tmp_path)
+    loads: list[str] = []
+
+    def slow_loader(d: Path) -> str:
+        loads.append(d.name)
+        time.sleep(0.2)  # long enough for every caller to arrive during the load
+        return f"loaded {d.name}"
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: fresh.current("t", ModelKind.RANKER, slow_loader), range(8)))
+    assert loads == [v1]
+    assert {id(p) for p in got} == {id(got[0])} and got[0] is not None and got[0].model == f"loaded {v1}"
+
+
+def test_registry_serves_a_model_that_does_not_load_as_none_until_a_promotion(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path)
+    v1, _ = reg.new_version("t", ModelKind.RANKER)
+    reg.promote("t", ModelKind.RANKER, v1, "model-1", "test")
+    fresh = ModelRegistry(tmp_path)
+    attempts = 0
+
+    def damaged(d: Path) -> str:
+        nonlocal attempts
+        attempts += 1
+        raise ValueError(f"{d.name}/model.onnx is truncated")
+
+    for _ in range(3):
+        assert fresh.current("t", ModelKind.RANKER, damaged) is None
+    assert attempts == 1  # remembered, not tried on every call
+    assert fresh.broken("t", ModelKind.RANKER) == f"ValueError: {v1}/model.onnx is truncated"
+    assert fresh.broken("t", ModelKind.CROSS_ENCODER) == ""
+    v2, _ = fresh.new_version("t", ModelKind.RANKER)
+    fresh.promote("t", ModelKind.RANKER, v2, "model-2", "test")
+    promoted = fresh.current("t", ModelKind.RANKER, damaged)
+    assert promoted is not None and promoted.model == "model-2" and fresh.broken("t", ModelKind.RANKER) == ""
+    # A damaged pointer is the same: no model, the reason kept.
+    (tmp_path / "u" / "ranker").mkdir(parents=True)
+    (tmp_path / "u" / "ranker" / "current.json").write_text('{"version": ')
+    assert fresh.current("u", ModelKind.RANKER, lambda d: "never") is None
+    assert fresh.broken("u", ModelKind.RANKER).startswith("JSONDecodeError")
+
+
+def test_registry_warm_up_loads_every_tenants_promoted_models(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path)
+    for tenant, kinds in (("a", list(ModelKind)), ("b", [ModelKind.RANKER])):
+        for kind in kinds:
+            version, _ = reg.new_version(tenant, kind)
+            reg.promote(tenant, kind, version, "in memory", "test")
+    (tmp_path / "c").mkdir()  # a tenant with nothing promoted yet
+    fresh = ModelRegistry(tmp_path)
+    loaded: list[tuple[str, str]] = []
+
+    def loader(kind: ModelKind) -> Callable[[Path], str]:
+        def load(version_dir: Path) -> str:  # <root>/<tenant>/<kind>/<version>
+            loaded.append((version_dir.parent.parent.name, kind.value))
+            return "from disk"
+
+        return load
+
+    assert fresh.warm_up({kind: loader(kind) for kind in ModelKind}) == 3
+    assert sorted(loaded) == [("a", "cross_encoder"), ("a", "ranker"), ("b", "ranker")]
+    promoted = fresh.current("b", ModelKind.RANKER, lambda d: "not again")
+    assert promoted is not None and promoted.model == "from disk"
 
 
 def test_ranker_learns_an_informative_feature_and_exports_to_onnx(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from mnemo_sidecar.api import convert
 from mnemo_sidecar.api.stats import LatencyStats
 from mnemo_sidecar.deadlines import AdmissionGate, Deadline
 from mnemo_sidecar.engine import RankingEngine
+from mnemo_sidecar.learning.model import ModelKind
 from mnemo_sidecar.learning.runner import TrainingRunner
 
 
@@ -105,6 +106,20 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
         if run.failure:
             raise Unavailable(f"training failed: {run.failure}", reason="TRAINING_FAILED")
 
+    def _note(self, tenant: str, has_ce: bool) -> str:
+        notes = (
+            []
+            if has_ce
+            else [
+                "no cross-encoder configured or trained yet: Rerank uses the embedding blend "
+                "(0.7 x first-stage + 0.3 x cosine)"
+            ]
+        )
+        for kind in ModelKind:
+            if why := self.engine.registry.broken(tenant, kind):
+                notes.append(f"the promoted {kind.value} does not load and is not served ({why})")
+        return "; ".join(notes)
+
     def GetModelStatus(
         self, request: rpb.GetModelStatusRequest, context: grpc.ServicerContext
     ) -> rpb.GetModelStatusResponse:
@@ -131,10 +146,7 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
             training=self.runner.running(tenant),
             recent_outcomes=[convert.outcome_pb(o) for o in self.engine.store.outcomes(tenant)],
             cold_start=ranker is None,
-            note=""
-            if ce
-            else "no cross-encoder configured or trained yet: Rerank uses the embedding blend "
-            "(0.7 x first-stage + 0.3 x cosine)",
+            note=self._note(tenant, ce is not None),
         )
         if ranker is not None:
             ts = timestamp_pb2.Timestamp()

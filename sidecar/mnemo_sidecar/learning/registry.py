@@ -2,11 +2,19 @@
 the promoted version:  <root>/<tenant>/<kind>/<version>/...  and  <root>/<tenant>/<kind>/current.json
 A crash mid-training leaves at most an unreferenced directory; the pointer always names a
 complete version. Loaded models are swapped in memory under a lock (readers keep whatever
-reference they took)."""
+reference they took).
+
+Promoted models are loaded once: at start-up (`warm_up`, before the sidecar serves, since a
+cross-encoder takes ~1 s to hash and open and a Score that met the load would overrun its
+deadline), or by the first caller, the callers that come meanwhile waiting for that one
+load instead of each loading a copy. A version that does not load (damaged files, a
+pointer to a pruned version) is remembered with its error and served as no model (cold
+start) rather than tried again on every call; the next promotion replaces it."""
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import threading
 import time
@@ -20,6 +28,7 @@ from mnemo_sidecar.learning.model import ModelKind
 
 M = TypeVar("M")
 KEEP_VERSIONS = 4
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,8 @@ class ModelRegistry:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self._loaded: dict[tuple[str, ModelKind], Promoted[Any]] = {}
+        self._broken: dict[tuple[str, ModelKind], str] = {}
+        self._loading: dict[tuple[str, ModelKind], threading.Lock] = {}
         self._lock = threading.Lock()
 
     def _kind_dir(self, tenant: str, kind: ModelKind) -> Path:
@@ -61,6 +72,7 @@ class ModelRegistry:
         tmp.replace(kind_dir / "current.json")
         with self._lock:
             self._loaded[(tenant, kind)] = Promoted(version, model, source, now)
+            self._broken.pop((tenant, kind), None)
         self._prune(kind_dir, keep={version})
 
     def discard(self, tenant: str, kind: ModelKind, version: str) -> None:
@@ -73,17 +85,58 @@ class ModelRegistry:
                 shutil.rmtree(old, ignore_errors=True)
 
     def current(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> Promoted[M] | None:
-        """The promoted model, loaded on first use (e.g. after a restart)."""
+        """The promoted model, loaded on first use (e.g. after a restart); None when there is
+        none or it does not load (see `broken`)."""
+        key = (tenant, kind)
         with self._lock:
-            hit = self._loaded.get((tenant, kind))
-        if hit is not None:
-            return hit
-        ptr = self.pointer(tenant, kind)
-        if ptr is None:
-            return None
-        model = loader(self._kind_dir(tenant, kind) / ptr["version"])
-        loaded: Promoted[M] = Promoted(
-            ptr["version"], model, ptr.get("source", ""), int(ptr["promote_time_ns"])
+            if key in self._loaded or key in self._broken:
+                return self._loaded.get(key)
+            loading = self._loading.setdefault(key, threading.Lock())
+        with loading:
+            with self._lock:
+                if key in self._loaded or key in self._broken:
+                    return self._loaded.get(key)  # loaded while this caller waited
+            return self._load(tenant, kind, loader)
+
+    def _load(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> Promoted[M] | None:
+        key = (tenant, kind)
+        started = time.perf_counter()
+        try:
+            ptr = self.pointer(tenant, kind)
+            if ptr is None:
+                return None
+            version = str(ptr["version"])
+            loaded: Promoted[M] = Promoted(
+                version,
+                loader(self._kind_dir(tenant, kind) / version),
+                ptr.get("source", ""),
+                int(ptr["promote_time_ns"]),
+            )
+        except Exception as exc:  # any damage: the model is unusable, the sidecar is not
+            error = f"{type(exc).__name__}: {exc}"
+            log.error(
+                "the promoted %s of tenant %r does not load, served as none: %s", kind.value, tenant, error
+            )
+            with self._lock:
+                if key not in self._loaded:  # else a promotion came meanwhile: it stands
+                    self._broken[key] = error
+                return self._loaded.get(key)
+        log.info(
+            "loaded %s %s of tenant %r in %.2f s", kind.value, version, tenant, time.perf_counter() - started
         )
         with self._lock:
-            return self._loaded.setdefault((tenant, kind), loaded)
+            return self._loaded.setdefault(key, loaded)
+
+    def broken(self, tenant: str, kind: ModelKind) -> str:
+        """Why the promoted model does not load ("" when it does, or none is promoted)."""
+        with self._lock:
+            return self._broken.get((tenant, kind), "")
+
+    def warm_up(self, loaders: dict[ModelKind, Callable[[Path], Any]]) -> int:
+        """Load every tenant's promoted models; returns how many loaded."""
+        count = 0
+        for tenant_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            for kind, loader in loaders.items():
+                if (self._kind_dir(tenant_dir.name, kind) / "current.json").exists():
+                    count += self.current(tenant_dir.name, kind, loader) is not None
+        return count

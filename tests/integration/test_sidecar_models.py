@@ -1,0 +1,86 @@
+"""A restarted sidecar (real process parts, real gRPC on port 0) serves the ranker it had
+promoted from its first call, loaded before it served; a promoted ranker whose files are
+damaged is served as none (cold start, the caller keeps its baseline), says why in
+GetModelStatus, and is not loaded again on every call."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+from mnemo_sidecar.config import RankerConfig
+from mnemo_sidecar.learning.model import ModelKind
+from mnemo_sidecar.learning.registry import ModelRegistry
+from mnemo_sidecar.ranker.model import train_ranker
+from tests.unit.test_sidecar_learning import NAMES, synthetic_session
+
+
+def _promote_a_ranker(data_dir: Path) -> str:
+    """What a finished training leaves on disk: a version directory and the pointer."""
+    registry = ModelRegistry(data_dir / "models")
+    version, path = registry.new_version("acme", ModelKind.RANKER)
+    rng = random.Random(4)
+    model, _ = train_ranker(
+        [synthetic_session(i, rng) for i in range(30)],
+        None,
+        RankerConfig(n_estimators=20, min_child_samples=5),
+        path,
+        version,
+    )
+    registry.promote("acme", ModelKind.RANKER, version, model, "test")
+    return version
+
+
+def _score(stub: rpb_grpc.RankingServiceStub) -> rpb.ScoreResponse:
+    request = rpb.ScoreRequest(
+        tenant_id="acme",
+        session_id="s1",
+        query="how do releases work",
+        feature_names=NAMES,
+        candidates=[
+            rpb.Candidate(id=f"m{i}", text=f"memory {i}", baseline_score=0.5, features=(0.5, float(i), 0.1))
+            for i in range(5)
+        ],
+    )
+    response: rpb.ScoreResponse = stub.Score(request, timeout=10)
+    return response
+
+
+def _never(directory: Path) -> object:
+    raise AssertionError(f"{directory} loaded again")
+
+
+def test_a_restarted_sidecar_serves_its_promoted_ranker_loaded_before_it_serves(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    version = _promote_a_ranker(tmp_path / "side")
+    side = start_sidecar(data_dir=tmp_path / "side")
+    # Before any call: the ranker is in memory already.
+    promoted = side.registry.current("acme", ModelKind.RANKER, _never)
+    assert promoted is not None and promoted.version == version
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+    scored = _score(stub)
+    assert not scored.cold_start and scored.model_version == version and len(scored.scores) == 5
+
+
+def test_a_promoted_ranker_that_does_not_load_is_served_as_none_and_said_so(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    version = _promote_a_ranker(tmp_path / "side")
+    onnx = tmp_path / "side" / "models" / "acme" / "ranker" / version / "ranker.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:100])  # cut short, as a full disk would leave it
+    side = start_sidecar(data_dir=tmp_path / "side")
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+    for _ in range(3):
+        scored = _score(stub)
+        assert scored.cold_start and not scored.scores
+    status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="acme"), timeout=5)
+    assert status.cold_start and not status.ranker.ready
+    assert "the promoted ranker does not load and is not served" in status.note
+    assert side.registry.current("acme", ModelKind.RANKER, _never) is None  # not tried again

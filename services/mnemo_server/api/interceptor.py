@@ -23,7 +23,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from mnemo_server.api.compute_gate import COMPUTE_PRIORITY, ComputeGate
-from mnemo_server.api.errors import internal_status, to_rpc_status
+from mnemo_server.api.errors import internal_status, storage_full, to_rpc_status
 from mnemo_server.call_trace import CallTrace, mark, traced
 from mnemo_server.errors import InvalidArgument, MnemoError, Unauthenticated
 from mnemo_server.latency_histogram import CallTimes
@@ -95,7 +95,8 @@ def _fail(context: grpc.ServicerContext, exc: BaseException, method: str) -> Non
         context.abort_with_status(to_rpc_status(exc))
     incident = uuid.uuid4().hex[:12]
     log.error("incident %s in %s", incident, method, exc_info=exc)
-    context.abort_with_status(internal_status(incident))
+    full = storage_full(exc, incident)
+    context.abort_with_status(to_rpc_status(full) if full else internal_status(incident))
 
 
 class ApiInterceptor(grpc.ServerInterceptor):

@@ -7,6 +7,7 @@ or resource and never carry Python class names or stack traces.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 
@@ -95,3 +96,21 @@ class EmbeddingModelMismatch(FailedPrecondition):
     """The store was embedded with another model; `mnemo reembed` resolves it."""
 
     default_reason = "EMBEDDING_MODEL_MISMATCH"
+
+
+# How a full disk reads in the stores' own errors: DuckDB and LanceDB report the OS's words
+# in their messages (no errno), SQLite (the sidecar's pair store) its own.
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
+
+
+def is_storage_full(exc: BaseException) -> bool:
+    """Whether an error, or one in its chain, says the disk is full."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _FULL_ERRNOS:
+            return True
+        if any(words in str(seen) for words in _FULL_WORDS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -3,8 +3,6 @@ ErrorInfo (UPPER_SNAKE reason, domain, metadata) always, BadRequest for field vi
 
 from __future__ import annotations
 
-import errno
-
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -99,25 +97,15 @@ def internal_status(incident: str) -> grpc.Status:
     return result
 
 
-# How a full disk reads in the stores' own errors: DuckDB and LanceDB report the OS's words
-# in their messages (no errno), SQLite (the sidecar's pair store) its own.
-_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
-
-
 def storage_full(exc: BaseException, incident: str) -> errors.ResourceExhausted | None:
     """The error for a call that failed because the server's disk is full, else None. A
     client can tell it from a bug (INTERNAL) and retry once space is freed: the write that
     failed was rolled back (a streamed import keeps the batches committed before it)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        full = isinstance(seen, OSError) and seen.errno in _FULL_ERRNOS
-        if full or any(words in str(seen) for words in _FULL_WORDS):
-            return errors.ResourceExhausted(
-                "the server's storage is full: the write in progress was rolled back; "
-                f"retry once space is freed (incident {incident})",
-                reason="STORAGE_FULL",
-                metadata={"incident": incident},
-            )
-        seen = seen.__cause__ or seen.__context__
-    return None
+    if not errors.is_storage_full(exc):
+        return None
+    return errors.ResourceExhausted(
+        "the server's storage is full: the write in progress was rolled back; "
+        f"retry once space is freed (incident {incident})",
+        reason="STORAGE_FULL",
+        metadata={"incident": incident},
+    )

@@ -275,6 +275,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             else "",
             feedback_outbox_pending=outbox_pending,
             feedback_outbox_undeliverable=outbox_parked,
+            index_failed_batches=s.index_failed_batches,
+            index_last_failure_reason=s.index_last_failure_reason,
             data_bytes=self.data_size.get(),
             write_lock=next(x for x in locks if x.domain == WriteDomain.MEMORIES.value),
             write_locks=locks,
@@ -314,6 +316,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         )
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))
+        if s.index_last_failure_ns:
+            resp.index_last_failure_time.CopyFrom(convert.ns_to_ts(s.index_last_failure_ns))
         return resp
 
     # --- sessions ------------------------------------------------------------------------

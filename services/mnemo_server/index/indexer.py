@@ -4,7 +4,10 @@ Writes commit to DuckDB first and are acknowledged; their ids are then submitted
 worker thread embeds them in micro-batches (outside any transaction), upserts them into
 LanceDB, and only then marks them indexed in DuckDB. A crash anywhere in between leaves the
 row marked as behind, and reconcile() — at start-up and periodically — submits it again;
-the LanceDB upsert is keyed on id, so doing it twice is harmless.
+the LanceDB upsert is keyed on id, so doing it twice is harmless. A batch that fails (a
+full disk, an I/O error) is queued again after the worker's backoff (0.5 s, doubling to
+30 s), so its rows become searchable as soon as the cause is gone rather than at the next
+reconciliation (a minute apart).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 from mnemo_server.config import IndexConfig
 from mnemo_server.embed.embedder import Embedder
+from mnemo_server.errors import is_storage_full
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
 from mnemo_server.index.maintenance import MaintenanceSchedule
 from mnemo_server.store import memory_repo
@@ -36,6 +40,17 @@ class IndexerStats:
     failed_batches: int = 0
     batches: int = 0
     last_error: str = ""
+    # For GetStatus, which any tenant may call: a class of failure, never the error's text
+    # (it names files, other tenants' tables among them).
+    last_failure_reason: str = ""  # STORAGE_FULL or INTERNAL
+    last_failure_ns: int = 0
+
+
+def _by_tenant(batch: Sequence[Key]) -> dict[str, list[str]]:
+    by_tenant: dict[str, list[str]] = defaultdict(list)
+    for tenant_id, mid in dict.fromkeys(batch):
+        by_tenant[tenant_id].append(mid)
+    return by_tenant
 
 
 class IndexWorker:
@@ -156,22 +171,23 @@ class IndexWorker:
             try:
                 self.process(batch)
                 backoff = 0.0
-            except Exception as exc:  # keep serving; the reconciler retries these rows
+            except Exception as exc:  # keep serving; the rows are tried again after the backoff
                 self.stats.failed_batches += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self.stats.last_failure_reason = "STORAGE_FULL" if is_storage_full(exc) else "INTERNAL"
+                self.stats.last_failure_ns = time.time_ns()
                 log.exception("index batch of %d failed", len(batch))
                 backoff = min(max(backoff * 2, 0.5), 30.0)
-                self._stopping.wait(backoff)
+                if not self._stopping.wait(backoff):
+                    for tenant_id, ids in _by_tenant(batch).items():
+                        self.submit(tenant_id, ids)
             finally:
                 with self._idle:
                     self._busy -= 1
                     self._idle.notify_all()
 
     def process(self, batch: Sequence[Key]) -> None:
-        by_tenant: dict[str, list[str]] = defaultdict(list)
-        for tenant_id, mid in dict.fromkeys(batch):
-            by_tenant[tenant_id].append(mid)
-        for tenant_id, ids in by_tenant.items():
+        for tenant_id, ids in _by_tenant(batch).items():
             self._process_tenant(tenant_id, ids)
 
     def _process_tenant(self, tenant_id: str, ids: list[str]) -> None:

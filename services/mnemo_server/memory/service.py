@@ -64,6 +64,11 @@ class TenantStatus:
     by_type: dict[str, int]
     search_index_lag: int = 0
     cache_use: CacheUse = NO_CACHE_USE
+    # The index worker's failed batches since start-up (all tenants), and the last one's
+    # reason and time (IndexerStats).
+    index_failed_batches: int = 0
+    index_last_failure_reason: str = ""
+    index_last_failure_ns: int = 0
 
 
 def _is_seq(position: Any) -> bool:
@@ -515,4 +520,7 @@ class MemoryService:
             by_type=s["by_type"],
             search_index_lag=self.indexer.index.unindexed_rows(tenant_id),
             cache_use=self.indexer.index.cache_use(tenant_id),
+            index_failed_batches=self.indexer.stats.failed_batches,
+            index_last_failure_reason=self.indexer.stats.last_failure_reason,
+            index_last_failure_ns=self.indexer.stats.last_failure_ns,
         )

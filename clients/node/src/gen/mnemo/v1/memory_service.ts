@@ -511,6 +511,18 @@ export interface GetStatusResponse {
    * outbox and not retried; the server's log names each.
    */
   feedbackOutboxUndeliverable: number;
+  /**
+   * Search-index batches that failed since the server started (all tenants). Their memories
+   * stay pending (pending_index_count) and are retried, at most 30 s apart, until they are
+   * searchable.
+   */
+  indexFailedBatches: number;
+  /**
+   * Why the last one failed: STORAGE_FULL (the disk is full) or INTERNAL (the server's log
+   * has the details); empty when none has failed. And when.
+   */
+  indexLastFailureReason: string;
+  indexLastFailureTime?: Date | undefined;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -3326,6 +3338,9 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     methodLatencies: [],
     latencyBucketUpperMs: [],
     feedbackOutboxUndeliverable: 0,
+    indexFailedBatches: 0,
+    indexLastFailureReason: "",
+    indexLastFailureTime: undefined,
   };
 }
 
@@ -3406,6 +3421,15 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.feedbackOutboxUndeliverable !== 0) {
       writer.uint32(192).int64(message.feedbackOutboxUndeliverable);
+    }
+    if (message.indexFailedBatches !== 0) {
+      writer.uint32(200).int64(message.indexFailedBatches);
+    }
+    if (message.indexLastFailureReason !== "") {
+      writer.uint32(210).string(message.indexLastFailureReason);
+    }
+    if (message.indexLastFailureTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.indexLastFailureTime), writer.uint32(218).fork()).join();
     }
     return writer;
   },
@@ -3631,6 +3655,30 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.feedbackOutboxUndeliverable = longToNumber(reader.int64());
             continue;
           }
+          case 25: {
+            if (tag !== 200) {
+              break;
+            }
+
+            message.indexFailedBatches = longToNumber(reader.int64());
+            continue;
+          }
+          case 26: {
+            if (tag !== 210) {
+              break;
+            }
+
+            message.indexLastFailureReason = reader.string();
+            continue;
+          }
+          case 27: {
+            if (tag !== 218) {
+              break;
+            }
+
+            message.indexLastFailureTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3809,6 +3857,21 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.feedback_outbox_undeliverable)
         ? globalThis.Number(object.feedback_outbox_undeliverable)
         : 0,
+      indexFailedBatches: isSet(object.indexFailedBatches)
+        ? globalThis.Number(object.indexFailedBatches)
+        : isSet(object.index_failed_batches)
+        ? globalThis.Number(object.index_failed_batches)
+        : 0,
+      indexLastFailureReason: isSet(object.indexLastFailureReason)
+        ? globalThis.String(object.indexLastFailureReason)
+        : isSet(object.index_last_failure_reason)
+        ? globalThis.String(object.index_last_failure_reason)
+        : "",
+      indexLastFailureTime: isSet(object.indexLastFailureTime)
+        ? fromJsonTimestamp(object.indexLastFailureTime)
+        : isSet(object.index_last_failure_time)
+        ? fromJsonTimestamp(object.index_last_failure_time)
+        : undefined,
     };
   },
 
@@ -3898,6 +3961,15 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.feedbackOutboxUndeliverable !== 0) {
       obj.feedbackOutboxUndeliverable = Math.round(message.feedbackOutboxUndeliverable);
     }
+    if (message.indexFailedBatches !== 0) {
+      obj.indexFailedBatches = Math.round(message.indexFailedBatches);
+    }
+    if (message.indexLastFailureReason !== "") {
+      obj.indexLastFailureReason = message.indexLastFailureReason;
+    }
+    if (message.indexLastFailureTime !== undefined) {
+      obj.indexLastFailureTime = message.indexLastFailureTime.toISOString();
+    }
     return obj;
   },
 
@@ -3950,6 +4022,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.methodLatencies = object.methodLatencies?.map((e) => MethodLatency.fromPartial(e)) || [];
     message.latencyBucketUpperMs = object.latencyBucketUpperMs?.map((e) => e) || [];
     message.feedbackOutboxUndeliverable = object.feedbackOutboxUndeliverable ?? 0;
+    message.indexFailedBatches = object.indexFailedBatches ?? 0;
+    message.indexLastFailureReason = object.indexLastFailureReason ?? "";
+    message.indexLastFailureTime = object.indexLastFailureTime ?? undefined;
     return message;
   },
 };

@@ -234,6 +234,12 @@ class RetentionConfig:
     tombstone_days: float = 30.0
     idempotency_hours: float = 24.0
     history_days: float = 180.0
+    # A session (its row with the candidates it recorded, its transcript) is kept this long
+    # after it ended (or started, if it never ended); 0 keeps sessions forever. Its training
+    # pairs live on in the sidecar.
+    session_days: float = 180.0
+    # Training pairs the sidecar acknowledged are dropped from the outbox after this long.
+    delivered_feedback_hours: float = 24.0
     interval_s: float = 6 * 3600.0
 
 

@@ -9,43 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mnemo_server.store import session_candidates, session_repo
+from mnemo_server.store import session_repo
 from mnemo_server.store.database import Database, WriteDomain
-from mnemo_server.store.session_candidates import SessionMemoryRow
 from mnemo_server.store.session_repo import SessionRow, SessionTaken
-
-
-def _session(sid: str) -> SessionRow:
-    return SessionRow(
-        tenant_id="t",
-        id=sid,
-        agent_id="a",
-        persona_id="",
-        project_id="",
-        context=f"context of {sid}",
-        state="active",
-        request_fingerprint=f"fp-{sid}",
-        ranking_path="baseline",
-        fallback_reason="cold_start",
-        model_version="",
-        predictor_weight=0.0,
-        sidecar_ms=0.0,
-        sidecar_deadline_ms=120,
-        took_ms=1.0,
-        token_budget=100,
-        tokens_used=10,
-        dropped_count=0,
-        feature_names=["x"],
-        start_time_ns=1,
-    )
-
-
-def _members(sid: str, n: int) -> bytes:
-    rows = [
-        SessionMemoryRow(f"{sid}-m{i}", i, i + 1, "vector", 1.0, i + 1, 0.0, 0, 1.0, 5, [0.5])
-        for i in range(n)
-    ]
-    return session_candidates.pack(rows)
+from tests.unit.stored import packed_candidates, session_row
 
 
 @pytest.fixture
@@ -59,8 +26,10 @@ def _write(db: Database, records: list[tuple[SessionRow, bytes]]) -> None:
 
 
 def test_several_sessions_and_their_candidates_are_written_together(db: Database) -> None:
-    _write(db, [(_session("s1"), _members("s1", 3)), (_session("s2"), _members("s2", 2))])
-    _write(db, [(_session("s3"), _members("s3", 0))])
+    _write(
+        db, [(session_row("s1"), packed_candidates("s1", 3)), (session_row("s2"), packed_candidates("s2", 2))]
+    )
+    _write(db, [(session_row("s3"), packed_candidates("s3", 0))])
     cur = db.reader()
     for sid, n in (("s1", 3), ("s2", 2), ("s3", 0)):
         stored = session_repo.get_session(cur, "t", sid)
@@ -73,7 +42,9 @@ def test_several_sessions_and_their_candidates_are_written_together(db: Database
 
 
 def test_the_end_s_relevance_is_read_back_with_the_candidates(db: Database) -> None:
-    _write(db, [(_session("s1"), _members("s1", 3)), (_session("s2"), _members("s2", 2))])
+    _write(
+        db, [(session_row("s1"), packed_candidates("s1", 3)), (session_row("s2"), packed_candidates("s2", 2))]
+    )
     with db.transaction(WriteDomain.SESSIONS) as cur:
         session_repo.end_session(cur, "t", "s2", {"s2-m1": (0.75, "feedback")}, "", 9)
         session_repo.end_session(cur, "t", "s1", {}, "", 9)
@@ -88,9 +59,15 @@ def test_the_end_s_relevance_is_read_back_with_the_candidates(db: Database) -> N
 
 
 def test_a_taken_id_fails_the_whole_group_and_writes_none_of_it(db: Database) -> None:
-    _write(db, [(_session("s1"), _members("s1", 1))])
+    _write(db, [(session_row("s1"), packed_candidates("s1", 1))])
     with pytest.raises(SessionTaken):
-        _write(db, [(_session("s4"), _members("s4", 2)), (_session("s1"), _members("s1", 1))])
+        _write(
+            db,
+            [
+                (session_row("s4"), packed_candidates("s4", 2)),
+                (session_row("s1"), packed_candidates("s1", 1)),
+            ],
+        )
     cur = db.reader()
     assert session_repo.get_session(cur, "t", "s4") is None
     assert session_repo.session_memories(cur, "t", "s4") == []

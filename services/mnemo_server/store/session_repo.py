@@ -12,7 +12,7 @@ import duckdb
 from mnemo_server.store import session_candidates
 from mnemo_server.store.compressed import deflate, inflate
 from mnemo_server.store.database import Cursor, fetch_one
-from mnemo_server.store.memory_repo import access_added, id_list
+from mnemo_server.store.memory_repo import access_added, arrow_view, id_list
 from mnemo_server.store.row_cache import rows_patched
 from mnemo_server.store.session_candidates import SessionMemoryRow
 
@@ -278,3 +278,37 @@ def outbox_counts(cur: Cursor) -> tuple[int, int]:
 def pending_count(cur: Cursor) -> int:
     """Rows still to deliver, parked ones not included."""
     return outbox_counts(cur)[0]
+
+
+# --- retention ---------------------------------------------------------------------------
+
+
+def purge_delivered_feedback(cur: Cursor, before_ns: int) -> None:
+    """Outbox rows the sidecar acknowledged before `before_ns`: it holds the pairs now (and
+    the session's row says they were delivered), so the payload is only disk."""
+    cur.execute("DELETE FROM sidecar_outbox WHERE delivered_ns < ?", [before_ns])
+
+
+def purge_sessions(cur: Cursor, before_ns: int, limit: int) -> int:
+    """Delete up to `limit` sessions last active (ended, else started) before `before_ns`,
+    with their transcripts and outbox rows; never one whose feedback is still to be
+    delivered (a parked row does not keep it: it had the whole window). Returns how many."""
+    doomed = cur.execute(
+        "SELECT s.tenant_id, s.id FROM sessions s WHERE coalesce(s.end_time_ns, s.start_time_ns) < ? "
+        "AND NOT EXISTS (SELECT 1 FROM sidecar_outbox o WHERE o.tenant_id = s.tenant_id "
+        "AND o.session_id = s.id AND o.delivered_ns IS NULL AND o.next_attempt_ns < ?) "
+        "ORDER BY coalesce(s.end_time_ns, s.start_time_ns) LIMIT ?",
+        [before_ns, PARKED_NS, limit],
+    ).fetchall()
+    if doomed:
+        with arrow_view(cur, "doomed_sessions", [{"tenant_id": t, "id": i} for t, i in doomed]):
+            for table, key in (
+                ("session_transcripts", "session_id"),
+                ("sidecar_outbox", "session_id"),
+                ("sessions", "id"),
+            ):
+                cur.execute(
+                    f"DELETE FROM {table} USING doomed_sessions d "
+                    f"WHERE {table}.tenant_id = d.tenant_id AND {table}.{key} = d.id"
+                )
+    return len(doomed)

@@ -304,7 +304,7 @@ class MnemoServer:
         )
         self.grpc.add(
             admin_service_pb2_grpc.add_AdminServiceServicer_to_server,
-            AdminServicer(self.core.tenants, self.core.validator),
+            AdminServicer(self.core.tenants, self.core.validator, self.core.delivery),
             "mnemo.v1.AdminService",
         )
         self.grpc.add(

@@ -16,12 +16,14 @@ from google.protobuf import field_mask_pb2
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+from mnemo.v1 import admin_service_pb2 as admin_pb
+from mnemo.v1 import admin_service_pb2_grpc as admin_grpc
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_server.store import session_repo
 from mnemo_server.store.database import WriteDomain
 from mnemo_sidecar.config import SidecarConfig
-from tests.conftest import LiveServer, TenantClient, error_info, provision
+from tests.conftest import ADMIN_KEY, LiveServer, TenantClient, bearer, error_info, provision
 
 FACTS = [
     "The deploy pipeline runs on Thursdays at 14:00 UTC",
@@ -632,6 +634,25 @@ def test_feedback_that_can_never_be_delivered_is_parked_and_holds_back_nothing(
     assert live.server.core.delivery.parked == 2
     time.sleep(0.5)  # ten delivery passes: neither is tried again
     assert undelivered() == parked
+
+    # Once what refused them is fixed (here: the pairs), an operator queues them again; the
+    # one that still does not decode is parked again.
+    with db.transaction(WriteDomain.SESSIONS) as cur:
+        refused["candidates"][0]["relevance"] = 1.0
+        cur.execute(update, [session_repo.encode_payload(refused), "s2"])
+    admin = admin_grpc.AdminServiceStub(live.channel())
+    with pytest.raises(grpc.RpcError) as denied:
+        admin.RetryUndeliverableFeedback(
+            admin_pb.RetryUndeliverableFeedbackRequest(), metadata=t.md, timeout=5
+        )
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED  # a tenant's key is not enough
+    retried = admin.RetryUndeliverableFeedback(
+        admin_pb.RetryUndeliverableFeedbackRequest(), metadata=bearer(ADMIN_KEY), timeout=5
+    )
+    assert retried.requeued == 2
+    wait_for(lambda: side2.store.counts("acme")[0] == 3)
+    wait_for(lambda: [r[0] for r in undelivered()] == ["s0"] and status().feedback_outbox_undeliverable == 1)
+    assert status().feedback_outbox_pending == 0
 
 
 class StalledRanking(rpb_grpc.RankingServiceServicer):

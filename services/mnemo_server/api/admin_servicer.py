@@ -10,6 +10,7 @@ from mnemo_server.api import convert
 from mnemo_server.api.interceptor import current_principal
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.validation import Validator
+from mnemo_server.ranking.outbox import FeedbackDelivery
 from mnemo_server.store.tenant_repo import ApiKeyRow, TenantRow
 from mnemo_server.tenancy.tenants import TenantService, require_admin
 
@@ -35,9 +36,10 @@ def _admin() -> None:
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
-    def __init__(self, tenants: TenantService, validator: Validator):
+    def __init__(self, tenants: TenantService, validator: Validator, feedback: FeedbackDelivery):
         self.tenants = tenants
         self.validator = validator
+        self.feedback = feedback
 
     def CreateTenant(
         self, request: pb.CreateTenantRequest, context: grpc.ServicerContext
@@ -98,3 +100,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         if not request.id:
             raise InvalidArgument("id", "is required")
         return pb.RevokeApiKeyResponse(api_key=_key_pb(self.tenants.revoke_key(request.id)))
+
+    def RetryUndeliverableFeedback(
+        self, request: pb.RetryUndeliverableFeedbackRequest, context: grpc.ServicerContext
+    ) -> pb.RetryUndeliverableFeedbackResponse:
+        _admin()
+        return pb.RetryUndeliverableFeedbackResponse(requeued=self.feedback.retry_parked())

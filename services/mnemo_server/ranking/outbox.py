@@ -6,7 +6,8 @@ until the sidecar acknowledges them (the sidecar's store is idempotent by sessio
 redelivery after a lost acknowledgement is harmless). Failures back off exponentially. A row
 that can never be delivered (its payload does not decode, or the sidecar refuses it as
 invalid) is parked with its error instead of being retried forever, so one damaged row
-cannot hold back the others: kept for an operator, counted in GetStatus."""
+cannot hold back the others: kept for an operator, counted in GetStatus, and queued again
+by AdminService.RetryUndeliverableFeedback once the cause is fixed."""
 
 from __future__ import annotations
 
@@ -126,6 +127,15 @@ class FeedbackDelivery:
                 self.failed += 1
                 break  # the sidecar is unhappy: wait for the next pass instead of hammering it
         return sent
+
+    def retry_parked(self) -> int:
+        """Make the parked rows due again (an operator's call once their cause is fixed)."""
+        with self.db.transaction(WriteDomain.SESSIONS) as cur:
+            requeued = session_repo.unpark(cur, time.time_ns())
+        if requeued:
+            log.info("%d parked feedback session(s) queued again", requeued)
+            self.notify()
+        return requeued
 
     def _park(self, item: session_repo.OutboxItem, error: str) -> None:
         log.error("feedback of session %r (tenant %r) parked: %s", item.session_id, item.tenant_id, error)

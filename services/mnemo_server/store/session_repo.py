@@ -264,6 +264,17 @@ def park(cur: Cursor, tenant_id: str, session_id: str, error: str) -> None:
     mark_failed(cur, tenant_id, session_id, PARKED_NS, error)
 
 
+def unpark(cur: Cursor, now_ns: int) -> int:
+    """Make every parked row due again; returns how many."""
+    # DuckDB answers an UPDATE with the number of rows it changed.
+    row = fetch_one(
+        cur,
+        "UPDATE sidecar_outbox SET next_attempt_ns = ? WHERE delivered_ns IS NULL AND next_attempt_ns = ?",
+        [now_ns, PARKED_NS],
+    )
+    return int(row[0]) if row else 0
+
+
 def outbox_counts(cur: Cursor) -> tuple[int, int]:
     """(rows still to deliver, parked rows)."""
     row = fetch_one(

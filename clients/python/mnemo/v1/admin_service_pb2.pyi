@@ -122,3 +122,13 @@ class RevokeApiKeyResponse(_message.Message):
     API_KEY_FIELD_NUMBER: _ClassVar[int]
     api_key: ApiKey
     def __init__(self, api_key: _Optional[_Union[ApiKey, _Mapping]] = ...) -> None: ...
+
+class RetryUndeliverableFeedbackRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RetryUndeliverableFeedbackResponse(_message.Message):
+    __slots__ = ("requeued",)
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    requeued: int
+    def __init__(self, requeued: _Optional[int] = ...) -> None: ...

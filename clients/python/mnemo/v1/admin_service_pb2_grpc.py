@@ -65,6 +65,11 @@ class AdminServiceStub:
                 request_serializer=mnemo_dot_v1_dot_admin__service__pb2.RevokeApiKeyRequest.SerializeToString,
                 response_deserializer=mnemo_dot_v1_dot_admin__service__pb2.RevokeApiKeyResponse.FromString,
                 _registered_method=True)
+        self.RetryUndeliverableFeedback = channel.unary_unary(
+                '/mnemo.v1.AdminService/RetryUndeliverableFeedback',
+                request_serializer=mnemo_dot_v1_dot_admin__service__pb2.RetryUndeliverableFeedbackRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_admin__service__pb2.RetryUndeliverableFeedbackResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -108,6 +113,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetryUndeliverableFeedback(self, request, context):
+        """Queues again the session feedback the server parked as undeliverable (all tenants;
+        GetStatus.feedback_outbox_undeliverable counts it): pairs the sidecar refused, e.g.
+        once a sidecar that accepts them is deployed. A row that fails the same way is parked
+        again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -140,6 +155,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RevokeApiKey,
                     request_deserializer=mnemo_dot_v1_dot_admin__service__pb2.RevokeApiKeyRequest.FromString,
                     response_serializer=mnemo_dot_v1_dot_admin__service__pb2.RevokeApiKeyResponse.SerializeToString,
+            ),
+            'RetryUndeliverableFeedback': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryUndeliverableFeedback,
+                    request_deserializer=mnemo_dot_v1_dot_admin__service__pb2.RetryUndeliverableFeedbackRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_admin__service__pb2.RetryUndeliverableFeedbackResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -305,6 +325,33 @@ class AdminService:
             '/mnemo.v1.AdminService/RevokeApiKey',
             mnemo_dot_v1_dot_admin__service__pb2.RevokeApiKeyRequest.SerializeToString,
             mnemo_dot_v1_dot_admin__service__pb2.RevokeApiKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryUndeliverableFeedback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.AdminService/RetryUndeliverableFeedback',
+            mnemo_dot_v1_dot_admin__service__pb2.RetryUndeliverableFeedbackRequest.SerializeToString,
+            mnemo_dot_v1_dot_admin__service__pb2.RetryUndeliverableFeedbackResponse.FromString,
             options,
             channel_credentials,
             insecure,

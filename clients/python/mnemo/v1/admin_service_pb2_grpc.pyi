@@ -40,6 +40,12 @@ class AdminServiceStub:
     """Issues a key for a tenant. The secret is returned once and stored only as a hash."""
     ListApiKeys: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.ListApiKeysRequest, _admin_service_pb2.ListApiKeysResponse]
     RevokeApiKey: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.RevokeApiKeyRequest, _admin_service_pb2.RevokeApiKeyResponse]
+    RetryUndeliverableFeedback: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.RetryUndeliverableFeedbackRequest, _admin_service_pb2.RetryUndeliverableFeedbackResponse]
+    """Queues again the session feedback the server parked as undeliverable (all tenants;
+    GetStatus.feedback_outbox_undeliverable counts it): pairs the sidecar refused, e.g.
+    once a sidecar that accepts them is deployed. A row that fails the same way is parked
+    again.
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -53,6 +59,12 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Issues a key for a tenant. The secret is returned once and stored only as a hash."""
     ListApiKeys: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.ListApiKeysRequest, _admin_service_pb2.ListApiKeysResponse]  # type: ignore[assignment]
     RevokeApiKey: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.RevokeApiKeyRequest, _admin_service_pb2.RevokeApiKeyResponse]  # type: ignore[assignment]
+    RetryUndeliverableFeedback: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.RetryUndeliverableFeedbackRequest, _admin_service_pb2.RetryUndeliverableFeedbackResponse]  # type: ignore[assignment]
+    """Queues again the session feedback the server parked as undeliverable (all tenants;
+    GetStatus.feedback_outbox_undeliverable counts it): pairs the sidecar refused, e.g.
+    once a sidecar that accepts them is deployed. A row that fails the same way is parked
+    again.
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Tenants and their API keys. Every call needs the server's admin key."""
@@ -99,5 +111,17 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_service_pb2.RevokeApiKeyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_service_pb2.RevokeApiKeyResponse, _abc.Awaitable[_admin_service_pb2.RevokeApiKeyResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RetryUndeliverableFeedback(
+        self,
+        request: _admin_service_pb2.RetryUndeliverableFeedbackRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.RetryUndeliverableFeedbackResponse, _abc.Awaitable[_admin_service_pb2.RetryUndeliverableFeedbackResponse]]:
+        """Queues again the session feedback the server parked as undeliverable (all tenants;
+        GetStatus.feedback_outbox_undeliverable counts it): pairs the sidecar refused, e.g.
+        once a sidecar that accepts them is deployed. A row that fails the same way is parked
+        again.
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

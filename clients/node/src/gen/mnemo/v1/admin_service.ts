@@ -103,6 +103,14 @@ export interface RevokeApiKeyResponse {
   apiKey?: ApiKey | undefined;
 }
 
+export interface RetryUndeliverableFeedbackRequest {
+}
+
+export interface RetryUndeliverableFeedbackResponse {
+  /** How many sessions' feedback was queued again. */
+  requeued: number;
+}
+
 function createBaseTenant(): Tenant {
   return { id: "", displayName: "", createTime: undefined };
 }
@@ -1383,6 +1391,133 @@ export const RevokeApiKeyResponse: MessageFns<RevokeApiKeyResponse> = {
   },
 };
 
+function createBaseRetryUndeliverableFeedbackRequest(): RetryUndeliverableFeedbackRequest {
+  return {};
+}
+
+export const RetryUndeliverableFeedbackRequest: MessageFns<RetryUndeliverableFeedbackRequest> = {
+  encode(_: RetryUndeliverableFeedbackRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RetryUndeliverableFeedbackRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRetryUndeliverableFeedbackRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(_: any): RetryUndeliverableFeedbackRequest {
+    return {};
+  },
+
+  toJSON(_: RetryUndeliverableFeedbackRequest): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RetryUndeliverableFeedbackRequest>, I>>(
+    base?: I,
+  ): RetryUndeliverableFeedbackRequest {
+    return RetryUndeliverableFeedbackRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RetryUndeliverableFeedbackRequest>, I>>(
+    _: I,
+  ): RetryUndeliverableFeedbackRequest {
+    const message = createBaseRetryUndeliverableFeedbackRequest();
+    return message;
+  },
+};
+
+function createBaseRetryUndeliverableFeedbackResponse(): RetryUndeliverableFeedbackResponse {
+  return { requeued: 0 };
+}
+
+export const RetryUndeliverableFeedbackResponse: MessageFns<RetryUndeliverableFeedbackResponse> = {
+  encode(message: RetryUndeliverableFeedbackResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.requeued !== 0) {
+      writer.uint32(8).int64(message.requeued);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RetryUndeliverableFeedbackResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRetryUndeliverableFeedbackResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.requeued = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RetryUndeliverableFeedbackResponse {
+    return { requeued: isSet(object.requeued) ? globalThis.Number(object.requeued) : 0 };
+  },
+
+  toJSON(message: RetryUndeliverableFeedbackResponse): unknown {
+    const obj: any = {};
+    if (message.requeued !== 0) {
+      obj.requeued = Math.round(message.requeued);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RetryUndeliverableFeedbackResponse>, I>>(
+    base?: I,
+  ): RetryUndeliverableFeedbackResponse {
+    return RetryUndeliverableFeedbackResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RetryUndeliverableFeedbackResponse>, I>>(
+    object: I,
+  ): RetryUndeliverableFeedbackResponse {
+    const message = createBaseRetryUndeliverableFeedbackResponse();
+    message.requeued = object.requeued ?? 0;
+    return message;
+  },
+};
+
 /** Tenants and their API keys. Every call needs the server's admin key. */
 export type AdminServiceService = typeof AdminServiceService;
 export const AdminServiceService = {
@@ -1444,6 +1579,25 @@ export const AdminServiceService = {
       Buffer.from(RevokeApiKeyResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): RevokeApiKeyResponse => RevokeApiKeyResponse.decode(value),
   },
+  /**
+   * Queues again the session feedback the server parked as undeliverable (all tenants;
+   * GetStatus.feedback_outbox_undeliverable counts it): pairs the sidecar refused, e.g.
+   * once a sidecar that accepts them is deployed. A row that fails the same way is parked
+   * again.
+   */
+  retryUndeliverableFeedback: {
+    path: "/mnemo.v1.AdminService/RetryUndeliverableFeedback" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RetryUndeliverableFeedbackRequest): Buffer =>
+      Buffer.from(RetryUndeliverableFeedbackRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RetryUndeliverableFeedbackRequest =>
+      RetryUndeliverableFeedbackRequest.decode(value),
+    responseSerialize: (value: RetryUndeliverableFeedbackResponse): Buffer =>
+      Buffer.from(RetryUndeliverableFeedbackResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RetryUndeliverableFeedbackResponse =>
+      RetryUndeliverableFeedbackResponse.decode(value),
+  },
 } as const;
 
 export interface AdminServiceServer extends UntypedServiceImplementation {
@@ -1454,6 +1608,13 @@ export interface AdminServiceServer extends UntypedServiceImplementation {
   createApiKey: handleUnaryCall<CreateApiKeyRequest, CreateApiKeyResponse>;
   listApiKeys: handleUnaryCall<ListApiKeysRequest, ListApiKeysResponse>;
   revokeApiKey: handleUnaryCall<RevokeApiKeyRequest, RevokeApiKeyResponse>;
+  /**
+   * Queues again the session feedback the server parked as undeliverable (all tenants;
+   * GetStatus.feedback_outbox_undeliverable counts it): pairs the sidecar refused, e.g.
+   * once a sidecar that accepts them is deployed. A row that fails the same way is parked
+   * again.
+   */
+  retryUndeliverableFeedback: handleUnaryCall<RetryUndeliverableFeedbackRequest, RetryUndeliverableFeedbackResponse>;
 }
 
 export interface AdminServiceClient extends Client {
@@ -1548,6 +1709,27 @@ export interface AdminServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: RevokeApiKeyResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Queues again the session feedback the server parked as undeliverable (all tenants;
+   * GetStatus.feedback_outbox_undeliverable counts it): pairs the sidecar refused, e.g.
+   * once a sidecar that accepts them is deployed. A row that fails the same way is parked
+   * again.
+   */
+  retryUndeliverableFeedback(
+    request: RetryUndeliverableFeedbackRequest,
+    callback: (error: ServiceError | null, response: RetryUndeliverableFeedbackResponse) => void,
+  ): ClientUnaryCall;
+  retryUndeliverableFeedback(
+    request: RetryUndeliverableFeedbackRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: RetryUndeliverableFeedbackResponse) => void,
+  ): ClientUnaryCall;
+  retryUndeliverableFeedback(
+    request: RetryUndeliverableFeedbackRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: RetryUndeliverableFeedbackResponse) => void,
+  ): ClientUnaryCall;
 }
 
 export const AdminServiceClient = makeGenericClientConstructor(
@@ -1592,6 +1774,17 @@ function fromJsonTimestamp(o: any): Date {
   } else {
     return fromTimestamp(Timestamp.fromJSON(o));
   }
+}
+
+function longToNumber(int64: { toString(): string }): number {
+  const num = globalThis.Number(int64.toString());
+  if (num > globalThis.Number.MAX_SAFE_INTEGER) {
+    throw new globalThis.Error("Value is larger than Number.MAX_SAFE_INTEGER");
+  }
+  if (num < globalThis.Number.MIN_SAFE_INTEGER) {
+    throw new globalThis.Error("Value is smaller than Number.MIN_SAFE_INTEGER");
+  }
+  return num;
 }
 
 function isSet(value: any): boolean {

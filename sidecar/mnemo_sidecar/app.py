@@ -31,7 +31,7 @@ class SidecarServer:
         self.cfg = cfg
         data = cfg.data_path
         data.mkdir(parents=True, exist_ok=True)
-        self.store = PairStore(data / "pairs.sqlite")
+        self.store = PairStore(data / "pairs.sqlite", cfg.training.max_stored_sessions)
         self.registry = ModelRegistry(data / "models")
         self.health = HealthTracker(self.store, cfg.health)
         self.engine = RankingEngine(cfg, self.store, self.registry, self.health)

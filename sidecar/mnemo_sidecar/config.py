@@ -97,6 +97,9 @@ class TrainingConfig:
     cross_encoder: bool = True
     ranker: bool = True
     torch_threads: int = 2
+    # A tenant's pair store keeps its newest this many sessions (0: all). Each training run
+    # reads them all; the cross-encoder fine-tunes on at most cross_encoder.max_pairs of them.
+    max_stored_sessions: int = 20_000
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,24 @@ def test_pair_store_is_idempotent_and_durable(tmp_path: Path) -> None:
     assert reopened.sessions("t") == [s]
 
 
+def test_pair_store_keeps_a_tenants_newest_sessions_up_to_its_cap(tmp_path: Path) -> None:
+    rng = random.Random(2)
+    store = PairStore(tmp_path / "p.sqlite", max_sessions=5)
+    sessions = [synthetic_session(i, rng) for i in range(8)]
+    for s in sessions:
+        assert store.add_session("t", s, 0.5, None, None)
+    other = synthetic_session(99, rng)
+    store.add_session("other", other, 0.5, None, None)
+    assert store.counts("t") == (5, 5 * 20)  # the pairs of the evicted sessions went with them
+    assert store.sessions("t") == sessions[3:]  # the newest five, oldest first
+    assert store.sessions("other") == [other]  # another tenant's are its own
+    assert store.add_session("t", sessions[0], 0.5, None, None)  # evicted, so stored anew
+    assert [x.session_id for x in store.sessions("t")] == [x.session_id for x in [*sessions[4:], sessions[0]]]
+    store.close()
+    reopened = PairStore(tmp_path / "p.sqlite", max_sessions=5)
+    assert reopened.counts("t") == (5, 100)
+
+
 def test_health_ema_floor_and_drift(tmp_path: Path) -> None:
     cfg = HealthConfig(
         alpha=0.1,

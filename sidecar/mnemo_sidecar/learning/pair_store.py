@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS candidates (
     text TEXT NOT NULL, baseline_score REAL NOT NULL, features BLOB NOT NULL, relevance REAL NOT NULL,
     baseline_rank INTEGER NOT NULL, predictor_rank INTEGER NOT NULL,
     PRIMARY KEY (tenant, session_id, ord));
+CREATE INDEX IF NOT EXISTS sessions_by_seq ON sessions (tenant, seq);
 CREATE TABLE IF NOT EXISTS health (
     tenant TEXT PRIMARY KEY, win_ema REAL NOT NULL, sessions_since_promotion INTEGER NOT NULL,
     sessions_since_training INTEGER NOT NULL);
@@ -42,7 +43,11 @@ CREATE TABLE IF NOT EXISTS outcomes (
 
 
 class PairStore:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, max_sessions: int = 0):
+        """max_sessions > 0: a tenant keeps its newest that many sessions (and their pairs).
+        Every training run reads all of a tenant's sessions into memory, so without a cap
+        the file, the run's memory and its time grew with every session ever submitted."""
+        self.max_sessions = max_sessions
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -111,6 +116,16 @@ class PairStore:
                         for i, c in enumerate(s.candidates)
                     ],
                 )
+                if 0 < self.max_sessions < seq:
+                    # seq counts the tenant's sessions one by one: those up to `oldest` are
+                    # the ones past the cap (an evicted session sent again is stored anew).
+                    oldest = seq - self.max_sessions
+                    cur.execute(
+                        "DELETE FROM candidates WHERE tenant = ? AND session_id IN "
+                        "(SELECT session_id FROM sessions WHERE tenant = ? AND seq <= ?)",
+                        (tenant, tenant, oldest),
+                    )
+                    cur.execute("DELETE FROM sessions WHERE tenant = ? AND seq <= ?", (tenant, oldest))
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")

@@ -46,6 +46,9 @@ class ServerConfig:
     # 0 keeps glibc's dynamic thresholds.
     malloc_mmap_threshold_kb: int = 128
     malloc_trim_threshold_kb: int = 1024
+    # `mnemo serve` moves what warm-up loaded out of the garbage collector's reach once it
+    # serves (gc.freeze; process_memory.py has why and the measurements).
+    gc_freeze_after_warm_up: bool = True
     tls_cert_file: str = ""
     tls_key_file: str = ""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,9 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
         )
         names = {s.name for s in answer.list_services_response.service}
     assert {"mnemo.v1.MemoryService", "mnemo.v1.AdminService", "grpc.health.v1.Health"} <= names
+    # Once it serves, the process takes what warm-up loaded out of the collector's reach.
+    frozen = re.search(r"froze (\d+) objects of the warm heap", proc.log.read_text())
+    assert frozen is not None and int(frozen.group(1)) > 10_000
 
     env = base_env(model_cache, MNEMO_SERVER=proc.address)
     with MnemoClient(proc.address) as client:

@@ -14,7 +14,7 @@ from mnemo_server.app import MnemoServer
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
 from mnemo_server.launcher import watch_parent
-from mnemo_server.process_memory import fix_malloc_thresholds, limit_malloc_arenas
+from mnemo_server.process_memory import fix_malloc_thresholds, freeze_warm_heap, limit_malloc_arenas
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ def run_until_signalled(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     port = server.start()
+    if server.config.server.gc_freeze_after_warm_up:
+        freeze_warm_heap()
     if parent_pid:
         watch_parent(parent_pid)
     if port_file is not None:

@@ -35,7 +35,8 @@ class SidecarAnswer(Generic[T]):
     value: T | None
     fallback_reason: str
     elapsed_ms: float
-    detail: str = ""  # the sidecar's own words with an error status
+    code: grpc.StatusCode | None = None  # the sidecar's error status, if it answered with one
+    detail: str = ""  # and its own words with it
 
     @property
     def ok(self) -> bool:
@@ -70,9 +71,11 @@ class RankingClient:
                 self._channel.close()
             self._channel = self._stub = None
 
-    def _fallback(self, reason: str, started: float, detail: str = "") -> SidecarAnswer[T]:
+    def _fallback(
+        self, reason: str, started: float, code: grpc.StatusCode | None = None, detail: str = ""
+    ) -> SidecarAnswer[T]:
         self.fallbacks[reason] += 1
-        return SidecarAnswer(None, reason, (self._clock() - started) * 1000.0, detail)
+        return SidecarAnswer(None, reason, (self._clock() - started) * 1000.0, code, detail)
 
     def _call(self, name: str, request: object, budget_s: float) -> SidecarAnswer[T]:
         started = self._clock()
@@ -91,7 +94,9 @@ class RankingClient:
         except grpc.RpcError as err:
             code = err.code()
             self.breaker.record_failure()
-            return self._fallback(_REASONS.get(code, f"error:{code.name}"), started, err.details() or "")
+            return self._fallback(
+                _REASONS.get(code, f"error:{code.name}"), started, code, err.details() or ""
+            )
         self.breaker.record_success()
         return SidecarAnswer(value, "", (self._clock() - started) * 1000.0)
 

@@ -26,8 +26,6 @@ from mnemo_server.store import session_repo
 from mnemo_server.store.database import Database, WriteDomain
 
 log = logging.getLogger(__name__)
-# The client's reason for an INVALID_ARGUMENT answer.
-_REFUSED = f"error:{grpc.StatusCode.INVALID_ARGUMENT.name}"
 
 
 def to_request(tenant_id: str, payload: dict[str, Any]) -> rpb.SubmitTrainingPairsRequest:
@@ -107,7 +105,7 @@ class FeedbackDelivery:
                 self._park(item, f"the payload does not decode: {type(exc).__name__}: {exc}")
                 continue
             answer = self.client.submit(request, self.cfg.delivery_timeout_s)
-            if answer.fallback_reason == _REFUSED:
+            if answer.code == grpc.StatusCode.INVALID_ARGUMENT:
                 # Sending the same pairs again gets the same answer.
                 self._park(item, f"the sidecar refuses the pairs: {answer.detail}")
                 continue

@@ -233,8 +233,8 @@ def enqueue(cur: Cursor, tenant_id: str, session_id: str, payload: bytes, now_ns
 def due(cur: Cursor, now_ns: int, limit: int) -> list[OutboxItem]:
     rows = cur.execute(
         "SELECT tenant_id, session_id, payload, attempts FROM sidecar_outbox WHERE delivered_ns IS NULL "
-        "AND next_attempt_ns <= ? AND next_attempt_ns < ? ORDER BY create_time_ns LIMIT ?",
-        [now_ns, PARKED_NS, limit],
+        "AND next_attempt_ns <= ? ORDER BY create_time_ns LIMIT ?",
+        [min(now_ns, PARKED_NS - 1), limit],  # a parked row is never due
     ).fetchall()
     return [OutboxItem(t, s, bytes(p), a) for t, s, p, a in rows]
 

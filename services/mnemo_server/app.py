@@ -113,7 +113,10 @@ class Core:
             models = self.paths.models(config)
             self.embedder = build_embedder(config.embedding, models)
             index_embedder = build_embedder(
-                config.embedding, models, threads=config.embedding.index_intra_op_threads
+                config.embedding,
+                models,
+                threads=config.embedding.index_intra_op_threads,
+                concurrent_runs=config.embedding.index_concurrent_runs,
             )
             if accept_model_change:
                 with self.db.transaction() as cur:

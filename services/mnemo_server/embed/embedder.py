@@ -11,6 +11,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -37,6 +38,31 @@ def bundled_model_path() -> Path:
     return path
 
 
+# A micro-batch is cut before padding would exceed this share of its real tokens: a
+# padded position costs as much as a real one, and texts vary 2-3x in length.
+MAX_PADDING = 0.1
+
+
+def length_buckets(lengths: Sequence[int], max_batch: int, max_padding: float) -> list[list[int]]:
+    """Indices grouped into micro-batches of similar length, shortest first: each group has
+    at most max_batch members, and padding them to the longest adds at most max_padding of
+    their real tokens (a lone text is always its own group)."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        n = lengths[i]
+        # Sorted, so n is the new width: the group padded to n holds n * (size + 1) cells.
+        if group and (len(group) >= max_batch or n * (len(group) + 1) > (1 + max_padding) * (real + n)):
+            groups.append(group)
+            group, real = [], 0
+        group.append(i)
+        real += n
+    if group:
+        groups.append(group)
+    return groups
+
+
 def _normalise(v: npt.NDArray[np.float32]) -> Vectors:
     norms = np.linalg.norm(v, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
@@ -58,6 +84,7 @@ class OnnxEmbedder:
         max_seq_length: int,
         intra_op_threads: int,
         batch_size: int,
+        concurrent_runs: int = 1,
     ):
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -75,31 +102,42 @@ class OnnxEmbedder:
         self._session = ort.InferenceSession(str(onnx_file), opts, providers=["CPUExecutionProvider"])
         self._batch_size = batch_size
         self._pad_id = self._tokenizer.token_to_id("[PAD]") or 0
+        # Micro-batches run side by side on single-threaded runs: on these short texts
+        # onnxruntime's own intra-op threads spend more on hand-offs than they save.
+        self._pool: ThreadPoolExecutor | None = None
+        if concurrent_runs > 1:
+            self._pool = ThreadPoolExecutor(concurrent_runs, thread_name_prefix="mnemo-embed")
         self.dimension = int(self.embed(["dimension probe"]).shape[1])
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
             return np.zeros((0, getattr(self, "dimension", 0)), dtype=np.float32)
-        encodings = self._tokenizer.encode_batch(list(texts))
-        # Length-sorted micro-batches waste little compute on padding.
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
-        out: list[tuple[int, npt.NDArray[np.float32]]] = []
-        for start in range(0, len(order), self._batch_size):
-            idx = order[start : start + self._batch_size]
-            width = max(len(encodings[i].ids) for i in idx)
-            ids = np.full((len(idx), width), self._pad_id, dtype=np.int64)
-            mask = np.zeros((len(idx), width), dtype=np.int64)
-            for row, i in enumerate(idx):
-                n = len(encodings[i].ids)
-                ids[row, :n] = encodings[i].ids
-                mask[row, :n] = 1
-            hidden = self._session.run(
-                None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-            )[0]
-            pooled = (hidden * mask[..., None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1)
-            out.extend(zip(idx, pooled.astype(np.float32), strict=True))
-        out.sort(key=lambda pair: pair[0])
-        return _normalise(np.stack([v for _, v in out]))
+        token_ids = [e.ids for e in self._tokenizer.encode_batch(list(texts))]
+        groups = length_buckets([len(ids) for ids in token_ids], self._batch_size, MAX_PADDING)
+        if self._pool is not None and len(groups) > 1:
+            pooled = list(self._pool.map(lambda idx: self._run(token_ids, idx), groups))
+        else:
+            pooled = [self._run(token_ids, idx) for idx in groups]
+        out = np.empty((len(texts), pooled[0].shape[1]), dtype=np.float32)
+        for idx, vectors in zip(groups, pooled, strict=True):
+            out[idx] = vectors
+        return _normalise(out)
+
+    def _run(self, token_ids: Sequence[Sequence[int]], idx: list[int]) -> npt.NDArray[np.float32]:
+        """Mean-pooled vectors of one micro-batch (the texts at idx)."""
+        width = max(len(token_ids[i]) for i in idx)
+        ids = np.full((len(idx), width), self._pad_id, dtype=np.int64)
+        mask = np.zeros((len(idx), width), dtype=np.int64)
+        for row, i in enumerate(idx):
+            n = len(token_ids[i])
+            ids[row, :n] = token_ids[i]
+            mask[row, :n] = 1
+        hidden = self._session.run(
+            None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        )[0]
+        pooled = (hidden * mask[..., None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1)
+        out: npt.NDArray[np.float32] = pooled.astype(np.float32)
+        return out
 
 
 class TorchEmbedder:

@@ -19,8 +19,11 @@ def model_identity(cfg: EmbeddingConfig) -> str:
     return cfg.model if cfg.backend == "torch" or cfg.precision == "fp32" else f"{cfg.model}#{cfg.precision}"
 
 
-def build_embedder(cfg: EmbeddingConfig, cache_root: Path, *, threads: int | None = None) -> Embedder:
-    """threads overrides cfg.intra_op_threads (the index worker uses its own count)."""
+def build_embedder(
+    cfg: EmbeddingConfig, cache_root: Path, *, threads: int | None = None, concurrent_runs: int = 1
+) -> Embedder:
+    """threads overrides cfg.intra_op_threads; concurrent_runs > 1 embeds a call's
+    micro-batches side by side (the index worker's settings)."""
     model_dir = Path(cfg.model_path) if cfg.model_path else bundled_model_path()
     if not (model_dir / "config.json").exists():
         raise FailedPrecondition(
@@ -44,6 +47,7 @@ def build_embedder(cfg: EmbeddingConfig, cache_root: Path, *, threads: int | Non
                 max_seq_length=cfg.max_seq_length,
                 intra_op_threads=threads or cfg.intra_op_threads,
                 batch_size=cfg.batch_size,
+                concurrent_runs=concurrent_runs,
             )
         except Exception as exc:  # the fallback is the point: any export/runtime failure
             if cfg.precision != "fp32":

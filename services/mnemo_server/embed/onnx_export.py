@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mnemo_server.store.durable import rename_tree, replace_file
+
 
 def export_dir_for(cache_root: Path, model_id: str, model_dir: Path) -> Path:
     digest = hashlib.sha256(f"{model_id}\0{model_dir.resolve()}".encode()).hexdigest()[:16]
@@ -42,7 +44,7 @@ def quantize_int8(onnx_file: Path) -> Path:
         )
     finally:
         root.setLevel(level)
-    tmp.rename(target)
+    replace_file(tmp, target)
     return target
 
 
@@ -110,7 +112,7 @@ def _export(model_dir: Path, target: Path) -> None:
     shutil.copy(model_dir / "tokenizer.json", tmp / "tokenizer.json")
     (tmp / "source.json").write_text(json.dumps({"model_dir": str(model_dir)}))
     shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    rename_tree(tmp, target)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from mnemo_server.index.vector_graph import GraphParams, HnswGraph
+from mnemo_server.store.durable import fsync_path, replace_file
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,6 @@ def _describe(dimension: int, params: GraphParams) -> dict[str, Any]:
     }
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(directory: Path, name: str, graph: HnswGraph, dimension: int, params: GraphParams) -> Path | None:
     """Write the graph as `name`'s newest generation; returns its manifest (None: not kept,
     e.g. not int8). No write may reach the graph meanwhile (its feeder stopped)."""
@@ -78,7 +70,7 @@ def save(directory: Path, name: str, graph: HnswGraph, dimension: int, params: G
     with keys_file.open("wb") as out:
         np.savez(out, keys=keys, ids=ids)
     for written in (index_file, keys_file):
-        _fsync(written)
+        fsync_path(written)
     manifest = {
         **_describe(dimension, params),
         "index_file": index_file.name,
@@ -88,9 +80,7 @@ def save(directory: Path, name: str, graph: HnswGraph, dimension: int, params: G
     }
     staged = folder / (_MANIFEST + ".tmp")
     staged.write_text(json.dumps(manifest))
-    _fsync(staged)
-    staged.replace(folder / _MANIFEST)
-    _fsync(folder)
+    replace_file(staged, folder / _MANIFEST)
     for old in folder.iterdir():
         if old.name not in (_MANIFEST, index_file.name, keys_file.name):
             old.unlink(missing_ok=True)

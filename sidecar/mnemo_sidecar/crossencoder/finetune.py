@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from mnemo_server.store.durable import rename_tree
 from mnemo_sidecar.crossencoder.data import LabelledPair, RerankRow, attribution_for, summarise_pairs
 from mnemo_sidecar.crossencoder.evaluate import EvaluationReport, PairScorer, Scores, evaluate
 
@@ -226,7 +227,7 @@ def _write_atomically(out_dir: Path, model: Any, tokenizer: Any, card: dict[str,
         file.chmod(0o644)
     if out_dir.exists():
         out_dir.rename(old)
-    tmp.rename(out_dir)
+    rename_tree(tmp, out_dir)
     shutil.rmtree(old, ignore_errors=True)
 
 

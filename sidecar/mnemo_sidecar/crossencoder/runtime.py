@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo_server.errors import DeadlineExceeded
+from mnemo_server.store.durable import rename_tree
 from mnemo_sidecar.crossencoder.finetune import CARD_NAME, quiet_transformers, read_card
 from mnemo_sidecar.deadlines import Deadline
 
@@ -141,7 +142,7 @@ def _export_fp32(model_dir: Path, target: Path) -> None:
     }
     (tmp / _EXPORT_INFO).write_text(json.dumps(info, indent=2), encoding="utf-8")
     try:
-        tmp.rename(target)
+        rename_tree(tmp, target)
     except OSError:
         # Another process finished the same export first; theirs is as good as ours.
         shutil.rmtree(tmp, ignore_errors=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from mnemo_server.store.durable import fsync_tree, write_text_durably
 from mnemo_sidecar.learning.model import ModelKind
 
 M = TypeVar("M")
@@ -67,9 +68,11 @@ class ModelRegistry:
     def promote(self, tenant: str, kind: ModelKind, version: str, model: Any, source: str) -> None:
         kind_dir = self._kind_dir(tenant, kind)
         now = time.time_ns()
-        tmp = kind_dir / f".current.{uuid.uuid4().hex}.json"
-        tmp.write_text(json.dumps({"version": version, "source": source, "promote_time_ns": now}))
-        tmp.replace(kind_dir / "current.json")
+        # The version's files reach the disk before the pointer that names them does: after
+        # a power cut the pointer must not name a version whose files came back empty.
+        fsync_tree(kind_dir / version)
+        pointer = json.dumps({"version": version, "source": source, "promote_time_ns": now})
+        write_text_durably(kind_dir / "current.json", pointer)
         with self._lock:
             self._loaded[(tenant, kind)] = Promoted(version, model, source, now)
             self._broken.pop((tenant, kind), None)

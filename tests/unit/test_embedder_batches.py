@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from mnemo_server.config import EmbeddingConfig
-from mnemo_server.embed.embedder import MAX_PADDING, OnnxEmbedder, length_buckets
+from mnemo_server.embed.batching import MAX_PADDING, length_buckets
+from mnemo_server.embed.embedder import OnnxEmbedder
 from mnemo_server.embed.factory import build_embedder
 from mnemo_server.evaluation.synth import memory_text
 

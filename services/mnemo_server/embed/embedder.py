@@ -18,6 +18,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from mnemo_server.embed.batching import MAX_PADDING, length_buckets
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -36,31 +38,6 @@ def bundled_model_path() -> Path:
 
     path: Path = get_model_path()
     return path
-
-
-# A micro-batch is cut before padding would exceed this share of its real tokens: a
-# padded position costs as much as a real one, and texts vary 2-3x in length.
-MAX_PADDING = 0.1
-
-
-def length_buckets(lengths: Sequence[int], max_batch: int, max_padding: float) -> list[list[int]]:
-    """Indices grouped into micro-batches of similar length, shortest first: each group has
-    at most max_batch members, and padding them to the longest adds at most max_padding of
-    their real tokens (a lone text is always its own group)."""
-    groups: list[list[int]] = []
-    group: list[int] = []
-    real = 0
-    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        n = lengths[i]
-        # Sorted, so n is the new width: the group padded to n holds n * (size + 1) cells.
-        if group and (len(group) >= max_batch or n * (len(group) + 1) > (1 + max_padding) * (real + n)):
-            groups.append(group)
-            group, real = [], 0
-        group.append(i)
-        real += n
-    if group:
-        groups.append(group)
-    return groups
 
 
 def _normalise(v: npt.NDArray[np.float32]) -> Vectors:

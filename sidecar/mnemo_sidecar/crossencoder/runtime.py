@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from mnemo_server.embed.batching import MAX_PADDING, length_buckets
 from mnemo_server.errors import DeadlineExceeded
 from mnemo_server.store.durable import rename_tree
 from mnemo_sidecar.crossencoder.finetune import CARD_NAME, quiet_transformers, read_card
@@ -312,9 +313,8 @@ class CrossEncoderRuntime:
 
     def _run(self, pairs: Sequence[tuple[str, str]], deadline: Deadline) -> Scores:
         encodings = self._tokenizer.encode_batch(list(pairs))
-        order = sorted(range(len(pairs)), key=lambda i: len(encodings[i].ids))
         out = np.zeros(len(pairs), dtype=np.float32)
-        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        batches = length_buckets([len(e.ids) for e in encodings], self.batch_size, MAX_PADDING)
         for n, idx in enumerate(batches):
             deadline.check(f"rerank (batch {n + 1} of {len(batches)})")
             width = max(len(encodings[i].ids) for i in idx)

@@ -112,7 +112,7 @@ class Core:
         try:
             models = self.paths.models(config)
             self.embedder = build_embedder(config.embedding, models)
-            index_embedder = build_embedder(
+            self.index_embedder = build_embedder(
                 config.embedding,
                 models,
                 threads=config.embedding.index_intra_op_threads,
@@ -129,7 +129,7 @@ class Core:
                 config.index,
                 graph_dir=self.paths.vector_graphs if config.index.graph_saved else None,
             )
-            self.indexer = IndexWorker(self.db, self.index, index_embedder, config.index)
+            self.indexer = IndexWorker(self.db, self.index, self.index_embedder, config.index)
             self.validator = Validator(config.limits)
             self.memories = MemoryService(
                 self.db,
@@ -261,6 +261,8 @@ class Core:
     def close(self) -> None:
         self.delivery.stop()
         self.indexer.stop()
+        self.index_embedder.close()
+        self.embedder.close()
         self.index.close()
         self.ranking.close()
         try:

@@ -4,6 +4,7 @@ what each operation costs under concurrency."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import click
@@ -11,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from mnemo_server.cli.bench import bench, parse_mix
+from mnemo_server.evaluation.synth import fresh_query_text, query_text
 from tests.conftest import LiveServer, provision
 
 KNOWN = ["Recall", "CreateMemory", "ListMemories", "StartSession"]
@@ -29,10 +31,10 @@ def test_bench_runs_one_operation_alone(server: LiveServer, tmp_path: Path) -> N
     out = tmp_path / "bench.json"
     args = ["--server", server.address, "--api-key", provision(server, "bench-mix"), "--memories", "40"]
     args += ["--concurrency", "2", "--duration", "1.5", "--mix", "Recall=1", "--json-out", str(out)]
-    result = CliRunner().invoke(bench, args)
+    result = CliRunner().invoke(bench, [*args, "--fresh-queries"])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert data["mix"] == {"Recall": 1.0}
+    assert data["mix"] == {"Recall": 1.0} and data["fresh_queries"] is True
     assert set(data["ops"]) == {"Recall"} and data["ops"]["Recall"]["count"] > 0
     assert data["ops"]["Recall"]["errors"] == {}
     locks = data["scenarios"]["sidecar_ok"]["write_locks"]
@@ -48,3 +50,11 @@ def test_bench_runs_one_operation_alone(server: LiveServer, tmp_path: Path) -> N
 
     refused = CliRunner().invoke(bench, ["--server", server.address, "--mix", "Search=1"])
     assert refused.exit_code == 2 and "--mix" in refused.output
+
+
+def test_fresh_queries_do_not_repeat_where_template_queries_mostly_do() -> None:
+    rng = random.Random(11)
+    fresh = [fresh_query_text(rng) for _ in range(5000)]
+    assert len(set(fresh)) == 5000
+    templates = [query_text(rng) for _ in range(5000)]
+    assert len(set(templates)) < 1500  # most template queries are repeats

@@ -173,6 +173,12 @@ def parse_mix(text: str, known: list[str]) -> tuple[tuple[str, float], ...]:
     "(default: all four, Recall the most; the JSON records the mix used).",
 )
 @click.option(
+    "--fresh-queries",
+    is_flag=True,
+    help="Recall queries and session contexts that never repeat (default: templates, which "
+    "mostly hit the server's query-embedding cache).",
+)
+@click.option(
     "--quick", is_flag=True, help="A small, fast run (2,000 memories, 5 s each) to check the command works."
 )
 def bench(
@@ -187,6 +193,7 @@ def bench(
     no_sidecar: bool,
     cross_encoder: Path | None,
     mix: str | None,
+    fresh_queries: bool,
     quick: bool,
 ) -> None:
     """Load-test a server over gRPC: throughput, latency, RSS, disk, and StartSession with the
@@ -203,6 +210,7 @@ def bench(
         duration_s=duration,
         train_sessions=train_sessions,
         session_deadline_ms=session_deadline_ms,
+        fresh_queries=fresh_queries,
     )
     if mix:
         cfg = replace(cfg, mix=parse_mix(mix, [name for name, _ in cfg.mix]))

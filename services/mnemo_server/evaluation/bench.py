@@ -33,7 +33,7 @@ from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
-from mnemo_server.evaluation.synth import memory_text, query_text
+from mnemo_server.evaluation.synth import fresh_query_text, memory_text, query_text
 from mnemo_server.latency_histogram import quantile
 from mnemo_server.launcher import LaunchedProcess
 
@@ -66,6 +66,9 @@ class BenchConfig:
     train_sessions: int = 60
     # The server's StartSession budget, reported with the scenarios.
     session_deadline_ms: float = 120.0
+    # Recall queries and session contexts that never repeat. Off, they come from ~2,700
+    # templates and ~80% of a 60 s run's hit the server's query-embedding cache.
+    fresh_queries: bool = False
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -215,12 +218,15 @@ class Bench:
 
     # --- phase 3: the mixed workload ---------------------------------------------------------
 
+    def _query(self) -> str:
+        return fresh_query_text(self.rng) if self.cfg.fresh_queries else query_text(self.rng)
+
     def _ops(self, stub: pb_grpc.MemoryServiceAsyncStub, stats: dict[str, OpStats]) -> dict[str, Op]:
         cfg = self.cfg
 
         async def recall() -> None:
             await stub.Recall(
-                pb.RecallRequest(query=query_text(self.rng), top_k=cfg.top_k), metadata=self.md, timeout=10
+                pb.RecallRequest(query=self._query(), top_k=cfg.top_k), metadata=self.md, timeout=10
             )
 
         async def create() -> None:
@@ -249,7 +255,7 @@ class Bench:
                 pb.StartSessionRequest(
                     session_id=sid,
                     project_id=f"bench-{self.rng.randrange(cfg.scopes)}",
-                    context=query_text(self.rng),
+                    context=self._query(),
                     max_memories=10,
                     token_budget=800,
                 ),
@@ -451,6 +457,7 @@ async def run_bench(
         "concurrency": cfg.concurrency,
         "duration_s": cfg.duration_s,
         "mix": dict(cfg.mix),
+        "fresh_queries": cfg.fresh_queries,
     }
     async with aio.insecure_channel(
         address, options=[("grpc.max_receive_message_length", 32 << 20)]

@@ -150,3 +150,11 @@ def query_text(rng: random.Random) -> str:
         lambda: f"decisions about {rng.choice(_SYSTEMS)}",
     ]
     return rng.choice(shapes)()
+
+
+def fresh_query_text(rng: random.Random) -> str:
+    """A query that does not repeat: a template query plus a made-up word no memory holds
+    (26^6 of them), so the server embeds every one, as it would an agent's own questions,
+    while full-text search meets one unknown term more."""
+    word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6))
+    return f"{query_text(rng)} {word}"

@@ -116,6 +116,7 @@ class Core:
                 config.embedding,
                 models,
                 threads=config.embedding.index_intra_op_threads,
+                batch_size=config.embedding.index_batch_size,
                 concurrent_runs=config.embedding.index_concurrent_runs,
             )
             if accept_model_change:

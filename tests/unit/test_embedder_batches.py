@@ -64,3 +64,28 @@ def test_a_mixed_batch_gives_each_text_its_own_vector_in_order(embedder: OnnxEmb
     assert same.min() > 0.97
     nearest = (together @ alone.T).argmax(axis=1)
     assert list(nearest) == list(range(40))
+
+
+def test_the_index_worker_embeds_a_memory_exactly_as_it_would_the_same_text_as_a_query(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    cfg = EmbeddingConfig()
+    models = tmp_path_factory.mktemp("models")
+    index = build_embedder(
+        cfg,
+        models,
+        threads=cfg.index_intra_op_threads,
+        batch_size=cfg.index_batch_size,
+        concurrent_runs=cfg.index_concurrent_runs,
+    )
+    query = build_embedder(cfg, models)
+    try:
+        rng = random.Random(9)
+        texts = [memory_text(rng, n) for n in range(24)]
+        together = index.embed(texts)
+        # Same vector whatever shared the call: the companions do not move it.
+        assert np.array_equal(together[5], index.embed([texts[5]])[0])
+        assert np.array_equal(together, np.stack([query.embed([t])[0] for t in texts]))
+    finally:
+        index.close()
+        query.close()

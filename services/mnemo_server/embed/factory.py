@@ -20,9 +20,14 @@ def model_identity(cfg: EmbeddingConfig) -> str:
 
 
 def build_embedder(
-    cfg: EmbeddingConfig, cache_root: Path, *, threads: int | None = None, concurrent_runs: int = 1
+    cfg: EmbeddingConfig,
+    cache_root: Path,
+    *,
+    threads: int | None = None,
+    batch_size: int | None = None,
+    concurrent_runs: int = 1,
 ) -> Embedder:
-    """threads overrides cfg.intra_op_threads; concurrent_runs > 1 embeds a call's
+    """threads and batch_size override cfg's; concurrent_runs > 1 embeds a call's
     micro-batches side by side (the index worker's settings)."""
     model_dir = Path(cfg.model_path) if cfg.model_path else bundled_model_path()
     if not (model_dir / "config.json").exists():
@@ -46,7 +51,7 @@ def build_embedder(
                 onnx_file.parent / "tokenizer.json",
                 max_seq_length=cfg.max_seq_length,
                 intra_op_threads=threads or cfg.intra_op_threads,
-                batch_size=cfg.batch_size,
+                batch_size=batch_size or cfg.batch_size,
                 concurrent_runs=concurrent_runs,
             )
         except Exception as exc:  # the fallback is the point: any export/runtime failure
@@ -62,4 +67,6 @@ def build_embedder(
         raise FailedPrecondition(
             f"embedding.backend must be 'onnx' or 'torch', not {cfg.backend!r}", reason="BAD_CONFIG"
         )
-    return TorchEmbedder(cfg.model, model_dir, batch_size=cfg.batch_size, max_seq_length=cfg.max_seq_length)
+    return TorchEmbedder(
+        cfg.model, model_dir, batch_size=batch_size or cfg.batch_size, max_seq_length=cfg.max_seq_length
+    )

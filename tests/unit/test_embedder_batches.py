@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,10 +45,17 @@ def test_equal_lengths_fill_whole_batches_and_a_lone_long_text_stays_alone() -> 
 
 
 @pytest.fixture(scope="module")
-def embedder(tmp_path_factory: pytest.TempPathFactory) -> OnnxEmbedder:
-    built = build_embedder(EmbeddingConfig(), tmp_path_factory.mktemp("models"), threads=1, concurrent_runs=2)
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ONNX export for the module's embedders."""
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="module")
+def embedder(models: Path) -> Iterator[OnnxEmbedder]:
+    built = build_embedder(EmbeddingConfig(), models, threads=1, concurrent_runs=2)
     assert isinstance(built, OnnxEmbedder)
-    return built
+    yield built
+    built.close()
 
 
 def test_a_mixed_batch_gives_each_text_its_own_vector_in_order(embedder: OnnxEmbedder) -> None:
@@ -66,11 +75,8 @@ def test_a_mixed_batch_gives_each_text_its_own_vector_in_order(embedder: OnnxEmb
     assert list(nearest) == list(range(40))
 
 
-def test_the_index_worker_embeds_a_memory_exactly_as_it_would_the_same_text_as_a_query(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
+def test_the_index_worker_embeds_a_memory_exactly_as_it_would_the_same_text_as_a_query(models: Path) -> None:
     cfg = EmbeddingConfig()
-    models = tmp_path_factory.mktemp("models")
     index = build_embedder(
         cfg,
         models,

@@ -1,7 +1,8 @@
 """Keeps LanceDB in step with DuckDB.
 
 Writes commit to DuckDB first and are acknowledged; their ids are then submitted here. One
-worker thread embeds them in micro-batches (outside any transaction), upserts them into
+worker thread takes them in batches and embeds them outside any transaction (each text in a
+run of its own, two runs at a time: see EmbeddingConfig.index_batch_size), upserts them into
 LanceDB, and only then marks them indexed in DuckDB. A crash anywhere in between leaves the
 row marked as behind, and reconcile() — at start-up and periodically — submits it again;
 the LanceDB upsert is keyed on id, so doing it twice is harmless. A batch that fails (a

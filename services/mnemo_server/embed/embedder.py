@@ -150,7 +150,7 @@ class TorchEmbedder:
         return out
 
     def close(self) -> None:
-        pass  # nothing of its own to stop
+        """Nothing to stop: sentence-transformers runs on the caller's thread."""
 
 
 class CachedQueryEmbedder:

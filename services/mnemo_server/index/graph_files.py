@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from mnemo_server.index.vector_graph import GraphParams, HnswGraph
-from mnemo_server.store.durable import fsync_path, replace_file
+from mnemo_server.store.durable import fsync_path, write_text_durably
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,7 @@ def save(directory: Path, name: str, graph: HnswGraph, dimension: int, params: G
         "rows": rows,
         "next_key": next_key,
     }
-    staged = folder / (_MANIFEST + ".tmp")
-    staged.write_text(json.dumps(manifest))
-    replace_file(staged, folder / _MANIFEST)
+    write_text_durably(folder / _MANIFEST, json.dumps(manifest))
     for old in folder.iterdir():
         if old.name not in (_MANIFEST, index_file.name, keys_file.name):
             old.unlink(missing_ok=True)

@@ -25,11 +25,10 @@ def fsync_path(path: Path) -> None:
 def fsync_tree(root: Path) -> None:
     """Sync every file under root, then every directory, deepest first, root last."""
     directories: list[Path] = []
-    for here, dirs, files in os.walk(root):
+    for here, _, files in os.walk(root):
         for name in files:
             fsync_path(Path(here) / name)
         directories.append(Path(here))
-        dirs.sort()
     for directory in reversed(directories):
         fsync_path(directory)
 

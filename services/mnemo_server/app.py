@@ -146,7 +146,9 @@ class Core:
             self.recall = RecallPipeline(
                 self.db,
                 self.index,
-                CachedQueryEmbedder(self.embedder, config.embedding.query_cache_size),
+                CachedQueryEmbedder(
+                    self.embedder, config.embedding.query_cache_size, config.embedding.query_workers
+                ),
                 self.validator,
                 config.limits,
                 config.recall,
@@ -263,6 +265,7 @@ class Core:
         self.delivery.stop()
         self.indexer.stop()
         self.index_embedder.close()
+        self.recall.embedder.close()
         self.embedder.close()
         self.index.close()
         self.ranking.close()

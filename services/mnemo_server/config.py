@@ -111,6 +111,9 @@ class EmbeddingConfig:
     index_batch_size: int = 1
     max_seq_length: int = 256
     query_cache_size: int = 2048
+    # Threads that embed Recall's query while the calling thread searches full text (0: the
+    # caller embeds it first). As many as Recalls run at once (server.compute_slots).
+    query_workers: int = 4
     # Where the one-time ONNX export is cached; empty means <data_dir>/models.
     cache_dir: str = ""
 

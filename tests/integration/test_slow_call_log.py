@@ -63,8 +63,9 @@ def test_a_slow_call_is_logged_with_its_stages(
     ok = [line for line in recalls if "(ok)" in line]
     assert len(ok) == 1
     names = _stage_names(ok[0])
-    # The compute gate first, then Recall's stages in pipeline order.
-    expected = ["gate", "recall.embedding", "recall.vector", "recall.full_text", "recall.hydration"]
+    # The compute gate first, then Recall's stages in pipeline order: the full-text search
+    # runs while the query is embedded, then the wait for its vector, then the vector search.
+    expected = ["gate", "recall.full_text", "recall.embedding", "recall.vector", "recall.hydration"]
     assert [n for n in names if n in expected] == expected
     failed = [line for line in recalls if "(INVALID_ARGUMENT)" in line]
     assert len(failed) == 1 and "recall.vector" not in failed[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -154,25 +154,53 @@ class TorchEmbedder:
 
 
 class CachedQueryEmbedder:
-    """LRU cache in front of an embedder for short, repeated texts (queries)."""
+    """LRU cache in front of an embedder for short, repeated texts (queries).
 
-    def __init__(self, inner: Embedder, capacity: int):
+    With `workers`, a query not cached can be embedded on another thread while the caller
+    does other work (`embed_soon`): onnxruntime releases the GIL while it runs, so Recall
+    searches full text meanwhile and a lone Recall answers sooner by what that search costs.
+    """
+
+    def __init__(self, inner: Embedder, capacity: int, workers: int = 0):
         self.inner = inner
         self.model_id = inner.model_id
         self.dimension = inner.dimension
         self._capacity = capacity
         self._cache: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
         self._lock = threading.Lock()
+        self._pool = (
+            ThreadPoolExecutor(workers, thread_name_prefix="mnemo-query-embed") if workers > 0 else None
+        )
 
     def embed_one(self, text: str) -> npt.NDArray[np.float32]:
+        hit = self._cached(text)
+        return hit if hit is not None else self._embed(text)
+
+    def embed_soon(self, text: str) -> Callable[[], npt.NDArray[np.float32]]:
+        """Start embedding a text; the function returned gives its vector, waiting for it if
+        needed. A cached text, or any without workers, is embedded before this returns."""
+        hit = self._cached(text)
+        if hit is not None or self._pool is None:
+            vec = hit if hit is not None else self._embed(text)
+            return lambda: vec
+        return self._pool.submit(self._embed, text).result
+
+    def _cached(self, text: str) -> npt.NDArray[np.float32] | None:
         with self._lock:
             hit = self._cache.get(text)
             if hit is not None:
                 self._cache.move_to_end(text)
-                return hit
+            return hit
+
+    def _embed(self, text: str) -> npt.NDArray[np.float32]:
         vec: npt.NDArray[np.float32] = self.inner.embed([text])[0]
         with self._lock:
             self._cache[text] = vec
             while len(self._cache) > self._capacity:
                 self._cache.popitem(last=False)
         return vec
+
+    def close(self) -> None:
+        """Stops the workers; the inner embedder is its owner's to close."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

@@ -172,14 +172,16 @@ class RecallPipeline:
         analysis = analyse(q.text, speakers, strip=Stage.ENTITY_STRIP not in off)
         k = max(self.cfg.leg_min, min(self.cfg.leg_max, 2 * q.top_k))
         mark("recall.analysis")
-        vector = self.embedder.embed_one(analysis.text)
-        mark("recall.embedding")
-        vec_hits = [] if Stage.VECTOR in off else self.index.vector_search(tenant_id, vector, k, q.filter)
-        mark("recall.vector")
+        # The query's vector is made on another thread while this one searches full text.
+        vector_soon = self.embedder.embed_soon(analysis.text)
         txt_hits = (
             [] if Stage.FULL_TEXT in off else self.index.text_search(tenant_id, analysis.text, k, q.filter)
         )
         mark("recall.full_text")
+        vector = vector_soon()
+        mark("recall.embedding")  # what was left of it after the full-text search
+        vec_hits = [] if Stage.VECTOR in off else self.index.vector_search(tenant_id, vector, k, q.filter)
+        mark("recall.vector")
         pool = self._fuse(vec_hits, txt_hits)
         links = self._expand(tenant_id, pool, vector) if Stage.ADJACENCY not in off and pool else {}
         mark("recall.neighbours")

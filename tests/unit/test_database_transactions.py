@@ -62,7 +62,7 @@ def test_an_unread_result_blocks_the_checkpoint(db: Database) -> None:
         lambda cur: memory_repo.count(cur, "t", MemoryFilter(), include_deleted=False),
         lambda cur: memory_repo.count_live_in(cur, "t", Scope.workspace(), MemoryType.SEMANTIC),
         lambda cur: memory_repo.tenant_stats(cur, "t", "m"),
-        lambda cur: session_repo.get_session(cur, "t", "s"),
+        lambda cur: session_repo.get_session_and_memories(cur, "t", "s"),
         session_repo.pending_count,
         lambda cur: tenant_repo.get_tenant(cur, "t"),
     ],

@@ -68,12 +68,13 @@ def test_sweep_drops_old_sessions_and_delivered_feedback_but_never_feedback_stil
             ],
         )
         for sid in ("old-delivered", "old-pending", "old-parked"):
-            session_repo.end_session(cur, "t", sid, {}, f"transcript of {sid}", now - 190 * DAY)
+            started, ended = now - 200 * DAY, now - 190 * DAY
+            assert session_repo.end_session(cur, "t", sid, started, {}, f"transcript of {sid}", ended)
             session_repo.enqueue(cur, "t", sid, payload, now - 190 * DAY)
         session_repo.mark_delivered(cur, "t", "old-delivered", now - 190 * DAY)
         session_repo.park(cur, "t", "old-parked", "the sidecar refuses the pairs")
         for sid, delivered_hours_ago in (("recent", 48), ("recent-fresh-delivery", 1)):
-            session_repo.end_session(cur, "t", sid, {}, "", now - 10 * DAY)
+            assert session_repo.end_session(cur, "t", sid, now - 20 * DAY, {}, "", now - 10 * DAY)
             session_repo.enqueue(cur, "t", sid, payload, now - 10 * DAY)
             session_repo.mark_delivered(cur, "t", sid, now - delivered_hours_ago * 3600 * 10**9)
     report = RetentionWorker(
@@ -90,7 +91,8 @@ def test_sweep_drops_old_sessions_and_delivered_feedback_but_never_feedback_stil
     assert ids("SELECT session_id FROM sidecar_outbox") == {"old-pending", "recent-fresh-delivery"}
     assert session_repo.outbox_counts(db.reader()) == (1, 0)
     # What is left reads back whole.
-    assert len(session_repo.session_memories(db.reader(), "t", "old-pending")) == 2
+    kept = session_repo.get_session_and_memories(db.reader(), "t", "old-pending")
+    assert kept is not None and len(kept[1]) == 2
     db.close()
 
 

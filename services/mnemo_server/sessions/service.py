@@ -306,10 +306,10 @@ class SessionService:
     def _existing(self, tenant_id: str, req: StartSessionInput) -> SessionBundle:
         """The answer to a StartSession whose id is taken: the recorded session again for
         a retry of the request that recorded it, ALREADY_EXISTS for any other."""
-        existing = session_repo.get_session(self.db.reader(), tenant_id, req.session_id)
+        existing = session_repo.get_session_and_memories(self.db.reader(), tenant_id, req.session_id)
         fingerprint = req.request_fingerprint
-        if existing is not None and fingerprint and existing.request_fingerprint == fingerprint:
-            return self._replay(tenant_id, existing)
+        if existing is not None and fingerprint and existing[0].request_fingerprint == fingerprint:
+            return self._replay(tenant_id, *existing)
         raise AlreadyExists(f"session {req.session_id!r} already exists", reason="SESSION_EXISTS")
 
     def _rank(
@@ -369,10 +369,9 @@ class SessionService:
             deadline_ms=deadline_ms,
         )
 
-    def _replay(self, tenant_id: str, s: SessionRow) -> SessionBundle:
-        members = [
-            m for m in session_repo.session_memories(self.db.reader(), tenant_id, s.id) if m.injected_rank
-        ]
+    def _replay(self, tenant_id: str, s: SessionRow, members: list[SessionMemoryRow]) -> SessionBundle:
+        """The bundle a recorded session injected, from its row and candidates."""
+        members = [m for m in members if m.injected_rank]
         mems = memory_repo.read_many(
             self.db.reader(), self.db.rows, tenant_id, [m.memory_id for m in members]
         )
@@ -397,11 +396,11 @@ class SessionService:
     def get(self, tenant_id: str, session_id: str) -> SessionBundle:
         if not session_id:
             raise InvalidArgument("session_id", "is required")
-        s = session_repo.get_session(self.db.reader(), tenant_id, session_id)
-        if s is None:
+        found = session_repo.get_session_and_memories(self.db.reader(), tenant_id, session_id)
+        if found is None:
             raise NotFound("session", session_id)
-        bundle = self._replay(tenant_id, s)
-        members = session_repo.session_memories(self.db.reader(), tenant_id, session_id)
+        s, members = found
+        bundle = self._replay(tenant_id, s, members)
         bundle.continuity = [
             (m.memory_id, m.relevance, m.relevance_source) for m in members if m.relevance is not None
         ]
@@ -461,8 +460,8 @@ class SessionService:
         now = self.clock()
         # Read and work out everything before taking the sessions' write lock, which every
         # session write shares: done inside it, the reads held it ~14 ms of a 15 ms EndSession
-        # (in-process, 100k memories) and 42 ms at the p50 under the bench's load. Inside,
-        # the session is checked to be the same one, still active, before anything is written.
+        # (in-process, 100k memories) and 42 ms at the p50 under the bench's load. Inside, one
+        # conditional UPDATE ends the session only if it is the one read and still active.
         ending = self._ending(
             self.db.reader(), tenant_id, session_id, feedback, transcript, now, self.db.rows
         )
@@ -472,22 +471,38 @@ class SessionService:
                 return [(str(m), float(r), str(src)) for m, r, src in replay["continuity"]], int(
                     replay["pairs"]
                 )
-            state = session_repo.session_state(cur, tenant_id, session_id)
-            if state is None:
-                raise NotFound("session", session_id)
-            if state[0] != "active":
-                raise FailedPrecondition(f"session {session_id!r} has already ended", reason="SESSION_ENDED")
-            if ending is None or ending.start_time_ns != state[1]:
-                # The session was started (or replaced) after the read: read it again here.
-                ending = self._ending(cur, tenant_id, session_id, feedback, transcript, now, None)
-                if ending is None:
-                    raise NotFound("session", session_id)
-            session_repo.end_session(cur, tenant_id, session_id, ending.continuity, transcript, now)
+            if ending is None or not session_repo.end_session(
+                cur, tenant_id, session_id, ending.start_time_ns, ending.continuity, transcript, now
+            ):
+                ending = self._end_as_found(cur, tenant_id, session_id, feedback, transcript, now)
             session_repo.enqueue(cur, tenant_id, session_id, ending.payload, now)
             result = [(mid, rel, src) for mid, (rel, src) in ending.continuity.items()]
             idempotency_repo.record(cur, tenant_id, key, {"continuity": result, "pairs": ending.pairs}, now)
         self.on_feedback()
         return result, ending.pairs
+
+    def _end_as_found(
+        self,
+        cur: Cursor,
+        tenant_id: str,
+        session_id: str,
+        feedback: Sequence[Feedback],
+        transcript: str,
+        now: int,
+    ) -> _Ending:
+        """Inside the write transaction, when the session is not the active one read before
+        it: say why, or, if it was started (or replaced) after that read, end it as it is."""
+        state = session_repo.session_state(cur, tenant_id, session_id)
+        if state is None:
+            raise NotFound("session", session_id)
+        if state[0] != "active":
+            raise FailedPrecondition(f"session {session_id!r} has already ended", reason="SESSION_ENDED")
+        ending = self._ending(cur, tenant_id, session_id, feedback, transcript, now, None)
+        if ending is None or not session_repo.end_session(
+            cur, tenant_id, session_id, ending.start_time_ns, ending.continuity, transcript, now
+        ):
+            raise NotFound("session", session_id)  # read active under the same lock: cannot happen
+        return ending
 
     def _ending(
         self,
@@ -501,10 +516,10 @@ class SessionService:
     ) -> _Ending | None:
         """What ending this session writes; None if it does not exist or is not active.
         `rows`: the row cache, for a read outside the write transaction (inside it, None)."""
-        s = session_repo.get_session(cur, tenant_id, session_id)
-        if s is None or s.state != "active":
+        found = session_repo.get_session_and_memories(cur, tenant_id, session_id)
+        if found is None or found[0].state != "active":
             return None
-        members = session_repo.session_memories(cur, tenant_id, session_id)
+        s, members = found
         # Texts only of the memories that get a continuity score (injected, or given
         # feedback), not of the whole pool: each row read from DuckDB costs ~0.4 ms at 100k.
         rated = {fb.memory_id for fb in feedback}

@@ -97,14 +97,20 @@ def _session_values(s: SessionRow) -> list[Any]:
     ]
 
 
-def get_session(cur: Cursor, tenant_id: str, session_id: str) -> SessionRow | None:
+def get_session_and_memories(
+    cur: Cursor, tenant_id: str, session_id: str
+) -> tuple[SessionRow, list[SessionMemoryRow]] | None:
+    """A session and its candidates (as session_memories gives them) in one read: each
+    DuckDB query costs ~1 ms however small."""
     row = fetch_one(
         cur,
-        f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE tenant_id = ? AND id = ?",
+        f"SELECT {_SESSION_COLUMNS}, candidates, continuity FROM sessions WHERE tenant_id = ? AND id = ?",
         [tenant_id, session_id],
     )
-    if row is None:
-        return None
+    return None if row is None else (_session_row(row[:-2]), _members(row[-2], row[-1]))
+
+
+def _session_row(row: Sequence[Any]) -> SessionRow:
     values: list[Any] = list(row)
     values[18] = json.loads(values[18])
     return SessionRow(*values)
@@ -120,18 +126,10 @@ def session_state(cur: Cursor, tenant_id: str, session_id: str) -> tuple[str, in
     return None if row is None else (str(row[0]), int(row[1]))
 
 
-def session_memories(cur: Cursor, tenant_id: str, session_id: str) -> list[SessionMemoryRow]:
-    """A session's candidates in order, with the relevance its end gave them."""
-    row = fetch_one(
-        cur,
-        "SELECT candidates, continuity FROM sessions WHERE tenant_id = ? AND id = ?",
-        [tenant_id, session_id],
-    )
-    if row is None:
-        return []
-    members = session_candidates.unpack(row[0])
-    if row[1]:
-        judged = {mid: (float(rel), str(src)) for mid, rel, src in json.loads(row[1])}
+def _members(candidates: bytes, continuity: str | None) -> list[SessionMemoryRow]:
+    members = session_candidates.unpack(candidates)
+    if continuity:
+        judged = {mid: (float(rel), str(src)) for mid, rel, src in json.loads(continuity)}
         for m in members:
             if m.memory_id in judged:
                 m.relevance, m.relevance_source = judged[m.memory_id]
@@ -142,20 +140,30 @@ def end_session(
     cur: Cursor,
     tenant_id: str,
     session_id: str,
+    start_time_ns: int,
     relevance: dict[str, tuple[float, str]],
     transcript: str,
     now_ns: int,
-) -> None:
+) -> bool:
+    """End the session started at `start_time_ns`, if it is still active. False, with
+    nothing written, when it is not: ended, gone, or started again since (one statement
+    where a read of its state first would cost another ~1 ms inside the write lock)."""
     continuity = json.dumps([[mid, rel, src] for mid, (rel, src) in relevance.items()]) if relevance else None
-    cur.execute(
-        "UPDATE sessions SET state = 'ended', end_time_ns = ?, continuity = ? WHERE tenant_id = ? AND id = ?",
-        [now_ns, continuity, tenant_id, session_id],
+    # DuckDB answers an UPDATE with the number of rows it changed (RETURNING doubled its cost).
+    changed = fetch_one(
+        cur,
+        "UPDATE sessions SET state = 'ended', end_time_ns = ?, continuity = ? "
+        "WHERE tenant_id = ? AND id = ? AND state = 'active' AND start_time_ns = ?",
+        [now_ns, continuity, tenant_id, session_id, start_time_ns],
     )
+    if changed is None or changed[0] == 0:
+        return False
     if transcript:
         cur.execute(
             "INSERT OR REPLACE INTO session_transcripts VALUES (?, ?, ?, ?)",
             [tenant_id, session_id, transcript, now_ns],
         )
+    return True
 
 
 def add_accesses(cur: Cursor, accesses: Sequence[tuple[str, str, int, int]]) -> None:

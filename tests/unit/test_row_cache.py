@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mnemo_server.memory.model import Memory, MemoryFilter, Scope
+from mnemo_server.memory.model import Memory, MemoryFilter, MemoryType, Scope, ScopeKind, Source
 from mnemo_server.store import memory_repo, row_cache, session_repo, write_changes
 from mnemo_server.store.database import Cursor, Database, WriteDomain
 from mnemo_server.store.row_cache import Row, RowCache, RowChange, RowPatch
@@ -200,11 +200,32 @@ def test_readers_racing_access_counts_never_see_one_twice_or_lost(tmp_path: Path
 
 def test_rows_created_a_few_at_a_time_are_cached_as_duckdb_stored_them(tmp_path: Path) -> None:
     db = _db(tmp_path / "d.duckdb")
-    new = [(replace(stored_memory(i, i), metadata={"k": [i]}, pinned=True), f"memory {i}") for i in (8, 9)]
+    # Values a float32 column cannot hold exactly, text beyond ASCII, every optional column.
+    new = [
+        (replace(stored_memory(8, 8), metadata={"k": [8]}, pinned=True), "memory 8"),
+        (
+            replace(
+                stored_memory(9, 9),
+                content="Zoë: 東京 — ok?",
+                metadata={"città": "Roma", "n": 1.5, "none": None},
+                importance=0.3,
+                confidence=0.1,
+                external_id="ext-9",
+                scope=Scope(ScopeKind.PROJECT, "p-1"),
+                type=MemoryType.EPISODIC,
+                source=Source("agent", "because", "run-1", "session-1"),
+                supersedes_id="m8",
+            ),
+            "zoë: 東京 — ok?",
+        ),
+    ]
     with db.transaction(WriteDomain.MEMORIES) as cur:
         memory_repo.insert_many(cur, new, db.stored)
     found, missing = db.rows.lookup("t", ["m8", "m9"])
     assert missing == [] and found == memory_repo._rows_by_id(db.reader(), "t", ["m8", "m9"])
+    read = memory_repo._rows_by_id(db.reader(), "t", ["m8", "m9"])
+    for cached, stored in zip(sorted(found), sorted(read), strict=True):
+        assert [type(v) for v in cached] == [type(v) for v in stored]
     # Changed in the transaction that inserts it: cached as it ends up, or not at all.
     with db.transaction(WriteDomain.MEMORIES) as cur:
         memory_repo.insert_many(cur, [(stored_memory(10, 10), "memory 10")], db.stored)

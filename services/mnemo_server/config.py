@@ -316,6 +316,9 @@ class RankingConfig:
     access_flush_interval_s: float = 1.0
     # Delivery of training pairs (outbox) to the sidecar.
     delivery_interval_s: float = 0.5
+    # After an EndSession wakes the delivery, it waits this long for others to join the pass:
+    # their rows are then marked delivered in one transaction instead of one each.
+    delivery_gather_s: float = 0.2
     delivery_timeout_s: float = 10.0
     delivery_max_backoff_s: float = 60.0
 

@@ -568,6 +568,45 @@ def _end_sessions_while_the_sidecar_is_down(t: TenantClient, n: int) -> None:
         )
 
 
+def test_sessions_ending_together_are_delivered_and_recorded_in_one_transaction(
+    start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any]
+) -> None:
+    """A delivery pass sends each session's pairs, then marks them all delivered in one
+    transaction under the sessions' write lock (not one each)."""
+    side = start_sidecar()
+    # The delivery loop waits past the test, so the pass below is the only one.
+    ranking = {
+        "sidecar_address": f"127.0.0.1:{side.port}",
+        "delivery_interval_s": 3600,
+        "delivery_gather_s": 3600,
+    }
+    live = start_server(ranking=ranking)
+    t = tenant(live)
+    seed(t)
+    for i in range(3):
+        r = start(t, f"s{i}", "who owns billing?")
+        t.memory().EndSession(
+            pb.EndSessionRequest(
+                session_id=f"s{i}", feedback=[pb.MemoryFeedback(memory_id=r.memories[0].memory.id, used=True)]
+            ),
+            metadata=t.md,
+            timeout=5,
+        )
+    core = live.server.core
+    assert core.delivery.pending() == 3
+    before = core.db.write_lock_stats[WriteDomain.SESSIONS].transactions
+    assert core.delivery.deliver_due() == 3
+    assert core.db.write_lock_stats[WriteDomain.SESSIONS].transactions == before + 1
+    assert core.delivery.pending() == 0
+    assert side.store.counts("acme")[0] == 3
+    delivered = [
+        t.memory().GetSession(pb.GetSessionRequest(session_id=f"s{i}"), metadata=t.md, timeout=5).session
+        for i in range(3)
+    ]
+    assert all(s.feedback_delivered for s in delivered)
+    assert core.delivery.deliver_due() == 0  # nothing left to send
+
+
 def test_feedback_survives_sidecar_and_server_restarts(
     start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any], tmp_path: Any
 ) -> None:

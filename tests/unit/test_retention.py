@@ -71,12 +71,12 @@ def test_sweep_drops_old_sessions_and_delivered_feedback_but_never_feedback_stil
             started, ended = now - 200 * DAY, now - 190 * DAY
             assert session_repo.end_session(cur, "t", sid, started, {}, f"transcript of {sid}", ended)
             session_repo.enqueue(cur, "t", sid, payload, now - 190 * DAY)
-        session_repo.mark_delivered(cur, "t", "old-delivered", now - 190 * DAY)
+        session_repo.mark_delivered(cur, "t", ["old-delivered"], now - 190 * DAY)
         session_repo.park(cur, "t", "old-parked", "the sidecar refuses the pairs")
         for sid, delivered_hours_ago in (("recent", 48), ("recent-fresh-delivery", 1)):
             assert session_repo.end_session(cur, "t", sid, now - 20 * DAY, {}, "", now - 10 * DAY)
             session_repo.enqueue(cur, "t", sid, payload, now - 10 * DAY)
-            session_repo.mark_delivered(cur, "t", sid, now - delivered_hours_ago * 3600 * 10**9)
+            session_repo.mark_delivered(cur, "t", [sid], now - delivered_hours_ago * 3600 * 10**9)
     report = RetentionWorker(
         db, RetentionConfig(session_days=180, delivered_feedback_hours=24), clock=lambda: now
     ).sweep()

@@ -136,5 +136,5 @@ def test_parked_outbox_rows_are_kept_never_due_and_counted_apart(db: Database) -
     assert session_repo.pending_count(db.reader()) == 2
     assert [d.session_id for d in session_repo.due(db.reader(), session_repo.PARKED_NS, 10)] == ["s0", "s2"]
     with db.transaction(WriteDomain.SESSIONS) as cur:
-        session_repo.mark_delivered(cur, "t", "s0", 9)
+        session_repo.mark_delivered(cur, "t", ["s0"], 9)
     assert session_repo.outbox_counts(db.reader()) == (1, 1)

@@ -86,7 +86,10 @@ class FeedbackDelivery:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.cfg.delivery_interval_s)
+            if self._wake.wait(self.cfg.delivery_interval_s):
+                # Let the sessions ending meanwhile join this pass: their rows are marked
+                # delivered in one transaction, under the write lock every session write takes.
+                self._stop.wait(self.cfg.delivery_gather_s)
             self._wake.clear()
             try:
                 self.deliver_due()
@@ -94,8 +97,11 @@ class FeedbackDelivery:
                 log.exception("feedback delivery pass failed")
 
     def deliver_due(self) -> int:
-        """One pass: send what is due; returns how many were delivered."""
-        sent = 0
+        """One pass: send what is due, then record the outcome in one transaction; returns
+        how many were delivered. A crash before that transaction sends them again, which
+        the sidecar takes as the same sessions (SubmitTrainingPairs is idempotent)."""
+        delivered: dict[str, list[str]] = {}
+        failed: tuple[session_repo.OutboxItem, int, str] | None = None
         for item in session_repo.due(self.db.reader(), time.time_ns(), 50):
             if self._stop.is_set():
                 break
@@ -109,21 +115,22 @@ class FeedbackDelivery:
                 # Sending the same pairs again gets the same answer.
                 self._park(item, f"the sidecar refuses the pairs: {answer.detail}")
                 continue
+            if not answer.ok:
+                backoff = min(self.cfg.delivery_max_backoff_s, 0.5 * 2 ** min(item.attempts, 10))
+                failed = (item, time.time_ns() + int(backoff * 1e9), answer.fallback_reason)
+                break  # the sidecar is unhappy: wait for the next pass instead of hammering it
+            delivered.setdefault(item.tenant_id, []).append(item.session_id)
+        if delivered or failed:
             now = time.time_ns()
             with self.db.transaction(WriteDomain.SESSIONS) as cur:
-                if answer.ok:
-                    session_repo.mark_delivered(cur, item.tenant_id, item.session_id, now)
-                else:
-                    backoff = min(self.cfg.delivery_max_backoff_s, 0.5 * 2 ** min(item.attempts, 10))
-                    session_repo.mark_failed(
-                        cur, item.tenant_id, item.session_id, now + int(backoff * 1e9), answer.fallback_reason
-                    )
-            if answer.ok:
-                sent += 1
-                self.delivered += 1
-            else:
-                self.failed += 1
-                break  # the sidecar is unhappy: wait for the next pass instead of hammering it
+                for tenant_id, session_ids in delivered.items():
+                    session_repo.mark_delivered(cur, tenant_id, session_ids, now)
+                if failed is not None:
+                    item, next_attempt_ns, reason = failed
+                    session_repo.mark_failed(cur, item.tenant_id, item.session_id, next_attempt_ns, reason)
+        sent = sum(len(ids) for ids in delivered.values())
+        self.delivered += sent
+        self.failed += failed is not None
         return sent
 
     def retry_parked(self) -> int:

@@ -247,15 +247,19 @@ def due(cur: Cursor, now_ns: int, limit: int) -> list[OutboxItem]:
     return [OutboxItem(t, s, bytes(p), a) for t, s, p, a in rows]
 
 
-def mark_delivered(cur: Cursor, tenant_id: str, session_id: str, now_ns: int) -> None:
+def mark_delivered(cur: Cursor, tenant_id: str, session_ids: Sequence[str], now_ns: int) -> None:
+    """Record these sessions' training pairs as delivered: one statement per table however
+    many there are (a literal id list, which DuckDB answers from the indexes on the ids)."""
+    if not session_ids:
+        return
+    ids = id_list(session_ids)
     cur.execute(
-        "UPDATE sidecar_outbox SET delivered_ns = ?, attempts = attempts + 1 WHERE tenant_id = ? AND "
-        "session_id = ?",
-        [now_ns, tenant_id, session_id],
+        "UPDATE sidecar_outbox SET delivered_ns = ?, attempts = attempts + 1 "
+        f"WHERE tenant_id = ? AND session_id IN ({ids})",
+        [now_ns, tenant_id],
     )
     cur.execute(
-        "UPDATE sessions SET feedback_delivered = TRUE WHERE tenant_id = ? AND id = ?",
-        [tenant_id, session_id],
+        f"UPDATE sessions SET feedback_delivered = TRUE WHERE tenant_id = ? AND id IN ({ids})", [tenant_id]
     )
 
 

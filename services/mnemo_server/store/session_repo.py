@@ -315,12 +315,17 @@ def purge_delivered_feedback(cur: Cursor, before_ns: int) -> None:
 def purge_sessions(cur: Cursor, before_ns: int, limit: int) -> int:
     """Delete up to `limit` sessions last active (ended, else started) before `before_ns`,
     with their transcripts and outbox rows; never one whose feedback is still to be
-    delivered (a parked row does not keep it: it had the whole window). Returns how many."""
+    delivered (a parked row does not keep it: it had the whole window). Returns how many.
+
+    Any `limit` of them, not the oldest: all go in the end, and unordered the query stops
+    once it has found them, where ordered each batch sorted every session waiting (300k
+    expired sessions, batches of 500: the query 1.4-1.9 against 5.0-5.3 ms). A batch still
+    costs ~30 ms at 300k, mostly the three deletes, inside the sessions' write lock; they
+    join the batch, as literal id lists of that size took twice as long."""
     doomed = cur.execute(
         "SELECT s.tenant_id, s.id FROM sessions s WHERE coalesce(s.end_time_ns, s.start_time_ns) < ? "
         "AND NOT EXISTS (SELECT 1 FROM sidecar_outbox o WHERE o.tenant_id = s.tenant_id "
-        "AND o.session_id = s.id AND o.delivered_ns IS NULL AND o.next_attempt_ns < ?) "
-        "ORDER BY coalesce(s.end_time_ns, s.start_time_ns) LIMIT ?",
+        "AND o.session_id = s.id AND o.delivered_ns IS NULL AND o.next_attempt_ns < ?) LIMIT ?",
         [before_ns, PARKED_NS, limit],
     ).fetchall()
     if doomed:

@@ -90,6 +90,17 @@ class Feedback:
     used: bool
 
 
+@dataclass(frozen=True)
+class _EndRequest:
+    """An EndSession's input, once validated."""
+
+    tenant_id: str
+    session_id: str
+    feedback: Sequence[Feedback]
+    transcript: str
+    now: int
+
+
 @dataclass
 class _Ending:
     """What an EndSession writes, worked out before the write lock is taken."""
@@ -462,60 +473,52 @@ class SessionService:
         # session write shares: done inside it, the reads held it ~14 ms of a 15 ms EndSession
         # (in-process, 100k memories) and 42 ms at the p50 under the bench's load. Inside, one
         # conditional UPDATE ends the session only if it is the one read and still active.
-        ending = self._ending(
-            self.db.reader(), tenant_id, session_id, feedback, transcript, now, self.db.rows
-        )
+        req = _EndRequest(tenant_id, session_id, feedback, transcript, now)
+        ending = self._ending(self.db.reader(), req, self.db.rows)
         with self.db.transaction(WriteDomain.SESSIONS) as cur:
             replay = idempotency_repo.lookup(cur, tenant_id, key)
             if replay is not None:
                 return [(str(m), float(r), str(src)) for m, r, src in replay["continuity"]], int(
                     replay["pairs"]
                 )
-            if ending is None or not session_repo.end_session(
-                cur, tenant_id, session_id, ending.start_time_ns, ending.continuity, transcript, now
-            ):
-                ending = self._end_as_found(cur, tenant_id, session_id, feedback, transcript, now)
+            if ending is None or not self._end(cur, req, ending):
+                ending = self._end_as_found(cur, req)
             session_repo.enqueue(cur, tenant_id, session_id, ending.payload, now)
             result = [(mid, rel, src) for mid, (rel, src) in ending.continuity.items()]
             idempotency_repo.record(cur, tenant_id, key, {"continuity": result, "pairs": ending.pairs}, now)
         self.on_feedback()
         return result, ending.pairs
 
-    def _end_as_found(
-        self,
-        cur: Cursor,
-        tenant_id: str,
-        session_id: str,
-        feedback: Sequence[Feedback],
-        transcript: str,
-        now: int,
-    ) -> _Ending:
+    @staticmethod
+    def _end(cur: Cursor, req: _EndRequest, ending: _Ending) -> bool:
+        """End the session as `ending` says, if it is still the active one it was read as."""
+        return session_repo.end_session(
+            cur,
+            req.tenant_id,
+            req.session_id,
+            ending.start_time_ns,
+            ending.continuity,
+            req.transcript,
+            req.now,
+        )
+
+    def _end_as_found(self, cur: Cursor, req: _EndRequest) -> _Ending:
         """Inside the write transaction, when the session is not the active one read before
         it: say why, or, if it was started (or replaced) after that read, end it as it is."""
-        state = session_repo.session_state(cur, tenant_id, session_id)
+        state = session_repo.session_state(cur, req.tenant_id, req.session_id)
         if state is None:
-            raise NotFound("session", session_id)
+            raise NotFound("session", req.session_id)
         if state[0] != "active":
-            raise FailedPrecondition(f"session {session_id!r} has already ended", reason="SESSION_ENDED")
-        ending = self._ending(cur, tenant_id, session_id, feedback, transcript, now, None)
-        if ending is None or not session_repo.end_session(
-            cur, tenant_id, session_id, ending.start_time_ns, ending.continuity, transcript, now
-        ):
-            raise NotFound("session", session_id)  # read active under the same lock: cannot happen
+            raise FailedPrecondition(f"session {req.session_id!r} has already ended", reason="SESSION_ENDED")
+        ending = self._ending(cur, req, None)
+        if ending is None or not self._end(cur, req, ending):
+            raise NotFound("session", req.session_id)  # read active under the same lock: cannot happen
         return ending
 
-    def _ending(
-        self,
-        cur: Cursor,
-        tenant_id: str,
-        session_id: str,
-        feedback: Sequence[Feedback],
-        transcript: str,
-        now: int,
-        rows: RowCache | None,
-    ) -> _Ending | None:
+    def _ending(self, cur: Cursor, req: _EndRequest, rows: RowCache | None) -> _Ending | None:
         """What ending this session writes; None if it does not exist or is not active.
         `rows`: the row cache, for a read outside the write transaction (inside it, None)."""
+        tenant_id, session_id, feedback = req.tenant_id, req.session_id, req.feedback
         found = session_repo.get_session_and_memories(cur, tenant_id, session_id)
         if found is None or found[0].state != "active":
             return None
@@ -529,13 +532,13 @@ class SessionService:
             if rows is None
             else memory_repo.read_many(cur, rows, tenant_id, ids)
         )
-        continuity = self._continuity(members, feedback, transcript, texts)
+        continuity = self._continuity(members, feedback, req.transcript, texts)
         training = [m for m in members if m.memory_id in continuity]
         payload = {
             "session_id": session_id,
             "query": s.context,
             "feature_names": s.feature_names,
-            "end_time_ns": now,
+            "end_time_ns": req.now,
             "candidates": [
                 {
                     "id": m.memory_id,

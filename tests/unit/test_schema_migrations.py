@@ -11,8 +11,9 @@ import duckdb
 import pytest
 
 from mnemo_server.store import session_repo
-from mnemo_server.store.database import Database
+from mnemo_server.store.database import Cursor, Database
 from mnemo_server.store.schema import MIGRATIONS
+from mnemo_server.store.session_candidates import SessionMemoryRow
 
 _ROW = "(?, ?, ?, ?, ?, 'recall', 0.5, ?, 0.0, 0, 0.5, 12, ?, ?, ?)"
 _SESSION = (
@@ -48,13 +49,19 @@ def _store_at_version_6(path: Path) -> None:
     con.close()
 
 
+def _members(cur: Cursor, tenant_id: str, session_id: str) -> list[SessionMemoryRow]:
+    found = session_repo.get_session_and_memories(cur, tenant_id, session_id)
+    assert found is not None, f"session {session_id} of {tenant_id} is gone"
+    return found[1]
+
+
 def test_candidate_rows_survive_both_migrations_in_order_with_their_relevance(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     _store_at_version_6(path)
     db = Database(path)  # opening runs migrations 7 and 8
     assert db.get_meta("schema_version") == str(len(MIGRATIONS))
     cur = db.reader()
-    s1 = session_repo.session_memories(cur, "t", "s1")
+    s1 = _members(cur, "t", "s1")
     assert [(m.memory_id, m.candidate_ord, m.injected_rank, m.relevance, m.relevance_source) for m in s1] == [
         ("m1", 0, 1, pytest.approx(0.8), "feedback"),
         ("m2", 1, 0, None, ""),
@@ -62,15 +69,15 @@ def test_candidate_rows_survive_both_migrations_in_order_with_their_relevance(tm
     assert (
         s1[0].features == [1.0, 2.0] and s1[1].features[0] == 3.0 and s1[1].features[1] != s1[1].features[1]
     )
-    (m9,) = session_repo.session_memories(cur, "u", "s1")
+    (m9,) = _members(cur, "u", "s1")
     assert (m9.memory_id, m9.relevance, m9.relevance_source, m9.features) == (
         "m9",
         -0.5,
         "transcript",
         [0.5, 0.25],
     )
-    assert [m.memory_id for m in session_repo.session_memories(cur, "t", "s2")] == ["m1"]
-    assert session_repo.session_memories(cur, "t", "s3") == []  # a session without candidates
+    assert [m.memory_id for m in _members(cur, "t", "s2")] == ["m1"]
+    assert _members(cur, "t", "s3") == []  # a session without candidates
     tables = {r[0] for r in cur.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     assert "session_memories" not in tables
     db.close()

@@ -143,12 +143,13 @@ class Core:
             )
             self.tenants = TenantService(self.db)
             self.ranking = RankingClient(config.ranking)
+            self.query_embedder = CachedQueryEmbedder(
+                self.embedder, config.embedding.query_cache_size, config.embedding.query_workers
+            )
             self.recall = RecallPipeline(
                 self.db,
                 self.index,
-                CachedQueryEmbedder(
-                    self.embedder, config.embedding.query_cache_size, config.embedding.query_workers
-                ),
+                self.query_embedder,
                 self.validator,
                 config.limits,
                 config.recall,
@@ -179,7 +180,7 @@ class Core:
         """Pay one-time costs (onnxruntime's first run, opening each tenant's LanceDB table,
         loading its attribute cache, scope vectors and full-text postings, filling the row
         cache) before SERVING, so the first real call is as fast as the rest."""
-        vector = self.recall.embedder.embed_one("warm-up query")
+        vector = self.query_embedder.embed_one("warm-up query")
         started = time.monotonic()
         rows = memory_repo.preload(self.db.reader(), self.db.rows, self.db.rows.max_rows)
         log.info("row cache: %d rows read in %.2f s", rows, time.monotonic() - started)
@@ -265,7 +266,7 @@ class Core:
         self.delivery.stop()
         self.indexer.stop()
         self.index_embedder.close()
-        self.recall.embedder.close()
+        self.query_embedder.close()
         self.embedder.close()
         self.index.close()
         self.ranking.close()

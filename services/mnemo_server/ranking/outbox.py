@@ -130,7 +130,8 @@ class FeedbackDelivery:
                     session_repo.mark_failed(cur, item.tenant_id, item.session_id, next_attempt_ns, reason)
         sent = sum(len(ids) for ids in delivered.values())
         self.delivered += sent
-        self.failed += failed is not None
+        if failed is not None:
+            self.failed += 1
         return sent
 
     def retry_parked(self) -> int:

@@ -84,11 +84,10 @@ def new_row_cache(max_rows: int) -> RowCache:
 
 
 @contextmanager
-def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]] | pa.Table) -> Iterator[None]:
-    """Expose Python rows (or an Arrow table built from them beforehand) to SQL as a named
-    relation for one statement (fast bulk writes: DuckDB's executemany costs ~1 ms a row,
-    an Arrow scan microseconds)."""
-    cur.register(name, rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows))
+def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]]) -> Iterator[None]:
+    """Expose Python rows to SQL as a named relation for one statement (fast bulk writes:
+    DuckDB's executemany costs ~1 ms a row, an Arrow scan microseconds)."""
+    cur.register(name, pa.Table.from_pylist(rows))
     try:
         yield
     finally:

@@ -100,8 +100,8 @@ def _session_values(s: SessionRow) -> list[Any]:
 def get_session_and_memories(
     cur: Cursor, tenant_id: str, session_id: str
 ) -> tuple[SessionRow, list[SessionMemoryRow]] | None:
-    """A session and its candidates (as session_memories gives them) in one read: each
-    DuckDB query costs ~1 ms however small."""
+    """A session and its candidates in order, with the relevance its end gave them, in one
+    read: each DuckDB query costs ~1 ms however small."""
     row = fetch_one(
         cur,
         f"SELECT {_SESSION_COLUMNS}, candidates, continuity FROM sessions WHERE tenant_id = ? AND id = ?",
@@ -127,6 +127,7 @@ def session_state(cur: Cursor, tenant_id: str, session_id: str) -> tuple[str, in
 
 
 def _members(candidates: bytes, continuity: str | None) -> list[SessionMemoryRow]:
+    """The stored candidates, each with the relevance the session's end gave it (if any)."""
     members = session_candidates.unpack(candidates)
     if continuity:
         judged = {mid: (float(rel), str(src)) for mid, rel, src in json.loads(continuity)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import duckdb
@@ -43,13 +43,12 @@ class SessionRow:
     feedback_delivered: bool = False
 
 
-_SESSION_COLUMNS = (
-    "tenant_id, id, agent_id, persona_id, project_id, context, state, request_fingerprint, "
-    "ranking_path, fallback_reason, model_version, predictor_weight, sidecar_ms, sidecar_deadline_ms, "
-    "took_ms, token_budget, tokens_used, dropped_count, feature_names, start_time_ns, end_time_ns, "
-    "feedback_delivered"
-)
-_SESSION_VALUES = _SESSION_COLUMNS.count(",") + 1
+# The columns are SessionRow's fields, in its order; the one list-valued field is stored as
+# JSON text.
+_SESSION_FIELDS = tuple(f.name for f in fields(SessionRow))
+_JSON_FIELD = _SESSION_FIELDS.index("feature_names")
+_SESSION_COLUMNS = ", ".join(_SESSION_FIELDS)
+_SESSION_VALUES = len(_SESSION_FIELDS)
 
 
 class SessionTaken(Exception):
@@ -71,30 +70,9 @@ def insert_sessions(cur: Cursor, sessions: Sequence[tuple[SessionRow, bytes]]) -
 
 
 def _session_values(s: SessionRow) -> list[Any]:
-    return [
-        s.tenant_id,
-        s.id,
-        s.agent_id,
-        s.persona_id,
-        s.project_id,
-        s.context,
-        s.state,
-        s.request_fingerprint,
-        s.ranking_path,
-        s.fallback_reason,
-        s.model_version,
-        s.predictor_weight,
-        s.sidecar_ms,
-        s.sidecar_deadline_ms,
-        s.took_ms,
-        s.token_budget,
-        s.tokens_used,
-        s.dropped_count,
-        json.dumps(s.feature_names),
-        s.start_time_ns,
-        s.end_time_ns,
-        s.feedback_delivered,
-    ]
+    values = [getattr(s, name) for name in _SESSION_FIELDS]
+    values[_JSON_FIELD] = json.dumps(values[_JSON_FIELD])
+    return values
 
 
 def get_session_and_memories(
@@ -112,7 +90,7 @@ def get_session_and_memories(
 
 def _session_row(row: Sequence[Any]) -> SessionRow:
     values: list[Any] = list(row)
-    values[18] = json.loads(values[18])
+    values[_JSON_FIELD] = json.loads(values[_JSON_FIELD])
     return SessionRow(*values)
 
 

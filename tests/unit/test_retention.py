@@ -43,6 +43,28 @@ def test_sweep_purges_only_expired_and_unindexed_tombstones(tmp_path: Path) -> N
     db.close()
 
 
+def test_memory_purges_leave_the_sessions_lock_to_session_writes(tmp_path: Path) -> None:
+    db = Database(tmp_path / "d.duckdb")
+    now = 100 * DAY
+    with db.transaction() as cur:
+        memory_repo.insert_many(cur, [(stored_memory(i, 0), f"memory {i}") for i in range(3)], db.stored)
+        memory_repo.tombstone(cur, "t", ["m0", "m1"], now - 40 * DAY)
+        memory_repo.record_history(cur, [("t", "m2", "create", "api", "", {})], now - 200 * DAY)
+    before = db.write_lock_stats
+    report = RetentionWorker(
+        db, RetentionConfig(tombstone_days=30, session_days=0), clock=lambda: now
+    ).sweep()
+    after = db.write_lock_stats
+    assert report.purged_memories == 2
+    assert db.reader().execute("SELECT count(*) FROM memory_history").fetchall() == [(0,)]
+    # Tombstones, idempotency records, history: three memories transactions. Only the
+    # idempotency purge (records both domains write) and the delivered feedback's take the
+    # sessions lock; the tombstone and history purges do not.
+    taken = {d: after[d].transactions - before[d].transactions for d in WriteDomain}
+    assert taken == {WriteDomain.MEMORIES: 3, WriteDomain.SESSIONS: 2}
+    db.close()
+
+
 def test_sweep_drops_old_sessions_and_delivered_feedback_but_never_feedback_still_to_deliver(
     tmp_path: Path,
 ) -> None:

@@ -34,15 +34,18 @@ class RetentionWorker:
         report = RetentionReport()
         now = self.clock()
         tombstone_cutoff = now - int(self.cfg.tombstone_days * 24 * _NS_PER_HOUR)
+        # Memory rows and their history are the memories domain's alone: purging them leaves
+        # session writes (every StartSession and EndSession) free to commit meanwhile.
         while True:
-            with self.db.transaction() as cur:
+            with self.db.transaction(WriteDomain.MEMORIES) as cur:
                 purged = memory_repo.purge_tombstones(cur, tombstone_cutoff, _BATCH)
             report.purged_memories += len(purged)
             if len(purged) < _BATCH:
                 break
+        # Idempotency records are written under either lock (creates, EndSession) or both.
         with self.db.transaction() as cur:
             idempotency_repo.purge(cur, now - int(self.cfg.idempotency_hours * _NS_PER_HOUR))
-        with self.db.transaction() as cur:
+        with self.db.transaction(WriteDomain.MEMORIES) as cur:
             memory_repo.purge_history(cur, now - int(self.cfg.history_days * 24 * _NS_PER_HOUR))
         with self.db.transaction(WriteDomain.SESSIONS) as cur:
             session_repo.purge_delivered_feedback(

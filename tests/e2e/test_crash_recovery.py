@@ -1,4 +1,6 @@
-"""Acknowledged writes survive kill -9, including a crash between commit and indexing."""
+"""Acknowledged writes survive kill -9, including a crash between commit and indexing, and
+acknowledged sessions: what each StartSession injected, each EndSession's end, and the
+training pairs it queued for the sidecar."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ from pathlib import Path
 import grpc
 from google.protobuf import field_mask_pb2
 
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
+from mnemo_server.launcher import Launcher
 from tests.e2e.conftest import Proc, base_env
 
 
@@ -106,6 +111,93 @@ def test_every_acknowledged_write_survives_kill9_under_load(
     assert not missing, f"{len(missing)} acknowledged writes lost"
     _wait_searchable(stub)
     assert stub.GetStatus(pb.GetStatusRequest(), timeout=5).memory_count == len(present)
+
+
+def test_acknowledged_sessions_and_their_feedback_survive_kill9_under_load(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """Four clients start and end sessions until the server is killed. After a restart every
+    acknowledged StartSession is there with what it injected, every acknowledged EndSession
+    has ended its session with its feedback, and once a sidecar is reachable it receives
+    every ended session's training pairs (the outbox was written with the end)."""
+    data = tmp_path / "data"
+    proc = spawn(_serve_args(data), env=base_env(model_cache, MNEMO_AUTH__ENABLED="false"))
+    stub = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc.address))
+    for i in range(12):
+        note = f"release note {i}: the deploy pipeline runs the {i % 4} stage checks"
+        stub.CreateMemory(pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=note)), timeout=10)
+    started: dict[str, list[str]] = {}  # acknowledged StartSession -> the ids it injected
+    ended: dict[str, str] = {}  # acknowledged EndSession -> the memory it marked used
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(w: int) -> None:
+        stub = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc.address))
+        i = 0
+        while not stop.is_set():
+            sid = f"w{w}-s{i}"
+            i += 1
+            try:
+                r = stub.StartSession(
+                    pb.StartSessionRequest(session_id=sid, context="how does the deploy pipeline run"),
+                    timeout=5,
+                )
+                with lock:
+                    started[sid] = [m.memory.id for m in r.memories]
+                used = r.memories[0].memory.id
+                feedback = [pb.MemoryFeedback(memory_id=used, used=True)]
+                stub.EndSession(pb.EndSessionRequest(session_id=sid, feedback=feedback), timeout=5)
+                with lock:
+                    ended[sid] = used
+            except grpc.RpcError:
+                return  # the server died mid-call: that call was never acknowledged
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(3.0)
+    proc.kill9()
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert len(ended) > 10 and all(started.values())
+
+    # The server ran without a sidecar, so every ended session's pairs wait in its outbox.
+    side_launcher = Launcher(root=tmp_path / "side", keep=True)
+    side_launcher.root.mkdir()
+    try:
+        side = side_launcher.start_sidecar()
+        proc2 = spawn(
+            _serve_args(data),
+            env=base_env(
+                model_cache,
+                MNEMO_AUTH__ENABLED="false",
+                MNEMO_RANKING__SIDECAR_ADDRESS=side.address,
+                MNEMO_RANKING__DELIVERY_INTERVAL_S="0.05",
+            ),
+        )
+        stub2 = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc2.address))
+        for sid, injected in started.items():
+            session = stub2.GetSession(pb.GetSessionRequest(session_id=sid), timeout=5).session
+            assert [m.memory.id for m in session.injected] == injected, sid
+            if sid in ended:
+                assert session.state == pb.SESSION_STATE_ENDED, sid
+                judged = {c.memory_id: c for c in session.continuity}
+                assert judged[ended[sid]].source == "feedback" and judged[ended[sid]].relevance > 0, sid
+        deadline = time.monotonic() + 60
+        while stub2.GetStatus(pb.GetStatusRequest(), timeout=5).feedback_outbox_pending:
+            assert time.monotonic() < deadline, "the outbox was never delivered"
+            time.sleep(0.1)
+        for sid in ended:
+            session = stub2.GetSession(pb.GetSessionRequest(session_id=sid), timeout=5).session
+            assert session.feedback_delivered, sid
+        ranking = rpb_grpc.RankingServiceStub(grpc.insecure_channel(side.address))
+        status = ranking.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="default"), timeout=5)
+        stored = status.stored_sessions
+        # An EndSession cut off by the kill after its commit is stored but was never acknowledged.
+        assert len(ended) <= stored <= len(ended) + len(threads)
+    finally:
+        side_launcher.stop()
 
 
 def _recall_ids(stub: pb_grpc.MemoryServiceStub, query: str, k: int = 5) -> list[str]:

@@ -3,6 +3,7 @@ what each operation costs under concurrency."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from pathlib import Path
@@ -10,8 +11,13 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from grpc import aio
 
+from mnemo.v1 import memory_pb2
+from mnemo.v1 import memory_service_pb2 as pb
+from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 from mnemo_server.cli.bench import bench, parse_mix
+from mnemo_server.evaluation.bench import Bench, BenchConfig, OpStats, timed
 from mnemo_server.evaluation.synth import fresh_query_text, query_text
 from tests.conftest import LiveServer, provision
 
@@ -58,3 +64,37 @@ def test_fresh_queries_do_not_repeat_where_template_queries_mostly_do() -> None:
     assert len(set(fresh)) == 5000
     templates = [query_text(rng) for _ in range(5000)]
     assert len(set(templates)) < 1500  # most template queries are repeats
+
+
+def test_a_session_is_ended_after_its_start_was_timed(server: LiveServer) -> None:
+    """StartSession's latency is its own: the session's end is handed back as a follow-up,
+    made and timed as an EndSession after StartSession's clock stopped."""
+    key = provision(server, "bench-follow-up")
+    stats = {name: OpStats() for name in ("StartSession", "EndSession")}
+    bench_run = Bench(key, BenchConfig(end_every=1))
+
+    async def run() -> None:
+        async with aio.insecure_channel(server.address) as channel:
+            stub = pb_grpc.MemoryServiceStub(channel)
+            await stub.CreateMemory(
+                pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="the deploy runs at noon")),
+                metadata=bench_run.md,
+                timeout=10,
+            )
+            ops = bench_run._ops(stub, stats)
+            follow_up = await timed("StartSession", ops["StartSession"], stats)
+            assert follow_up is not None
+            sid = f"bench-{bench_run.run_id}-1"
+            got = await stub.GetSession(
+                pb.GetSessionRequest(session_id=sid), metadata=bench_run.md, timeout=10
+            )
+            assert got.session.state == pb.SESSION_STATE_ACTIVE  # timed, not yet ended
+            assert len(stats["StartSession"].latencies_ms) == 1 and not stats["EndSession"].latencies_ms
+            await follow_up()
+            got = await stub.GetSession(
+                pb.GetSessionRequest(session_id=sid), metadata=bench_run.md, timeout=10
+            )
+            assert got.session.state == pb.SESSION_STATE_ENDED
+            assert len(stats["EndSession"].latencies_ms) == 1 and not stats["EndSession"].errors
+
+    asyncio.run(run())

@@ -38,7 +38,10 @@ from mnemo_server.latency_histogram import quantile
 from mnemo_server.launcher import LaunchedProcess
 
 Metadata = tuple[tuple[str, str], ...]
-Op = Callable[[], Awaitable[Any]]
+# A follow-up call an operation leaves to make (a session's end), timed as its own operation.
+FollowUp = Callable[[], Awaitable[None]]
+# One operation of the mix; it may hand back a follow-up.
+Op = Callable[[], Awaitable[FollowUp | None]]
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,7 @@ class Bench:
                 timeout=10,
             )
 
-        async def start_session() -> None:
+        async def start_session() -> FollowUp | None:
             self.sessions += 1
             sid = f"bench-{self.run_id}-{self.sessions}"
             resp = await stub.StartSession(
@@ -267,20 +270,21 @@ class Bench:
                 self.fallbacks["model"] += 1
             else:
                 self.fallbacks[resp.ranking.fallback_reason or "baseline"] += 1
-            if self.sessions % cfg.end_every == 0 and resp.memories:
-                t0 = time.perf_counter()
-                try:
-                    await stub.EndSession(
-                        pb.EndSessionRequest(
-                            session_id=sid,
-                            feedback=[pb.MemoryFeedback(memory_id=resp.memories[0].memory.id, used=True)],
-                        ),
-                        metadata=self.md,
-                        timeout=10,
-                    )
-                    stats["EndSession"].latencies_ms.append((time.perf_counter() - t0) * 1000.0)
-                except grpc.RpcError as err:
-                    stats["EndSession"].errors[_code(err)] += 1
+            if self.sessions % cfg.end_every != 0 or not resp.memories:
+                return None
+            used = resp.memories[0].memory.id
+
+            async def end_session() -> None:
+                ending = pb.EndSessionRequest(
+                    session_id=sid, feedback=[pb.MemoryFeedback(memory_id=used, used=True)]
+                )
+                await timed(
+                    "EndSession", lambda: stub.EndSession(ending, metadata=self.md, timeout=10), stats
+                )
+
+            # Ended after StartSession's latency is taken: until this was a follow-up, every
+            # third StartSession's latency included its EndSession's.
+            return end_session
 
         return {
             "Recall": recall,
@@ -305,12 +309,9 @@ class Bench:
         async def worker() -> None:
             while time.perf_counter() < deadline:
                 name = self.rng.choices(names, weights)[0]
-                t0 = time.perf_counter()
-                try:
-                    await ops[name]()
-                    stats[name].latencies_ms.append((time.perf_counter() - t0) * 1000.0)
-                except grpc.RpcError as err:
-                    stats[name].errors[_code(err)] += 1
+                follow_up = await timed(name, ops[name], stats)
+                if follow_up is not None:
+                    await follow_up()
 
         async def sample_rss() -> None:
             nonlocal rss_peak
@@ -409,6 +410,19 @@ def _group_use(before: pb.GroupCommitStats, after: pb.GroupCommitStats) -> dict[
     """Create calls over one phase and the transactions they were written in."""
     calls, groups = after.calls - before.calls, after.groups - before.groups
     return {"calls": calls, "groups": groups, "calls_per_group": round(calls / groups, 2) if groups else 0.0}
+
+
+async def timed(name: str, call: Callable[[], Awaitable[Any]], stats: dict[str, OpStats]) -> Any:
+    """Await one call and record its latency (or its error code) under `name`; returns what
+    the call returned (None after an error)."""
+    started = time.perf_counter()
+    try:
+        returned = await call()
+    except grpc.RpcError as err:
+        stats[name].errors[_code(err)] += 1
+        return None
+    stats[name].latencies_ms.append((time.perf_counter() - started) * 1000.0)
+    return returned
 
 
 def _code(err: grpc.RpcError) -> str:

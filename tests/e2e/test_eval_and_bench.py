@@ -88,14 +88,16 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
     for name, sc in result["scenarios"].items():
         assert sc["deadline_ms"] == 120.0 and sc["failed_calls"] == 0, (name, sc)
         assert sc["ops"]["StartSession"]["count"] > 0
-        # A CreateMemory is a write of the memories domain, a StartSession one of the sessions'.
+        # A CreateMemory is a write of the memories domain, a StartSession one of the
+        # session_starts' (grouped like creates), an EndSession one of the sessions'.
         locks = sc["write_locks"]
         creates, starts = sc["ops"]["CreateMemory"]["count"], sc["ops"]["StartSession"]["count"]
         # Creates that queue while another is written share its transaction (group commit).
         groups = sc["create_groups"]
         assert groups["calls"] == creates and 0 < groups["groups"] <= creates, (name, groups)
         assert locks["memories"]["transactions"] >= groups["groups"], (name, locks)
-        assert locks["sessions"]["transactions"] >= starts, (name, locks)
+        assert 0 < locks["session_starts"]["transactions"] <= starts, (name, locks)
+        assert locks["sessions"]["transactions"] >= sc["ops"]["EndSession"]["count"], (name, locks)
         for lock in locks.values():
             assert 0 < lock["utilization"] < 1 and lock["mean_wait_ms"] >= 0, (name, locks)
         # The server's own CPU over the phase: some per operation, at most the machine's cores.

@@ -44,7 +44,7 @@ def test_bench_runs_one_operation_alone(server: LiveServer, tmp_path: Path) -> N
     assert set(data["ops"]) == {"Recall"} and data["ops"]["Recall"]["count"] > 0
     assert data["ops"]["Recall"]["errors"] == {}
     locks = data["scenarios"]["sidecar_ok"]["write_locks"]
-    assert set(locks) == {"memories", "sessions"}
+    assert set(locks) == {"memories", "sessions", "session_starts"}
     assert all(0 <= lock["utilization"] < 1 for lock in locks.values())
     assert data["scenarios"]["sidecar_ok"]["create_groups"] == {
         "calls": 0,

@@ -58,10 +58,10 @@ def test_memory_purges_leave_the_sessions_lock_to_session_writes(tmp_path: Path)
     assert report.purged_memories == 2
     assert db.reader().execute("SELECT count(*) FROM memory_history").fetchall() == [(0,)]
     # Tombstones, idempotency records, history: three memories transactions. Only the
-    # idempotency purge (records both domains write) and the delivered feedback's take the
+    # idempotency purge (records every domain writes) and the delivered feedback's take the
     # sessions lock; the tombstone and history purges do not.
     taken = {d: after[d].transactions - before[d].transactions for d in WriteDomain}
-    assert taken == {WriteDomain.MEMORIES: 3, WriteDomain.SESSIONS: 2}
+    assert taken == {WriteDomain.MEMORIES: 3, WriteDomain.SESSIONS: 2, WriteDomain.SESSION_STARTS: 1}
     db.close()
 
 

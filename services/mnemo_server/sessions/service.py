@@ -307,7 +307,7 @@ class SessionService:
         return SessionBundle(session, injected, render([x.memory for x in injected]))
 
     def _record_together(self, records: Sequence[tuple[SessionRow, bytes]]) -> list[None]:
-        with self.db.transaction(WriteDomain.SESSIONS) as cur:
+        with self.db.transaction(WriteDomain.SESSION_STARTS) as cur:
             session_repo.insert_sessions(cur, records)
         return [None] * len(records)
 

@@ -54,7 +54,8 @@ class RetentionWorker:
         if self.cfg.session_days > 0:
             session_cutoff = now - int(self.cfg.session_days * 24 * _NS_PER_HOUR)
             while True:
-                with self.db.transaction(WriteDomain.SESSIONS) as cur:
+                # A purged session's id may be started again: not while its row is going.
+                with self.db.transaction(WriteDomain.SESSIONS, WriteDomain.SESSION_STARTS) as cur:
                     ended = session_repo.purge_sessions(cur, session_cutoff, _BATCH)
                 report.purged_sessions += ended
                 if ended < _BATCH:

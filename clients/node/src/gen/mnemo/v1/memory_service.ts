@@ -610,10 +610,10 @@ export interface CacheUse {
 
 /**
  * Every write runs in one short transaction under the write lock of its domain: "memories"
- * (creates, updates, deletes, the index worker's marks, access counts) or "sessions"
- * (session start and end records, the sidecar outbox); writes of different domains commit
- * concurrently, and the rare write that spans domains (tenant changes, retention) holds
- * every lock. Held time over wall time is a lock's utilization; waited time is what
+ * (creates, updates, deletes, the index worker's marks, access counts), "sessions" (session
+ * ends, the sidecar outbox) or "session_starts" (new sessions' records); writes of different
+ * domains commit concurrently, and the rare write that spans domains (tenant changes,
+ * retention) holds more than one. Held time over wall time is a lock's utilization; waited time is what
  * writers spent queueing for it, the usual cause of a slow write under load.
  */
 export interface WriteLockStats {
@@ -623,7 +623,10 @@ export interface WriteLockStats {
   heldSeconds: number;
   /** Total time writers waited for it. */
   waitedSeconds: number;
-  /** The domain whose lock this is: "memories" or "sessions". */
+  /**
+   * The domain whose lock this is: "memories", "sessions" or "session_starts" (new
+   * sessions' records).
+   */
   domain: string;
 }
 

@@ -42,7 +42,8 @@ class RetentionWorker:
             report.purged_memories += len(purged)
             if len(purged) < _BATCH:
                 break
-        # Idempotency records are written under either lock (creates, EndSession) or both.
+        # Idempotency records are written under several domains' locks (creates, EndSession,
+        # tenant and skill writes): their purge holds every lock.
         with self.db.transaction() as cur:
             idempotency_repo.purge(cur, now - int(self.cfg.idempotency_hours * _NS_PER_HOUR))
         with self.db.transaction(WriteDomain.MEMORIES) as cur:

@@ -307,7 +307,8 @@ class SessionService:
         return SessionBundle(session, injected, render([x.memory for x in injected]))
 
     def _record_together(self, records: Sequence[tuple[SessionRow, bytes]]) -> list[None]:
-        with self.db.transaction(WriteDomain.SESSION_STARTS) as cur:
+        # One INSERT for the whole group, committed by itself.
+        with self.db.single_statement(WriteDomain.SESSION_STARTS) as cur:
             session_repo.insert_sessions(cur, records)
         return [None] * len(records)
 

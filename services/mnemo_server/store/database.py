@@ -218,38 +218,18 @@ class Database:
             yield
 
     @contextmanager
-    def transaction(self, *domains: WriteDomain) -> Iterator[Cursor]:
-        """One short write transaction; commits on success, rolls back on any exception.
-        It holds the locks of the given domains, all of them when none is named."""
-        asked, held_domains = time.perf_counter(), domains or ALL_DOMAINS
+    def _write_locked(self, domains: Sequence[WriteDomain]) -> Iterator[Cursor]:
+        """The writer's cursor under the domains' locks, with their use counted; a DuckDB
+        write conflict in the body becomes WriteConflict."""
+        asked = time.perf_counter()
         mark("before_transaction")
-        with self._holding(held_domains):
+        with self._holding(domains):
             got = time.perf_counter()
             mark("write_lock_wait")
             try:
                 if self._closed:  # checked under the locks close() takes, so no race with it
                     raise FailedPrecondition("the store is closed", reason="STORE_CLOSED")
-                cur = self.reader()
-                cur.execute("BEGIN TRANSACTION")
-                write_changes.begin()
-                committed = announced = False
-                try:
-                    try:
-                        yield cur
-                        self._announce(write_changes.collected(), held_domains)
-                        announced = True
-                    except BaseException:
-                        cur.execute("ROLLBACK")
-                        raise
-                    cur.execute("COMMIT")  # a COMMIT that fails has ended the transaction itself
-                    committed = True
-                    mark("transaction")
-                finally:
-                    # After the transaction ended, before the writer returns (write_changes).
-                    changes = write_changes.end()
-                    self.rows.apply(changes, committed=committed, announced=announced)
-                    if committed:
-                        self.recent.apply(changes)
+                yield self.reader()
             except duckdb.TransactionException as exc:
                 if not _is_conflict(exc):
                     raise
@@ -260,11 +240,50 @@ class Database:
             finally:
                 held, waited = time.perf_counter() - got, got - asked
                 with self._stats_lock:
-                    for d in held_domains:
+                    for d in domains:
                         old = self._lock_stats[d]
                         self._lock_stats[d] = WriteLockStats(
                             old.transactions + 1, old.held_s + held, old.waited_s + waited
                         )
+
+    @contextmanager
+    def transaction(self, *domains: WriteDomain) -> Iterator[Cursor]:
+        """One short write transaction; commits on success, rolls back on any exception.
+        It holds the locks of the given domains, all of them when none is named."""
+        held_domains = domains or ALL_DOMAINS
+        with self._write_locked(held_domains) as cur:
+            cur.execute("BEGIN TRANSACTION")
+            write_changes.begin()
+            committed = announced = False
+            try:
+                try:
+                    yield cur
+                    self._announce(write_changes.collected(), held_domains)
+                    announced = True
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                cur.execute("COMMIT")  # a COMMIT that fails has ended the transaction itself
+                committed = True
+                mark("transaction")
+            finally:
+                # After the transaction ended, before the writer returns (write_changes).
+                changes = write_changes.end()
+                self.rows.apply(changes, committed=committed, announced=announced)
+                if committed:
+                    self.recent.apply(changes)
+
+    @contextmanager
+    def single_statement(self, domain: WriteDomain) -> Iterator[Cursor]:
+        """A write of exactly one statement, under `domain`'s lock: DuckDB commits it by
+        itself (autocommit), all or nothing, as a transaction of that statement would, but
+        without the BEGIN and COMMIT round trips. For a StartSession's record that is ~0.4 of
+        ~2.3 ms of CPU, and two fewer waits for the GIL under load. Only for statements that
+        change no memory rows: a repository that records such changes raises here (outside
+        `transaction` nothing would keep the row cache in step)."""
+        with self._write_locked((domain,)) as cur:
+            yield cur
+            mark("transaction")
 
     def _announce(self, changes: Sequence[object], held: Sequence[WriteDomain]) -> None:
         """Before COMMIT: rows the row cache patches (row_cache says why only under the

@@ -32,6 +32,37 @@ def _wait_searchable(stub: pb_grpc.MemoryServiceStub, timeout: float = 60) -> No
         time.sleep(0.1)
 
 
+_CLIENTS = 4
+
+
+def _kill9_under_load(
+    proc: Proc, step: Callable[[pb_grpc.MemoryServiceStub, int, int], None], seconds: float
+) -> None:
+    """_CLIENTS threads call step(stub, client, i) for i = 0, 1, ... until the server is
+    killed with SIGKILL after `seconds`. A client stops at its first failed call: the server
+    died during it, so it was never acknowledged."""
+    stop = threading.Event()
+
+    def client(w: int) -> None:
+        stub = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc.address))
+        i = 0
+        while not stop.is_set():
+            try:
+                step(stub, w, i)
+            except grpc.RpcError:
+                return
+            i += 1
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(_CLIENTS)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    proc.kill9()
+    stop.set()
+    for t in threads:
+        t.join(10)
+
+
 def test_crash_between_commit_and_index(
     spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
 ) -> None:
@@ -68,33 +99,14 @@ def test_every_acknowledged_write_survives_kill9_under_load(
     proc = spawn(_serve_args(data), env=env)
     acked: list[str] = []
     lock = threading.Lock()
-    stop = threading.Event()
 
-    def writer(w: int) -> None:
-        stub = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc.address))
-        i = 0
-        while not stop.is_set():
-            try:
-                r = stub.CreateMemory(
-                    pb.CreateMemoryRequest(
-                        memory=memory_pb2.Memory(content=f"writer {w} note {i} about topic {i % 13}")
-                    ),
-                    timeout=5,
-                )
-            except grpc.RpcError:
-                return  # the server died mid-call: that write was never acknowledged
-            with lock:
-                acked.append(r.memory.id)
-            i += 1
+    def write(stub: pb_grpc.MemoryServiceStub, w: int, i: int) -> None:
+        content = f"writer {w} note {i} about topic {i % 13}"
+        r = stub.CreateMemory(pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=content)), timeout=5)
+        with lock:
+            acked.append(r.memory.id)
 
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    time.sleep(2.0)
-    proc.kill9()
-    stop.set()
-    for t in threads:
-        t.join(10)
+    _kill9_under_load(proc, write, seconds=2.0)
     assert len(acked) > 20
 
     proc2 = spawn(_serve_args(data), env=env)
@@ -129,37 +141,21 @@ def test_acknowledged_sessions_and_their_feedback_survive_kill9_under_load(
     started: dict[str, list[str]] = {}  # acknowledged StartSession -> the ids it injected
     ended: dict[str, str] = {}  # acknowledged EndSession -> the memory it marked used
     lock = threading.Lock()
-    stop = threading.Event()
 
-    def client(w: int) -> None:
-        stub = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc.address))
-        i = 0
-        while not stop.is_set():
-            sid = f"w{w}-s{i}"
-            i += 1
-            try:
-                r = stub.StartSession(
-                    pb.StartSessionRequest(session_id=sid, context="how does the deploy pipeline run"),
-                    timeout=5,
-                )
-                with lock:
-                    started[sid] = [m.memory.id for m in r.memories]
-                used = r.memories[0].memory.id
-                feedback = [pb.MemoryFeedback(memory_id=used, used=True)]
-                stub.EndSession(pb.EndSessionRequest(session_id=sid, feedback=feedback), timeout=5)
-                with lock:
-                    ended[sid] = used
-            except grpc.RpcError:
-                return  # the server died mid-call: that call was never acknowledged
+    def start_and_end(stub: pb_grpc.MemoryServiceStub, w: int, i: int) -> None:
+        sid = f"w{w}-s{i}"
+        r = stub.StartSession(
+            pb.StartSessionRequest(session_id=sid, context="how does the deploy pipeline run"), timeout=5
+        )
+        with lock:
+            started[sid] = [m.memory.id for m in r.memories]
+        used = r.memories[0].memory.id
+        feedback = [pb.MemoryFeedback(memory_id=used, used=True)]
+        stub.EndSession(pb.EndSessionRequest(session_id=sid, feedback=feedback), timeout=5)
+        with lock:
+            ended[sid] = used
 
-    threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    time.sleep(3.0)
-    proc.kill9()
-    stop.set()
-    for t in threads:
-        t.join(10)
+    _kill9_under_load(proc, start_and_end, seconds=3.0)
     assert len(ended) > 10 and all(started.values())
 
     # The server ran without a sidecar, so every ended session's pairs wait in its outbox.
@@ -195,7 +191,7 @@ def test_acknowledged_sessions_and_their_feedback_survive_kill9_under_load(
         status = ranking.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="default"), timeout=5)
         stored = status.stored_sessions
         # An EndSession cut off by the kill after its commit is stored but was never acknowledged.
-        assert len(ended) <= stored <= len(ended) + len(threads)
+        assert len(ended) <= stored <= len(ended) + _CLIENTS
     finally:
         side_launcher.stop()
 

@@ -1,12 +1,12 @@
 """The DuckDB file: the source of truth.
 
-One process owns the file. Reads run concurrently on per-thread cursors; writes always run
-in a short explicit transaction, never around a model or network call (Signet's rule: fetch
-and embed outside, then commit). Writes are serialised per domain (`WriteDomain`): the
-memories' writes and the sessions' writes touch different rows, so DuckDB's optimistic
-concurrency commits one of each side by side. Under the bench's mix one lock for all was
-busy two thirds of the time and CreateMemory queued behind session writes; with two,
-CreateMemory's p50 and p99 fell ~20 %.
+One process owns the file. Reads run concurrently on per-thread cursors; writes run in a
+short explicit transaction (a lone statement may commit by itself: `single_statement`),
+never around a model or network call (Signet's rule: fetch and embed outside, then
+commit). Writes are serialised per domain (`WriteDomain`): the memories' writes and the
+sessions' writes touch different rows, so DuckDB's optimistic concurrency commits them
+side by side. Under the bench's mix one lock for all was busy two thirds of the time and
+CreateMemory queued behind session writes; with two, CreateMemory's p50 and p99 fell ~20 %.
 """
 
 from __future__ import annotations

@@ -237,12 +237,25 @@ def test_rows_created_a_few_at_a_time_are_cached_as_duckdb_stored_them(tmp_path:
     db.close()
 
 
-def test_bulk_inserts_and_rolled_back_ones_are_not_cached(tmp_path: Path) -> None:
-    db = _db(tmp_path / "d.duckdb")
-    cached = db.rows.stats().rows  # the rows _db created, a few at a time
-    bulk = [(stored_memory(i, i), f"memory {i}") for i in range(100, 100 + memory_repo.CACHED_AT_INSERT + 1)]
+def test_bulk_inserts_are_cached_only_into_room_and_rolled_back_ones_never(tmp_path: Path) -> None:
+    size = memory_repo.CACHED_AT_INSERT + 1  # past what is cached whatever the room
+
+    def bulk(first: int) -> list[tuple[Memory, str]]:
+        return [(stored_memory(i, i), f"memory {i}") for i in range(first, first + size)]
+
+    # Room for one bulk insert beside the rows _db wrote: it goes in, as DuckDB stores it.
+    db = _db(tmp_path / "d.duckdb", rows=COUNT + size)
+    first = bulk(100)
     with db.transaction(WriteDomain.MEMORIES) as cur:
-        memory_repo.insert_many(cur, bulk, db.stored)
+        memory_repo.insert_many(cur, first, db.stored)
+    ids = [m.id for m, _ in first]
+    found, missing = db.rows.lookup("t", ids)
+    assert missing == [] and sorted(found) == sorted(memory_repo._rows_by_id(db.reader(), "t", ids))
+    # No room for the next: it would evict the rows read so far, so it stays out.
+    with db.transaction(WriteDomain.MEMORIES) as cur:
+        memory_repo.insert_many(cur, bulk(200), db.stored)
+    assert db.rows.stats().rows == COUNT + size
+    assert db.rows.lookup("t", _ids() + ids)[1] == []
 
     def insert_then_fail() -> None:
         with db.transaction(WriteDomain.MEMORIES) as cur:
@@ -251,11 +264,11 @@ def test_bulk_inserts_and_rolled_back_ones_are_not_cached(tmp_path: Path) -> Non
 
     with pytest.raises(RuntimeError, match="boom"):
         insert_then_fail()
-    assert db.rows.stats().rows == cached == COUNT
+    assert db.rows.stats().rows == COUNT + size
     # A read that does not fill (the index worker's) leaves it so.
-    ids = [m.id for m, _ in bulk]
-    assert len(memory_repo.read_many(db.reader(), db.rows, "t", ids, fill=False)) == len(bulk)
-    assert db.rows.stats().rows == cached
+    later = [m.id for m, _ in bulk(200)]
+    assert len(memory_repo.read_many(db.reader(), db.rows, "t", later, fill=False)) == size
+    assert db.rows.stats().rows == COUNT + size
     assert memory_repo.get_many(db.reader(), "t", ["m99"]) == {}
     db.close()
 

@@ -222,8 +222,10 @@ def _row_values(m: Memory, normalized: str) -> dict[str, Any]:
 
 # Inserts of up to this many rows (creates, a group of them) go into the row cache as
 # written: the index worker reads each new row, and clients and StartSession's recent
-# candidates read new rows first. Bulk inserts (imports, batch creates) would only push the
-# rows read most out of it.
+# candidates read new rows first. Larger inserts (imports, batch creates, a bulk load) go in
+# only while the cache has room for them: evicting for them would push out the rows read
+# most. A server that has just loaded its memories then holds them, as one restarted on the
+# same data does after its warm-up (the index worker's reads of the new rows hit too).
 CACHED_AT_INSERT = 16
 
 
@@ -234,15 +236,12 @@ def insert_many(cur: Cursor, rows: Sequence[tuple[Memory, str]], stored: StoredS
         stored.inserting(m for m, _ in rows)
         recent_ids.rows_added(m for m, _ in rows)
         values = [_row_values(m, normalized) for m, normalized in rows]
-        if len(rows) > CACHED_AT_INSERT:
-            insert_rows(cur, "memories", values)
-            return
         insert_rows(cur, "memories", values)
         by_tenant: dict[str, list[Row]] = {}
         for row in map(_stored_row, values):
             by_tenant.setdefault(row[0], []).append(row)
         for tenant_id, tenant_rows in by_tenant.items():
-            rows_written(tenant_id, tenant_rows)
+            rows_written(tenant_id, tenant_rows, only_into_room=len(rows) > CACHED_AT_INSERT)
 
 
 # Columns DuckDB stores as FLOAT: what it reads back is the nearest float32.

@@ -80,16 +80,18 @@ def rows_patched(tenant_id: str, ids: Iterable[str], apply: Callable[[Row], Row]
 
 @dataclass(frozen=True)
 class RowsWritten:
-    """New rows of a tenant as the transaction wrote them (read back with RETURNING):
-    cached once it commits."""
+    """New rows of a tenant as the transaction wrote them (as DuckDB reads them back):
+    cached once it commits; with `only_into_room`, only if the cache holds them all without
+    evicting a row."""
 
     tenant_id: str
     rows: tuple[Row, ...]
+    only_into_room: bool = False
 
 
-def rows_written(tenant_id: str, rows: Sequence[Row]) -> None:
-    """Record that the open transaction inserts these rows (as DuckDB returns them)."""
-    write_changes.record(RowsWritten(tenant_id, tuple(rows)))
+def rows_written(tenant_id: str, rows: Sequence[Row], *, only_into_room: bool = False) -> None:
+    """Record that the open transaction inserts these rows (as DuckDB reads them back)."""
+    write_changes.record(RowsWritten(tenant_id, tuple(rows), only_into_room))
 
 
 def all_rows_changed() -> None:
@@ -228,7 +230,8 @@ class RowCache:
                 if isinstance(change, RowChange):
                     self._forget(change)
                 elif isinstance(change, RowsWritten):
-                    if committed and self.enabled:
+                    fits = len(self._rows) + len(change.rows) <= self.max_rows
+                    if committed and self.enabled and (fits or not change.only_into_room):
                         self._put(change.tenant_id, change.rows)
                 elif isinstance(change, RowPatch):
                     if committed:

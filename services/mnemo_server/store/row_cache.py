@@ -230,8 +230,11 @@ class RowCache:
                 if isinstance(change, RowChange):
                     self._forget(change)
                 elif isinstance(change, RowsWritten):
-                    fits = len(self._rows) + len(change.rows) <= self.max_rows
-                    if committed and self.enabled and (fits or not change.only_into_room):
+                    if (
+                        committed
+                        and self.enabled
+                        and (not change.only_into_room or self._room_for(change.rows))
+                    ):
                         self._put(change.tenant_id, change.rows)
                 elif isinstance(change, RowPatch):
                     if committed:
@@ -243,6 +246,10 @@ class RowCache:
                         for k in keys:
                             if self._patching[k] <= 0:
                                 del self._patching[k]
+
+    def _room_for(self, rows: Sequence[Row]) -> bool:
+        """Whether the rows fit without evicting any (under the lock)."""
+        return len(self._rows) + len(rows) <= self.max_rows
 
     def _put(self, tenant_id: str, rows: Sequence[Row]) -> None:
         """Rows just committed, under the memories write lock: nothing that changed them

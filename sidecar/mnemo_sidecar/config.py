@@ -49,6 +49,13 @@ class CrossEncoderConfig:
     # Candidates (best baseline first) the cross-encoder scores inside Score; the rest get
     # no cross-encoder feature (the ranker handles missing values).
     score_head: int = 24
+    # The ranker takes a cross-encoder's scores as a feature only if scoring that head takes
+    # at most this long here (median over held-back sessions, measured when training; 0: no
+    # limit). Score answers inside StartSession's deadline (120 ms by default, the server's
+    # own work included) and runs about twice as slow under load; MiniLM-L6 in fp32 takes
+    # ~380 ms for 24 candidates on 2 cores. One too slow for that is judged alone (blended
+    # with the baseline), for Recall's rerank, whose deadline is longer.
+    feature_max_ms: float = 40.0
     # In-domain fine-tuning on session feedback (the recipe measured in shared/rerank's README:
     # per query its used memories, 12 hard negatives from the candidates and 3 random ones,
     # positives weighted 3x, 2 epochs).

@@ -481,19 +481,13 @@ def test_command_trains_exports_and_reports(tiny_base: Path, tmp_path: Path) -> 
 # ---------------------------------------------------------------- learning from sessions
 
 
-def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp_path: Path) -> None:
-    """A fine-tuned cross-encoder is compared, as the ranker's feature, with the current
-    one; the ranker then trained records whose scores it learned, and one that learned
-    another cross-encoder's scores is no incumbent."""
+def _learning_engine(tiny_model: Path, tmp_path: Path, **cross_encoder: Any) -> Any:
+    """A sidecar engine configured with the tiny cross-encoder, holding 24 sessions."""
     from mnemo_sidecar.config import SidecarConfig
-    from mnemo_sidecar.deadlines import Deadline
     from mnemo_sidecar.engine import RankingEngine
-    from mnemo_sidecar.learning import cross_fit
     from mnemo_sidecar.learning.health import HealthTracker
-    from mnemo_sidecar.learning.model import ModelKind
-    from mnemo_sidecar.learning.pair_store import PairStore, split_heldout
+    from mnemo_sidecar.learning.pair_store import PairStore
     from mnemo_sidecar.learning.registry import ModelRegistry
-    from mnemo_sidecar.learning.trainer import Trainer
     from tests.unit.test_sidecar_learning import synthetic_session
 
     cfg = SidecarConfig().replace(
@@ -506,6 +500,7 @@ def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp
             "max_length": 32,
             "batch_size": 8,
             "score_head": 5,
+            **cross_encoder,
         },
         ranker={"n_estimators": 20, "min_child_samples": 5},
     )
@@ -514,21 +509,41 @@ def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp
     rng = random.Random(4)
     for s in (synthetic_session(i, rng, n=8) for i in range(24)):
         store.add_session("t", s, None, None, None)
+    return engine
+
+
+def _train_both(engine: Any) -> tuple[Any, Any]:
+    from mnemo_sidecar.learning.model import ModelKind
+    from mnemo_sidecar.learning.trainer import Trainer
+
+    ce_out, ranker_out = Trainer(engine).train(
+        "t",
+        {ModelKind.CROSS_ENCODER, ModelKind.RANKER},
+        force=False,
+        progress=lambda *a: None,
+        should_stop=lambda: False,
+    )
+    return ce_out, ranker_out
+
+
+def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp_path: Path) -> None:
+    """A fine-tuned cross-encoder is compared, as the ranker's feature, with the current
+    one; the ranker then trained records whose scores it learned, and one that learned
+    another cross-encoder's scores is no incumbent."""
+    from mnemo_sidecar.deadlines import Deadline
+    from mnemo_sidecar.learning import cross_fit
+    from mnemo_sidecar.learning.pair_store import split_heldout
+    from mnemo_sidecar.learning.trainer import Trainer
+    from tests.unit.test_sidecar_learning import synthetic_session
+
+    engine = _learning_engine(tiny_model, tmp_path)
+    cfg, store = engine.cfg, engine.store
+    rng = random.Random(5)
     configured, _ = engine.cross_encoder("t")
     assert configured is not None
     none = Deadline.none()
 
-    def train() -> tuple[Any, Any]:
-        ce_out, ranker_out = Trainer(engine).train(
-            "t",
-            {ModelKind.CROSS_ENCODER, ModelKind.RANKER},
-            force=False,
-            progress=lambda *a: None,
-            should_stop=lambda: False,
-        )
-        return ce_out, ranker_out
-
-    ce_out, ranker_out = train()
+    ce_out, ranker_out = _train_both(engine)
     assert ce_out.promoted and ce_out.reason.endswith("(as the ranker's feature)")
     served_ce, _ = engine.cross_encoder("t")
     assert served_ce is not None
@@ -555,8 +570,27 @@ def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp
     # the incumbent the next ranker has to beat.
     for s in (synthetic_session(i, rng, n=8) for i in range(24, 32)):
         store.add_session("t", s, None, None, None)
-    ce_again, ranker_again = train()
+    ce_again, ranker_again = _train_both(engine)
     again, _ = engine.cross_encoder("t")
     assert again is not None and again.version != served_ce.version
     assert ce_again.promoted and "another cross-encoder's scores" in ranker_again.reason
     assert ranker_again.current_ndcg == 0.0  # judged against the baseline alone
+
+
+def test_a_cross_encoder_too_slow_for_scores_deadline_is_no_rankers_feature(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """One whose head takes longer to score than `feature_max_ms` is judged alone (for
+    Recall's rerank), without fold models, and the ranker learns without its scores."""
+    from mnemo_sidecar.learning import cross_fit
+
+    engine = _learning_engine(tiny_model, tmp_path, feature_max_ms=1e-6)
+    ce_out, ranker_out = _train_both(engine)
+    slow = "scoring its head of 5 candidates takes"
+    assert ce_out.promoted and f"(alone, for Recall's rerank: {slow}" in ce_out.reason
+    served_ce, _ = engine.cross_encoder("t")
+    assert served_ce is not None and cross_fit.load(served_ce) == {}  # no fold model was fitted
+    assert ranker_out.promoted and f"(no cross-encoder feature: {slow}" in ranker_out.reason
+    served = engine.ranker("t")
+    assert served is not None and not served.model.uses_ce
+    assert "cross-encoder" not in served.source

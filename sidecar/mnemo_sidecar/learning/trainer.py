@@ -4,13 +4,16 @@ The newest sessions (with any positive feedback) are held back. The cross-encode
 fine-tuned from the configured (or bundled) model on the rest (question -> used memory vs.
 unused hard negatives), then the ranker is trained on the rest with the promoted
 cross-encoder's scores as one more feature: for the sessions the fine-tune learned from,
-scores from fold models that did not see them (cross_fit.py).
+scores from fold models that did not see them (cross_fit.py). Only with a cross-encoder
+fast enough here for Score's deadline (`cross_encoder.feature_max_ms`): a slower one is
+judged alone, for Recall's rerank, and the ranker learns without it.
 Each candidate version is compared on the held-back sessions with the current version (or,
 without one, with the baseline order); only a better one is promoted. A cross-encoder is
 judged by the ranker it makes (one fitted with its scores against one with the current
-version's); a promoted ranker is fitted again on every session before it is served, so the
-next candidate is judged on held-back sessions the served one has not seen, or, with too
-few of those, against a ranker like it fitted on the candidate's own training sessions."""
+version's), if fast enough; a promoted ranker is fitted again on every session before it is
+served, so the next candidate is judged on held-back sessions the served one has not seen,
+or, with too few of those, against a ranker like it fitted on the candidate's own training
+sessions."""
 
 from __future__ import annotations
 
@@ -120,6 +123,25 @@ def ce_training_pairs(
     return pairs[:max_pairs]
 
 
+# Sessions whose heads are timed to judge a cross-encoder's speed (after one untimed call:
+# an ONNX session's first run pays for its set-up).
+TIMED_SESSIONS = 5
+
+
+def head_scoring_ms(
+    engine: RankingEngine, ce: CrossEncoderRuntime, sessions: Sequence[FeedbackSession]
+) -> float:
+    """Median milliseconds the cross-encoder takes to score a session's head, as Score does."""
+    timed = list(sessions[:TIMED_SESSIONS])
+    engine.ce_head_scores(ce, timed[0].query, [c.candidate for c in timed[0].candidates], Deadline.none())
+    times = []
+    for s in timed:
+        started = time.perf_counter()
+        engine.ce_head_scores(ce, s.query, [c.candidate for c in s.candidates], Deadline.none())
+        times.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(times)
+
+
 @dataclass
 class _Run:
     """One training run's sessions and callbacks."""
@@ -131,6 +153,8 @@ class _Run:
     should_stop: ShouldStop
     # Cross-encoder scores by model version and session: a run scores each pair once.
     ce_cache: CeCache = field(default_factory=dict)
+    # Why a cross-encoder (by version) is too slow to be the ranker's feature; "" if it is not.
+    too_slow: dict[str, str] = field(default_factory=dict)
 
 
 class Trainer:
@@ -220,6 +244,11 @@ class Trainer:
         progress(kind, "fine-tuning", 0.0, f"{len(pairs)} pairs from {len(train)} sessions, base {base.name}")
         fit(pairs, directory / "model", "fine-tuning")
         source = f"fine-tuned from {base.name} on {len(train)} sessions"
+        candidate = self.engine.load_cross_encoder(directory / "model")
+        # Timed before the fold models are fitted: one too slow to be the ranker's feature
+        # needs none of them.
+        too_slow = self._too_slow(run, candidate) if self.cfg.training.ranker else ""
+        as_feature = self.cfg.training.ranker and not too_slow
 
         def fit_fold(on: Sequence[FeedbackSession], out_dir: Path) -> bool:
             # A fold's complement may hold no session with both a used and an unused memory.
@@ -228,7 +257,7 @@ class Trainer:
                 fit(fold_pairs, out_dir, "cross-fitting")
             return bool(fold_pairs)
 
-        if self.cfg.training.ranker and c.cross_fit_folds >= 2:
+        if as_feature and c.cross_fit_folds >= 2:
             oof = cross_fit.out_of_fold_scores(
                 train,
                 c.cross_fit_folds,
@@ -243,9 +272,8 @@ class Trainer:
             source += f" (the ranker learns their scores from {c.cross_fit_folds} fold models)"
         seconds = time.perf_counter() - started
         progress(kind, "evaluating", 0.0, f"{len(held)} held-back sessions")
-        candidate = self.engine.load_cross_encoder(directory / "model")
-        caveat = ""
-        if self.cfg.training.ranker:
+        caveat = f" (alone, for Recall's rerank: {too_slow})" if too_slow else ""
+        if as_feature:
             # Judged by what it is used for: the order of a ranker fitted on the same
             # sessions with its scores as a feature, against one with the current version's
             # scores (or none). Alone, blended with the baseline, an in-domain fine-tune lost
@@ -300,6 +328,22 @@ class Trainer:
                 progress(kind, "cross-encoder features", n / len(todo), f"{n}/{len(todo)} sessions")
         return cached
 
+    def _too_slow(self, run: _Run, ce: CrossEncoderRuntime) -> str:
+        """Why this cross-encoder cannot be the ranker's feature here ("" if it can): Score
+        would spend longer on its head than `cross_encoder.feature_max_ms`."""
+        limit, head = self.cfg.cross_encoder.feature_max_ms, self.cfg.cross_encoder.score_head
+        if limit <= 0 or not run.held:
+            return ""
+        if ce.version not in run.too_slow:
+            ms = head_scoring_ms(self.engine, ce, run.held)
+            run.too_slow[ce.version] = (
+                f"scoring its head of {head} candidates takes {ms:.0f} ms here, over the"
+                f" {limit:.0f} ms a ranker's feature may take"
+                if ms > limit
+                else ""
+            )
+        return run.too_slow[ce.version]
+
     def _probe_ranker(
         self,
         train: Sequence[FeedbackSession],
@@ -315,6 +359,9 @@ class Trainer:
         tenant, train, held, progress = run.tenant, run.train, run.held, run.progress
         kind = ModelKind.RANKER
         ce, _ = self.engine.cross_encoder(tenant)
+        too_slow = self._too_slow(run, ce) if ce is not None else ""
+        if too_slow:
+            ce = None  # the ranker learns without it
         ce_version = ce.version if ce is not None else None
         ce_scores = self._ce_features(ce, [*train, *held], run.ce_cache, progress) if ce is not None else None
         version, directory = self.engine.registry.new_version(tenant, kind)
@@ -331,6 +378,8 @@ class Trainer:
         cand_ndcg, win_rate = ranker_heldout(model, judged, ce_scores)
         base_ndcg = baseline_ndcg(judged)
         source = f"lambdarank on {len(train)} sessions" + (" + cross-encoder feature" if ce_scores else "")
+        if too_slow:
+            caveat += f" (no cross-encoder feature: {too_slow})"
 
         def refit() -> RankerModel:
             """The promoted model is fitted again on every session before it is served."""
@@ -375,6 +424,8 @@ class Trainer:
         if current is None:
             return held, None, ""
         if current.uses_ce and current.ce_version != ce_version:
+            if ce_version is None:
+                return held, None, " (the current version has a cross-encoder feature, this one none)"
             return held, None, " (the current version learned from another cross-encoder's scores)"
         unseen = [s for s in held if s.session_id not in current.trained_sessions]
         if len(unseen) >= self.cfg.training.min_heldout:

@@ -109,6 +109,11 @@ _SUBJECT = re.compile(
 )
 
 
+def _is_decision_about(content: str, subject: str) -> bool:
+    text = content.lower()
+    return subject in text and "decision:" in text
+
+
 class Bench:
     def __init__(self, api_key: str | None, cfg: BenchConfig):
         self.md: Metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
@@ -187,8 +192,12 @@ class Bench:
     # --- phase 2: sessions with feedback, then training ----------------------------------
 
     async def replay_sessions(self, stub: pb_grpc.MemoryServiceAsyncStub, n: int) -> int:
-        """Sessions whose feedback marks as used the injected memories about the system the
-        question names (a plausible, learnable notion of relevance)."""
+        """Sessions whose feedback marks as used the injected decisions about the system the
+        question names: a plausible notion of relevance the baseline order does not know and
+        a ranker can learn (its `decision` feature), so one is trained and promoted, and the
+        mixed phase with the sidecar running measures Score with a model, not cold start.
+        (Marking every memory about that system, about half of those injected, left the
+        baseline at NDCG@10 ~0.96: nothing to learn, no model promoted.)"""
         pairs = 0
         for i in range(n):
             question = query_text(self.rng)
@@ -209,7 +218,7 @@ class Bench:
             feedback = [
                 pb.MemoryFeedback(
                     memory_id=x.memory.id,
-                    relevance=1.0 if subject and subject in x.memory.content.lower() else 0.0,
+                    relevance=1.0 if subject and _is_decision_about(x.memory.content, subject) else 0.0,
                 )
                 for x in resp.memories
             ]

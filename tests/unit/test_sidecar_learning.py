@@ -30,7 +30,7 @@ from mnemo_sidecar.learning.ndcg import ndcg_at
 from mnemo_sidecar.learning.pair_store import PairStore, split_heldout
 from mnemo_sidecar.learning.registry import ModelRegistry
 from mnemo_sidecar.learning.trainer import Trainer, baseline_ndcg, ranker_ndcg
-from mnemo_sidecar.ranker.model import train_ranker
+from mnemo_sidecar.ranker.model import CE_FEATURE, feature_row, session_matrix, train_ranker
 
 NAMES = ("baseline_score", "signal", "noise")
 
@@ -238,6 +238,50 @@ def test_registry_warm_up_loads_every_tenants_promoted_models(tmp_path: Path) ->
     assert sorted(loaded) == [("a", "cross_encoder"), ("a", "ranker"), ("b", "ranker")]
     promoted = fresh.current("b", ModelKind.RANKER, lambda d: "not again")
     assert promoted is not None and promoted.model == "from disk"
+
+
+def test_session_matrix_puts_each_feature_in_the_models_column() -> None:
+    """Built column by column, it holds what each candidate's row-by-row mapping gives:
+    values by name, NaN for a name the server did not send, the last of a repeated name,
+    and the cross-encoder's score where there is one (the server's value elsewhere)."""
+    rng = random.Random(8)
+    names = ("a", "b", "a", CE_FEATURE, "c")
+    cands = tuple(
+        FeedbackCandidate(Candidate(f"m{i}", "t", rng.random(), tuple(rng.random() for _ in names)), 0.0, 0)
+        for i in range(6)
+    )
+    s = FeedbackSession("s", "q", names, cands)
+    model_names = ("c", "missing", CE_FEATURE, "a", "b")
+    ce = {"m1": 2.5, "m4": -1.0}
+
+    def by_rows(session: FeedbackSession) -> list[list[float]]:
+        return [
+            feature_row(
+                session.feature_names,
+                c.candidate.features,
+                model_names,
+                {CE_FEATURE: ce[c.candidate.id]} if c.candidate.id in ce else {},
+            )
+            for c in session.candidates
+        ]
+
+    got = session_matrix(s, model_names, ce)
+    assert got.dtype == np.float32 and got.shape == (6, 5)
+    np.testing.assert_array_equal(got, np.asarray(by_rows(s), dtype=np.float32))
+    assert (
+        np.isnan(got[:, 1]).all()
+        and got[1, 2] == 2.5
+        and got[0, 2] == np.float32(cands[0].candidate.features[3])
+    )
+    np.testing.assert_array_equal(got[:, 3], [np.float32(c.candidate.features[2]) for c in cands])
+    # A candidate with fewer values than names (never from the wire): the row-by-row rules.
+    short = replace(
+        s, candidates=(*cands[:5], FeedbackCandidate(Candidate("m5", "t", 0.1, (0.25, 0.5)), 0.0, 0))
+    )
+    np.testing.assert_array_equal(
+        session_matrix(short, model_names, ce), np.asarray(by_rows(short), dtype=np.float32)
+    )
+    assert session_matrix(replace(s, candidates=()), model_names, None).shape == (0, 5)
 
 
 def test_ranker_learns_an_informative_feature_and_exports_to_onnx(tmp_path: Path) -> None:

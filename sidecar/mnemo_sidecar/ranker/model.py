@@ -31,22 +31,43 @@ def relevance_label(relevance: float) -> int:
 def feature_row(
     names: Sequence[str], values: Sequence[float], model_names: Sequence[str], extra: Mapping[str, float]
 ) -> list[float]:
+    """One candidate's values in the model's order (a repeated name: its last value)."""
     by_name = dict(zip(names, values, strict=False))
     by_name.update(extra)
     return [float(by_name.get(n, math.nan)) for n in model_names]
 
 
 def session_matrix(s: FeedbackSession, model_names: Sequence[str], ce: Mapping[str, float] | None) -> Matrix:
-    rows = [
-        feature_row(
-            s.feature_names,
-            c.candidate.features,
-            model_names,
-            {CE_FEATURE: ce[c.candidate.id]} if ce and c.candidate.id in ce else {},
-        )
-        for c in s.candidates
-    ]
-    return np.asarray(rows, dtype=np.float32).reshape(len(rows), len(model_names))
+    """The session's candidates' features in the model's order, one row each, the
+    cross-encoder's scores (where given) as CE_FEATURE. Column by column: row by row it was
+    ~0.6 ms of the sidecar's ~2.8 ms of CPU per Score."""
+    n, width = len(s.candidates), len(s.feature_names)
+    features = [c.candidate.features for c in s.candidates]
+    if any(len(f) != width for f in features):
+        # Never from the wire, which checks every length: the row-by-row rules, exactly.
+        rows = [
+            feature_row(
+                s.feature_names,
+                c.candidate.features,
+                model_names,
+                {CE_FEATURE: ce[c.candidate.id]} if ce and c.candidate.id in ce else {},
+            )
+            for c in s.candidates
+        ]
+        return np.asarray(rows, dtype=np.float32).reshape(n, len(model_names))
+    values = np.asarray(features, dtype=np.float32).reshape(n, width)
+    column = {name: i for i, name in enumerate(s.feature_names)}  # the last of a repeated name
+    out = np.full((n, len(model_names)), np.nan, dtype=np.float32)
+    for j, name in enumerate(model_names):
+        i = column.get(name)
+        if i is not None:
+            out[:, j] = values[:, i]
+    if ce and CE_FEATURE in model_names:
+        j = list(model_names).index(CE_FEATURE)
+        for row, c in enumerate(s.candidates):
+            if c.candidate.id in ce:
+                out[row, j] = ce[c.candidate.id]
+    return out
 
 
 @dataclass

@@ -72,7 +72,7 @@ def test_eval_stage_switches_change_the_result(tmp_path: Path, model_cache: Path
 
 def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -> None:
     out_json = tmp_path / "bench.json"
-    args = ["bench", "--quick", "--memories", "600", "--duration", "3", "--train-sessions", "12"]
+    args = ["bench", "--quick", "--memories", "600", "--duration", "3", "--train-sessions", "20"]
     out = _mnemo([*args, "--json-out", str(out_json)], base_env(model_cache), timeout=900)
     result = json.loads(out_json.read_text())
     assert result["memories"] == 600 and result["concurrency"] == 4
@@ -122,6 +122,12 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
         or result["scenarios"]["sidecar_stopped"]["fallbacks"]["model"] == 0
     )
     assert result["training"] and all("reason" in t for t in result["training"])
+    # The replayed sessions taught the sidecar a ranker, which then ordered the sessions of
+    # the mix while it ran (cold start would be `cold_start` here).
+    [ranker] = [t for t in result["training"] if t["model"] == "MODEL_KIND_RANKER"]
+    assert ranker.get("promoted") and ranker["candidate_ndcg"] > ranker["baseline_ndcg"], ranker
+    ok = result["scenarios"]["sidecar_ok"]
+    assert ok["fallbacks"].get("model", 0) > ok["ops"]["StartSession"]["count"] / 2, ok["fallbacks"]
     assert result["server_rss_mb"] > 50 and result["disk_mb_per_100k"] > 0
     assert result["server_rss_high_water_mb"] >= result["server_rss_mb"]
     caches = result["server_caches"]

@@ -212,6 +212,11 @@ def bench(
         session_deadline_ms=session_deadline_ms,
         fresh_queries=fresh_queries,
     )
+    if quick:
+        # Few memories over the default 20 scopes leave a session ~30 visible ones, all
+        # injected whatever their order: nothing for the replayed sessions to teach, so no
+        # model would serve the quick run's StartSessions. Over 2 scopes the order matters.
+        cfg = replace(cfg, scopes=2)
     if mix:
         cfg = replace(cfg, mix=parse_mix(mix, [name for name, _ in cfg.mix]))
     console = Console(stderr=True)

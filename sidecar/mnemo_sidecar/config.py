@@ -53,7 +53,7 @@ class CrossEncoderConfig:
     # at most this long here (median over held-back sessions, measured when training; 0: no
     # limit). Score answers inside StartSession's deadline (120 ms by default, the server's
     # own work included) and runs about twice as slow under load; MiniLM-L6 in fp32 takes
-    # ~380 ms for 24 candidates on 2 cores. One too slow for that is judged alone (blended
+    # 270-370 ms for 24 candidates on 2 cores. One too slow for that is judged alone (blended
     # with the baseline), for Recall's rerank, whose deadline is longer.
     feature_max_ms: float = 40.0
     # In-domain fine-tuning on session feedback (the recipe measured in shared/rerank's README:

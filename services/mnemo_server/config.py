@@ -301,9 +301,11 @@ class RankingConfig:
     rerank_head: int = 30
     # Time kept for the server's own work after the sidecar call.
     deadline_margin_ms: float = 10.0
-    # Circuit breaker: open after this many consecutive failures, probe again after cooldown.
+    # Circuit breaker: open after this many consecutive failures; after the cooldown the
+    # sidecar's health is probed in the background, allowed this long (no caller waits on it).
     breaker_failures: int = 5
     breaker_cooldown_s: float = 5.0
+    breaker_probe_timeout_s: float = 1.0
     # Candidate pool for StartSession; at most max_scored (best baseline first) go to the
     # sidecar, which refuses more than its own cap (100 by default).
     max_scored: int = 100

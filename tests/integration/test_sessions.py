@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 from google.protobuf import field_mask_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
@@ -695,11 +696,13 @@ def test_feedback_that_can_never_be_delivered_is_parked_and_holds_back_nothing(
 
 
 class StalledRanking(rpb_grpc.RankingServiceServicer):
-    """A sidecar that accepts calls and never answers (like a SIGSTOPped process)."""
+    """A sidecar that accepts calls and never answers (like a SIGSTOPped process) until
+    released; its health check stalls the same way."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.calls = 0
+        self.health_checks = 0
 
     def Score(self, request: rpb.ScoreRequest, context: grpc.ServicerContext) -> rpb.ScoreResponse:
         self.calls += 1
@@ -707,11 +710,22 @@ class StalledRanking(rpb_grpc.RankingServiceServicer):
         return rpb.ScoreResponse(cold_start=True)
 
 
+class StalledHealth(health_pb2_grpc.HealthServicer):
+    def __init__(self, ranking: StalledRanking) -> None:
+        self.ranking = ranking
+
+    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Any:
+        self.ranking.health_checks += 1
+        self.ranking.release.wait(30)
+        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+
 @pytest.fixture
 def stalled() -> Iterator[tuple[StalledRanking, int]]:
     servicer = StalledRanking()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     rpb_grpc.add_RankingServiceServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(StalledHealth(servicer), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield servicer, port
@@ -760,6 +774,38 @@ def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
         )
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert live.server.core.ranking.fallbacks == {"deadline": 3, "circuit_open": 2}
+
+
+def test_a_stopped_sidecar_is_probed_off_the_callers_path(
+    start_server: Callable[..., LiveServer], stalled: tuple[StalledRanking, int]
+) -> None:
+    """Once the breaker is open, each cooldown's probe is a health check the server sends
+    itself: no StartSession is let through to wait out its deadline on a stopped sidecar,
+    and the sidecar's return closes the circuit."""
+    servicer, port = stalled
+    live = start_server(
+        ranking={
+            "sidecar_address": f"127.0.0.1:{port}",
+            "start_session_deadline_ms": 150,
+            "breaker_failures": 2,
+            "breaker_cooldown_s": 0.1,
+            "breaker_probe_timeout_s": 0.2,
+        }
+    )
+    t = tenant(live)
+    seed(t)
+    sessions = (f"s{i}" for i in range(10_000))
+    assert [start(t, next(sessions), "release rollback").ranking.fallback_reason for _ in range(2)] == [
+        "deadline"
+    ] * 2
+    until = time.monotonic() + 1.5  # many cooldowns
+    while time.monotonic() < until:
+        assert start(t, next(sessions), "release rollback").ranking.fallback_reason == "circuit_open"
+    assert servicer.calls == 2  # no StartSession's Score went out after the circuit opened
+    assert servicer.health_checks >= 3  # the probes did, one after another
+    servicer.release.set()  # the sidecar resumes
+    wait_for(lambda: start(t, next(sessions), "release rollback").ranking.fallback_reason == "cold_start")
+    assert live.server.core.ranking.breaker.state.value == "closed"
 
 
 def test_sidecar_answers_deadline_exceeded_rather_than_late(start_sidecar: Callable[..., Any]) -> None:

@@ -1,6 +1,17 @@
 """A circuit breaker for calls to the sidecar: after `failures` consecutive failures it
-opens and calls are refused at once (the caller uses its baseline); after `cooldown_s` one
-probe is let through; its success closes the circuit, its failure opens it again."""
+opens and calls are refused at once (the caller uses its baseline). After `cooldown_s` the
+client probes the sidecar in the background (`take_probe`, then `probe_succeeded` or
+`probe_failed`); callers are still refused meanwhile.
+
+Why the probe is not a caller's own call: a stopped sidecar (SIGSTOP, a long pause) makes a
+probing call wait for its whole deadline, so every cooldown one StartSession paid the full
+budget. In the bench's minute with the sidecar stopped, those probes were most of the
+StartSessions that hit the deadline (17 of ~1,300: past the 1 % a p99 can hide). A probe of
+its own costs the callers nothing.
+
+A probe asks the sidecar's health, not for scores, so a sidecar that answers it but still
+fails its calls (a model too slow for the deadline) closes the circuit on probation: its
+next failure opens it again at once."""
 
 from __future__ import annotations
 
@@ -13,6 +24,7 @@ from enum import StrEnum
 class BreakerState(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
+    # The cooldown is over: a probe is due or on its way; calls are still refused.
     HALF_OPEN = "half_open"
 
 
@@ -40,27 +52,42 @@ class CircuitBreaker:
         return BreakerState.OPEN
 
     def allow(self) -> bool:
-        """May a call go out now? In HALF_OPEN only one probe at a time."""
+        """May a call go out now? Only with the circuit closed."""
         with self._lock:
-            state = self._state()
-            if state is BreakerState.CLOSED:
-                return True
-            if state is BreakerState.HALF_OPEN and not self._probing:
-                self._probing = True
-                return True
-            return False
+            return self._opened_at is None
+
+    def take_probe(self) -> bool:
+        """True once per cooldown, for the one who is to send the probe."""
+        with self._lock:
+            if self._state() is not BreakerState.HALF_OPEN or self._probing:
+                return False
+            self._probing = True
+            return True
+
+    def probe_succeeded(self) -> None:
+        """Closed again, on probation: the next failure opens it at once."""
+        with self._lock:
+            self._opened_at = None
+            self._probing = False
+            self._consecutive = max(self.failures - 1, 0)
+
+    def probe_failed(self) -> None:
+        with self._lock:
+            self._open()
+            self._probing = False
 
     def record_success(self) -> None:
         with self._lock:
             self._consecutive = 0
-            self._opened_at = None
-            self._probing = False
 
     def record_failure(self) -> None:
         with self._lock:
             self._consecutive += 1
-            if self._probing or (self._opened_at is None and self._consecutive >= self.failures):
-                if self._opened_at is None or self._probing:
-                    self.opened_count += 1
-                self._opened_at = self._clock()
-            self._probing = False
+            # A call sent before the circuit opened may fail after it: it does not start
+            # another cooldown.
+            if self._opened_at is None and self._consecutive >= self.failures:
+                self._open()
+
+    def _open(self) -> None:
+        self._opened_at = self._clock()
+        self.opened_count += 1

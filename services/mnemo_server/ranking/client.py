@@ -1,6 +1,7 @@
 """The server's client for the ranking sidecar. Every call carries a deadline no longer
 than the budget it is given; failures open a circuit breaker; the caller always gets either
-the sidecar's answer or a fallback reason (and counts of each reason) — never an error."""
+the sidecar's answer or a fallback reason (and counts of each reason) — never an error.
+While the circuit is open, the sidecar's health is probed in the background (breaker.py)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,21 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo_server.config import RankingConfig
-from mnemo_server.ranking.breaker import BreakerState, CircuitBreaker
+from mnemo_server.ranking.breaker import CircuitBreaker
 
 T = TypeVar("T")
 # Below this there is no point sending a call at all.
 MIN_BUDGET_S = 0.002
+# The service a probe asks the sidecar's grpc.health.v1 about.
+RANKING_SERVICE = rpb.DESCRIPTOR.services_by_name["RankingService"].full_name
 
 _REASONS = {
     grpc.StatusCode.DEADLINE_EXCEEDED: "deadline",
@@ -58,12 +62,12 @@ class RankingClient:
     def enabled(self) -> bool:
         return bool(self.cfg.sidecar_address)
 
-    def _get_stub(self) -> rpb_grpc.RankingServiceStub:
+    def _connect(self) -> tuple[grpc.Channel, rpb_grpc.RankingServiceStub]:
         with self._lock:
-            if self._stub is None:
+            if self._channel is None or self._stub is None:
                 self._channel = grpc.insecure_channel(self.cfg.sidecar_address)
                 self._stub = rpb_grpc.RankingServiceStub(self._channel)
-            return self._stub
+            return self._channel, self._stub
 
     def close(self) -> None:
         with self._lock:
@@ -81,15 +85,14 @@ class RankingClient:
         started = self._clock()
         if not self.enabled:
             return self._fallback("no_sidecar", started)
-        if budget_s < MIN_BUDGET_S:
-            # With the circuit open no call would go out even with time left: that is the
-            # reason worth counting (a probe is not taken here, so none is left dangling).
-            reason = "circuit_open" if self.breaker.state is BreakerState.OPEN else "no_time"
-            return self._fallback(reason, started)
         if not self.breaker.allow():
+            if self.breaker.take_probe():
+                threading.Thread(target=self._probe, name="mnemo-sidecar-probe", daemon=True).start()
             return self._fallback("circuit_open", started)
+        if budget_s < MIN_BUDGET_S:
+            return self._fallback("no_time", started)
         try:
-            method = getattr(self._get_stub(), name)
+            method = getattr(self._connect()[1], name)
             value: T = method(request, timeout=budget_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()
@@ -99,6 +102,22 @@ class RankingClient:
             )
         self.breaker.record_success()
         return SidecarAnswer(value, "", (self._clock() - started) * 1000.0)
+
+    def _probe(self) -> None:
+        """Is the sidecar back? Asked off every caller's path; the answer closes the
+        circuit or starts another cooldown."""
+        try:
+            # The typing stubs for grpc_health declare HealthStub without its methods.
+            stub: Any = health_pb2_grpc.HealthStub(self._connect()[0])
+            request = health_pb2.HealthCheckRequest(service=RANKING_SERVICE)
+            reply = stub.Check(request, timeout=self.cfg.breaker_probe_timeout_s, metadata=self._metadata)
+            serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+        except (grpc.RpcError, ValueError):  # ValueError: the channel was closed under it
+            serving = False
+        if serving:
+            self.breaker.probe_succeeded()
+        else:
+            self.breaker.probe_failed()
 
     def score(self, request: rpb.ScoreRequest, budget_s: float) -> SidecarAnswer[rpb.ScoreResponse]:
         return self._call("Score", request, budget_s)

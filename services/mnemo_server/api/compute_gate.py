@@ -28,6 +28,17 @@ ms with the reserved slot against 269/602 and 283/600 without, 51 and 55 against
 operations/s, CreateMemory p99 200 and 152 against 272 and 231 ms; Recall p50 201 and 189
 against 172 and 181 ms.
 
+Two of the 4 are StartSession's since calls got cheaper (~8 ms of server CPU per operation
+in the mix, against ~24 when the figures above were taken): Recalls take at most 2. Settled
+100k data, one minute of the mix, alternating runs (StartSession p50/p99, CreateMemory p99,
+Recall p50/p99, all operations/s):
+  1 reserved:  57/123 and 63/147 ms, 131 and 147 ms, 40/102 and 44/116 ms, 178 and 161/s
+  2 reserved:  45/100 and 46/99 ms,  116 and 102 ms, 48/116 and 48/125 ms, 179 and 176/s
+In the full bench (fresh 100k load, the sidecar serving a model), StartSession's p99 in the
+sidecar ok / stopped / killed minutes was 150-160 / 143-170 / 129-174 ms over three runs
+with 1 reserved, and 121 / 134 / 115 ms with 2 (one run): within its 120 ms deadline + 10
+where one was not. Recall's p50 pays ~8 ms of it; total throughput does not change.
+
 The StartSession latencies above were read by a bench whose StartSession timing included
 the EndSession of every third session (corrected in 11f167f): their levels are too high,
 the comparisons between settings were made with the same error on both sides."""

@@ -733,20 +733,23 @@ def stalled() -> Iterator[tuple[StalledRanking, int]]:
     server.stop(0)
 
 
+def _seeded_behind(
+    start_server: Callable[..., LiveServer], sidecar_port: int, **ranking: Any
+) -> tuple[LiveServer, TenantClient]:
+    """A seeded server whose sidecar is the one on sidecar_port, StartSession's budget 150 ms."""
+    live = start_server(
+        ranking={"sidecar_address": f"127.0.0.1:{sidecar_port}", "start_session_deadline_ms": 150, **ranking}
+    )
+    t = tenant(live)
+    seed(t)
+    return live, t
+
+
 def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
     start_server: Callable[..., LiveServer], stalled: tuple[StalledRanking, int]
 ) -> None:
     servicer, port = stalled
-    live = start_server(
-        ranking={
-            "sidecar_address": f"127.0.0.1:{port}",
-            "start_session_deadline_ms": 150,
-            "breaker_failures": 3,
-            "breaker_cooldown_s": 60,
-        }
-    )
-    t = tenant(live)
-    seed(t)
+    live, t = _seeded_behind(start_server, port, breaker_failures=3, breaker_cooldown_s=60)
     paths = []
     # The server runs inside the test process, so a collection of the garbage earlier tests
     # left (their servers', channels' and datasets' finalizers) stalls it too: in a full
@@ -783,17 +786,9 @@ def test_a_stopped_sidecar_is_probed_off_the_callers_path(
     itself: no StartSession is let through to wait out its deadline on a stopped sidecar,
     and the sidecar's return closes the circuit."""
     servicer, port = stalled
-    live = start_server(
-        ranking={
-            "sidecar_address": f"127.0.0.1:{port}",
-            "start_session_deadline_ms": 150,
-            "breaker_failures": 2,
-            "breaker_cooldown_s": 0.1,
-            "breaker_probe_timeout_s": 0.2,
-        }
+    live, t = _seeded_behind(
+        start_server, port, breaker_failures=2, breaker_cooldown_s=0.1, breaker_probe_timeout_s=0.2
     )
-    t = tenant(live)
-    seed(t)
     sessions = (f"s{i}" for i in range(10_000))
     assert [start(t, next(sessions), "release rollback").ranking.fallback_reason for _ in range(2)] == [
         "deadline"

@@ -104,6 +104,9 @@ class TrainingConfig:
     cross_encoder: bool = True
     ranker: bool = True
     torch_threads: int = 2
+    # How much nicer than serving a training run's threads are (Linux; 0: the same): the
+    # kernel then gives Score, Rerank and the server the cores first (learning/priority.py).
+    nice: int = 10
     # A tenant's pair store keeps its newest this many sessions (0: all). Each training run
     # reads them all; the cross-encoder fine-tunes on at most cross_encoder.max_pairs of them.
     max_stored_sessions: int = 20_000

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from mnemo_server.errors import MnemoError
 from mnemo_sidecar.learning.model import ModelKind, TrainingOutcome
+from mnemo_sidecar.learning.priority import lower_this_thread
 from mnemo_sidecar.learning.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class TrainingRun:
     done: threading.Event = field(default_factory=threading.Event)
     error: MnemoError | None = None
     failure: str = ""
+    nice: int = 0  # the nice value the run's thread trained at
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def emit(self, event: ProgressEvent) -> None:
@@ -90,6 +92,7 @@ class TrainingRunner:
         def progress(model: ModelKind, stage: str, fraction: float, message: str) -> None:
             run.emit(ProgressEvent(model, stage, fraction, message))
 
+        run.nice = lower_this_thread(self.trainer.cfg.training.nice)
         try:
             for outcome in self.trainer.train(
                 run.tenant, kinds, force=force, progress=progress, should_stop=self._stop.is_set

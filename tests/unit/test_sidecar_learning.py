@@ -326,14 +326,20 @@ def test_trainer_promotes_only_when_better(tmp_path: Path) -> None:
     assert engine.ranker("good") is not None and store.outcomes("good")[0].promoted
 
 
-def test_promoted_ranker_is_refit_on_every_session_and_judged_on_unseen_ones(tmp_path: Path) -> None:
+def ranker_engine(tmp_path: Path, n_estimators: int = 60, **training: Any) -> RankingEngine:
+    """A sidecar engine that trains rankers only (no cross-encoder), from 20 sessions on."""
     cfg = SidecarConfig().replace(
         storage={"data_dir": str(tmp_path)},
-        training={"min_sessions": 20, "cross_encoder": False, "heldout_fraction": 0.25, "min_heldout": 5},
-        ranker={"n_estimators": 60, "min_child_samples": 5},
+        training={"min_sessions": 20, "cross_encoder": False, "heldout_fraction": 0.25, **training},
+        ranker={"n_estimators": n_estimators, "min_child_samples": 5},
     )
     store = PairStore(tmp_path / "p.sqlite")
-    engine = RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    return RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+
+
+def test_promoted_ranker_is_refit_on_every_session_and_judged_on_unseen_ones(tmp_path: Path) -> None:
+    engine = ranker_engine(tmp_path, min_heldout=5)
+    store, cfg = engine.store, engine.cfg
     rng = random.Random(3)
     first = [synthetic_session(i, rng) for i in range(40)]
     for s in first:

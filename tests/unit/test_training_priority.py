@@ -10,16 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mnemo_sidecar.config import SidecarConfig
-from mnemo_sidecar.engine import RankingEngine
-from mnemo_sidecar.learning.health import HealthTracker
 from mnemo_sidecar.learning.model import ModelKind
-from mnemo_sidecar.learning.pair_store import PairStore
 from mnemo_sidecar.learning.priority import lower_this_thread
-from mnemo_sidecar.learning.registry import ModelRegistry
 from mnemo_sidecar.learning.runner import TrainingRunner
 from mnemo_sidecar.learning.trainer import Trainer
-from tests.unit.test_sidecar_learning import synthetic_session
+from tests.unit.test_sidecar_learning import ranker_engine, synthetic_session
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
 
@@ -51,16 +46,10 @@ def test_a_lowered_thread_and_the_threads_it_starts_are_nicer_the_rest_of_the_pr
 
 
 def test_the_runner_trains_at_the_configured_nice(tmp_path: Path) -> None:
-    cfg = SidecarConfig().replace(
-        storage={"data_dir": str(tmp_path)},
-        training={"min_sessions": 20, "cross_encoder": False, "heldout_fraction": 0.25, "nice": 4},
-        ranker={"n_estimators": 20, "min_child_samples": 5},
-    )
-    store = PairStore(tmp_path / "p.sqlite")
-    engine = RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    engine = ranker_engine(tmp_path, n_estimators=20, nice=4)
     rng = random.Random(3)
     for i in range(30):
-        store.add_session("t", synthetic_session(i, rng), None, None, None)
+        engine.store.add_session("t", synthetic_session(i, rng), None, None, None)
     before = _nice_of_this_thread()
     run, started = TrainingRunner(Trainer(engine)).start("t", {ModelKind.RANKER}, force=False)
     assert started and run.done.wait(120)

@@ -32,8 +32,8 @@ class ServerConfig:
     # suits a small machine for throughput, one per core for latency; 0 removes the limit.
     compute_slots: int = 4
     # Of those, slots only StartSession may take (at most compute_slots - 1), so it need not
-    # queue behind Recalls: with 2, StartSession's p99 stays within its deadline + 10 ms in
-    # the bench at the same throughput, for ~8 ms more of Recall's p50 (compute_gate.py).
+    # queue behind Recalls: with 2, StartSession's p99 in the bench is mostly within its
+    # deadline + 10 ms at the same throughput, for ~8 ms more of Recall's p50 (compute_gate.py).
     compute_reserved_slots: int = 2
     # A call that takes this long is logged with its stages (call_trace.py); 0: never.
     slow_call_ms: float = 1000.0

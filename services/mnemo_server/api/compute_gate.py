@@ -36,8 +36,10 @@ Recall p50/p99, all operations/s):
   2 reserved:  45/100 and 46/99 ms,  116 and 102 ms, 48/116 and 48/125 ms, 179 and 176/s
 In the full bench (fresh 100k load, the sidecar serving a model), StartSession's p99 in the
 sidecar ok / stopped / killed minutes was 150-160 / 143-170 / 129-174 ms over three runs
-with 1 reserved, and 121 / 134 / 115 ms with 2 (one run): within its 120 ms deadline + 10
-where one was not. Recall's p50 pays ~8 ms of it; total throughput does not change.
+with 1 reserved (1 of the 9 minutes within its 120 ms deadline + 10), and 118-153 /
+120-138 / 115-126 ms over four with 2 (9 of 12 within it; three of those runs also had the
+breaker's background probe, ranking/breaker.py). Recall's p50 pays ~8 ms of it; total
+throughput does not change.
 
 The StartSession latencies above were read by a bench whose StartSession timing included
 the EndSession of every third session (corrected in 11f167f): their levels are too high,

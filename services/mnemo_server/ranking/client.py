@@ -26,6 +26,18 @@ MIN_BUDGET_S = 0.002
 # The service a probe asks the sidecar's grpc.health.v1 about.
 RANKING_SERVICE = rpb.DESCRIPTOR.services_by_name["RankingService"].full_name
 
+
+def reconnect_backoff_ms(cfg: RankingConfig) -> int:
+    """The longest the channel waits between attempts to reach a sidecar that is down.
+
+    gRPC's default grows to 120 s, and while it waits every call and probe on the channel
+    fails at once: after a 4-minute outage a restarted sidecar was found 54.6 s late, against
+    3.5 s with a 5 s cap (a channel to a port with nothing listening, asked for health every
+    0.5 s, then a server started there; one run each). Capped at the breaker's cooldown
+    (1 s at least), the channel tries about as often as the breaker probes."""
+    return max(1000, int(cfg.breaker_cooldown_s * 1000))
+
+
 _REASONS = {
     grpc.StatusCode.DEADLINE_EXCEEDED: "deadline",
     grpc.StatusCode.UNAVAILABLE: "unavailable",
@@ -65,7 +77,10 @@ class RankingClient:
     def _connect(self) -> tuple[grpc.Channel, rpb_grpc.RankingServiceStub]:
         with self._lock:
             if self._channel is None or self._stub is None:
-                self._channel = grpc.insecure_channel(self.cfg.sidecar_address)
+                self._channel = grpc.insecure_channel(
+                    self.cfg.sidecar_address,
+                    options=[("grpc.max_reconnect_backoff_ms", reconnect_backoff_ms(self.cfg))],
+                )
                 self._stub = rpb_grpc.RankingServiceStub(self._channel)
             return self._channel, self._stub
 

@@ -201,9 +201,14 @@ def bench(
     from mnemo_server.evaluation.bench import BenchConfig, run_bench
     from mnemo_server.launcher import Launcher, stopped_after
 
+    scopes = BenchConfig.scopes
     if quick:
         memories, duration = min(memories, 2_000), min(duration, 5.0)
         concurrency, train_sessions = min(concurrency, 4), min(train_sessions, 20)
+        # Few memories over the default 20 scopes leave a session ~30 visible ones, all
+        # injected whatever their order: nothing for the replayed sessions to teach, so no
+        # model would serve the quick run's StartSessions. Over 2 scopes the order matters.
+        scopes = 2
     cfg = BenchConfig(
         memories=memories,
         concurrency=concurrency,
@@ -211,12 +216,8 @@ def bench(
         train_sessions=train_sessions,
         session_deadline_ms=session_deadline_ms,
         fresh_queries=fresh_queries,
+        scopes=scopes,
     )
-    if quick:
-        # Few memories over the default 20 scopes leave a session ~30 visible ones, all
-        # injected whatever their order: nothing for the replayed sessions to teach, so no
-        # model would serve the quick run's StartSessions. Over 2 scopes the order matters.
-        cfg = replace(cfg, scopes=2)
     if mix:
         cfg = replace(cfg, mix=parse_mix(mix, [name for name, _ in cfg.mix]))
     console = Console(stderr=True)

@@ -14,7 +14,12 @@ from mnemo_server.app import MnemoServer
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
 from mnemo_server.launcher import watch_parent
-from mnemo_server.process_memory import fix_malloc_thresholds, freeze_warm_heap, limit_malloc_arenas
+from mnemo_server.process_memory import (
+    fix_malloc_thresholds,
+    freeze_warm_heap,
+    limit_malloc_arenas,
+    thaw_heap,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,7 @@ def run_until_signalled(
         stop.wait()
     finally:
         server.stop()
+        thaw_heap()
         click.echo("mnemo stopped", err=True)
 
 

@@ -241,9 +241,16 @@ class Bench:
                 pb.RecallRequest(query=self._query(), top_k=cfg.top_k), metadata=self.md, timeout=10
             )
 
+        # Writes carry a request_id, as the shipped clients send one with every write: the
+        # server then checks and records it in the write's transaction.
         async def create() -> None:
+            memory = self._new_memory()
             resp = await stub.CreateMemory(
-                pb.CreateMemoryRequest(memory=self._new_memory()), metadata=self.md, timeout=10
+                pb.CreateMemoryRequest(
+                    memory=memory, request_id=f"bench-{self.run_id}-create-{self.counter}"
+                ),
+                metadata=self.md,
+                timeout=10,
             )
             if self.counter % cfg.watch_every == 0:
                 self._watchers.append(
@@ -285,7 +292,9 @@ class Bench:
 
             async def end_session() -> None:
                 ending = pb.EndSessionRequest(
-                    session_id=sid, feedback=[pb.MemoryFeedback(memory_id=used, used=True)]
+                    session_id=sid,
+                    feedback=[pb.MemoryFeedback(memory_id=used, used=True)],
+                    request_id=f"{sid}-end",
                 )
                 await timed(
                     "EndSession", lambda: stub.EndSession(ending, metadata=self.md, timeout=10), stats

@@ -118,7 +118,9 @@ def test_a_group_is_one_transaction_and_reads_like_requests_one_after_another(db
     stored = memory_repo.get_many(db.reader(), "t", [first.memory.id, keyed.results[0].memory.id])
     assert len(stored) == 2
     assert _live(db) == 4  # + the leader's
-    record = idempotency_repo.lookup(db.reader(), "t", IdempotencyKey("CreateMemory", "r1", "fp-beta"))
+    record = idempotency_repo.lookup(
+        db.reader(), db.stored.requests, "t", IdempotencyKey("CreateMemory", "r1", "fp-beta")
+    )
     assert record == {"ids": [keyed.results[0].memory.id], "dedup": [False]}
 
 

@@ -28,10 +28,9 @@ def test_sweep_purges_only_expired_and_unindexed_tombstones(tmp_path: Path) -> N
         # m1 is still in the search index: it must not be purged before the index row is gone.
         cur.execute("UPDATE memories SET indexed_revision = revision WHERE id = 'm1'")
         memory_repo.record_history(cur, [("t", "m3", "create", "api", "", {})], now - 200 * DAY)
-        idempotency_repo.record(
-            cur, "t", IdempotencyKey("CreateMemory", "old", "fp"), {"ids": []}, now - 2 * DAY
-        )
-        idempotency_repo.record(cur, "t", IdempotencyKey("CreateMemory", "new", "fp"), {"ids": []}, now)
+        for request_id, at in (("old", now - 2 * DAY), ("new", now)):
+            key = IdempotencyKey("CreateMemory", request_id, "fp")
+            idempotency_repo.record(cur, db.stored.requests, "t", key, {"ids": []}, at)
     report = RetentionWorker(
         db, RetentionConfig(tombstone_days=30, idempotency_hours=24, history_days=180), clock=lambda: now
     ).sweep()

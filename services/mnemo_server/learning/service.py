@@ -151,7 +151,7 @@ class LearningService:
         draft, kind = self._checked(draft, origin)
         now = self.clock()
         with self.db.transaction() as cur:
-            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
                 return self._candidate(cur, tenant_id, replay["id"])
             candidate = LearningCandidate(
@@ -182,7 +182,7 @@ class LearningService:
                     )
                 ],
             )
-            idempotency_repo.record(cur, tenant_id, key, {"id": candidate.id}, now)
+            idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, {"id": candidate.id}, now)
             # Read back, so callers see what a later get returns (confidence is stored as FLOAT).
             return self._candidate(cur, tenant_id, candidate.id)
 
@@ -257,7 +257,7 @@ class LearningService:
         check_reason(reason, required=False)
         now = self.clock()
         with self.db.transaction() as cur:
-            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
                 return PublishResult(
                     self._candidate(cur, tenant_id, replay["candidate_id"]),
@@ -321,7 +321,12 @@ class LearningService:
                 )
             learning_repo.record_events(cur, tenant_id, events)
             idempotency_repo.record(
-                cur, tenant_id, key, {"candidate_id": candidate.id, "learning_id": learning.id}, now
+                cur,
+                self.db.stored.requests,
+                tenant_id,
+                key,
+                {"candidate_id": candidate.id, "learning_id": learning.id},
+                now,
             )
             return PublishResult(
                 self._candidate(cur, tenant_id, candidate.id), self._learning(cur, tenant_id, learning.id)

@@ -126,7 +126,7 @@ class CreateWriter:
                         raise RuntimeError("a request_id is repeated in the group by another request")
                     repeats[i] = first
                     continue
-            replay = idempotency_repo.lookup(cur, r.tenant_id, r.key)
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, r.tenant_id, r.key)
             if replay is None:
                 fresh.setdefault(r.tenant_id, []).append(i)
                 continue
@@ -149,6 +149,7 @@ class CreateWriter:
                 at += len(r.drafts)
                 idempotency_repo.record(
                     cur,
+                    self.db.stored.requests,
                     tenant_id,
                     r.key,
                     {"ids": [c.memory.id for c in mine], "dedup": [c.deduplicated for c in mine]},

@@ -246,7 +246,7 @@ class MemoryService:
         changes = self._changes(patch, paths)
         now = self.clock()
         with self._write(tenant_id) as cur:
-            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is None:
                 current = memory_repo.get(cur, tenant_id, memory_id)
                 if current is None or current.deleted:
@@ -266,7 +266,9 @@ class MemoryService:
                 memory_repo.record_history(
                     cur, [(tenant_id, memory_id, "update", "api", "", {"paths": sorted(paths)})], now
                 )
-                idempotency_repo.record(cur, tenant_id, key, {"ids": [memory_id]}, now)
+                idempotency_repo.record(
+                    cur, self.db.stored.requests, tenant_id, key, {"ids": [memory_id]}, now
+                )
         self.indexer.submit(tenant_id, [memory_id])
         if wait_for_index:
             self.indexer.wait_indexed(tenant_id, [memory_id], self._wait_budget(wait_timeout_s))
@@ -315,7 +317,7 @@ class MemoryService:
             raise InvalidArgument("id", "is required")
         now = self.clock()
         with self._write(tenant_id) as cur:
-            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is None:
                 current = memory_repo.get(cur, tenant_id, memory_id)
                 if current is None or current.deleted:
@@ -323,7 +325,9 @@ class MemoryService:
                 memory_repo.tombstone(cur, tenant_id, [memory_id], now)
                 self.live_counts.removed(self.live_counts.key(tenant_id, current.scope, current.type), 1)
                 memory_repo.record_history(cur, [(tenant_id, memory_id, "delete", "api", "", {})], now)
-                idempotency_repo.record(cur, tenant_id, key, {"ids": [memory_id]}, now)
+                idempotency_repo.record(
+                    cur, self.db.stored.requests, tenant_id, key, {"ids": [memory_id]}, now
+                )
         self.indexer.submit(tenant_id, [memory_id])
         return self.get(tenant_id, memory_id)
 
@@ -346,14 +350,14 @@ class MemoryService:
             return memory_repo.count(self.db.reader(), tenant_id, f, include_deleted=False)
         now = self.clock()
         with self._write(tenant_id) as cur:
-            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
                 return int(replay["count"])
             ids = memory_repo.live_ids_matching(cur, tenant_id, f)
             memory_repo.tombstone(cur, tenant_id, ids, now)
             self.live_counts.forget(tenant_id)
             memory_repo.record_history(cur, [(tenant_id, i, "delete", "api", "purge", {}) for i in ids], now)
-            idempotency_repo.record(cur, tenant_id, key, {"count": len(ids)}, now)
+            idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, {"count": len(ids)}, now)
         self.indexer.submit(tenant_id, ids)
         return len(ids)
 

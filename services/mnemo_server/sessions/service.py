@@ -477,7 +477,7 @@ class SessionService:
         req = _EndRequest(tenant_id, session_id, feedback, transcript, now)
         ending = self._ending(self.db.reader(), req, self.db.rows)
         with self.db.transaction(WriteDomain.SESSIONS) as cur:
-            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
                 return [(str(m), float(r), str(src)) for m, r, src in replay["continuity"]], int(
                     replay["pairs"]
@@ -486,7 +486,14 @@ class SessionService:
                 ending = self._end_as_found(cur, req)
             session_repo.enqueue(cur, tenant_id, session_id, ending.payload, now)
             result = [(mid, rel, src) for mid, (rel, src) in ending.continuity.items()]
-            idempotency_repo.record(cur, tenant_id, key, {"continuity": result, "pairs": ending.pairs}, now)
+            idempotency_repo.record(
+                cur,
+                self.db.stored.requests,
+                tenant_id,
+                key,
+                {"continuity": result, "pairs": ending.pairs},
+                now,
+            )
         self.on_feedback()
         return result, ending.pairs
 

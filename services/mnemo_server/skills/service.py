@@ -58,7 +58,7 @@ class SkillService:
         refuse_secret_material("description", description)  # shown with the skill to every agent
         now = self.clock()
         with self.db.transaction() as cur:
-            replay = idempotency_repo.lookup(cur, tenant_id, key)
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
                 return self._skill(cur, tenant_id, replay["id"])
             learning = learning_repo.get_learning(cur, tenant_id, learning_id)
@@ -120,7 +120,7 @@ class SkillService:
                     )
                 ],
             )
-            idempotency_repo.record(cur, tenant_id, key, {"id": skill.id}, now)
+            idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, {"id": skill.id}, now)
             return self._skill(cur, tenant_id, skill.id)
 
     def get_skill(self, tenant_id: str, skill_id: str) -> Skill:

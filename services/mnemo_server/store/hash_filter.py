@@ -29,6 +29,11 @@ _MASK = (1 << _BITS) - 1
 _READ_BATCH = 20_000
 
 
+def join_key(parts: Iterable[str]) -> str:
+    """One filter key of several strings (a scope's parts, a tenant and a request id)."""
+    return "\x1f".join(parts)
+
+
 def _positions(content_hash: str) -> tuple[int, int]:
     # Any string works (stored hashes are SHA-256 hex, tests may store others); blake2b
     # spreads them evenly whatever their form.
@@ -48,12 +53,17 @@ class ContentHashFilter:
     def of_table(cls, con: duckdb.DuckDBPyConnection) -> ContentHashFilter:
         """A filter of every hash stored in `memories` (deleted rows too: cheaper than
         telling them apart, and harmless)."""
+        return cls.of_query(con, "SELECT content_hash FROM memories")
+
+    @classmethod
+    def of_query(cls, con: duckdb.DuckDBPyConnection, sql: str) -> ContentHashFilter:
+        """A filter of every row `sql` reads, each as `join_key` of its (string) columns."""
         f = cls()
         cur = con.cursor()
         try:
-            cur.execute("SELECT content_hash FROM memories")
+            cur.execute(sql)
             while batch := cur.fetchmany(_READ_BATCH):
-                f.add(row[0] for row in batch)
+                f.add(join_key(row) for row in batch)
         finally:
             cur.close()
         return f

@@ -11,12 +11,16 @@ import duckdb
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import IdempotencyKey
 from mnemo_server.store.database import Cursor, WriteConflict, fetch_one
+from mnemo_server.store.stored_summary import RecordedRequests
 
 
-def lookup(cur: Cursor, tenant_id: str, key: IdempotencyKey | None) -> dict[str, Any] | None:
-    """The recorded result for this key, None if the key is new. The same key with another
-    request is the caller's bug: INVALID_ARGUMENT."""
-    if key is None:
+def lookup(
+    cur: Cursor, recorded: RecordedRequests, tenant_id: str, key: IdempotencyKey | None
+) -> dict[str, Any] | None:
+    """The recorded result for this key, None if the key is new (`recorded` says most new
+    keys are without a query). The same key with another request is the caller's bug:
+    INVALID_ARGUMENT."""
+    if key is None or not recorded.may_hold(tenant_id, key.request_id):
         return None
     row = fetch_one(
         cur,
@@ -35,10 +39,18 @@ def lookup(cur: Cursor, tenant_id: str, key: IdempotencyKey | None) -> dict[str,
 
 
 def record(
-    cur: Cursor, tenant_id: str, key: IdempotencyKey | None, result: dict[str, Any], now_ns: int
+    cur: Cursor,
+    recorded: RecordedRequests,
+    tenant_id: str,
+    key: IdempotencyKey | None,
+    result: dict[str, Any],
+    now_ns: int,
 ) -> None:
+    """Record the write's result under its key, inside the write's transaction. The key joins
+    `recorded` before the INSERT, so no lookup after this transaction commits can miss it."""
     if key is None:
         return
+    recorded.add(tenant_id, key.request_id)
     try:
         cur.execute(
             "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?)",

@@ -1,5 +1,5 @@
-"""What the write path records about the stored memories so that reads can skip DuckDB
-queries that would find nothing.
+"""What the write path records about the stored memories (and request ids) so that reads
+can skip DuckDB queries that would find nothing.
 
 Every part only grows, and each is added to inside the write transaction, before COMMIT,
 so a reader that sees a committed row also sees it summarised: a false "may" costs only the
@@ -16,7 +16,7 @@ from typing import Any
 import duckdb
 
 from mnemo_server.memory.model import Memory
-from mnemo_server.store.hash_filter import ContentHashFilter
+from mnemo_server.store.hash_filter import ContentHashFilter, join_key
 from mnemo_server.store.recent_ids import ScopeKey, scope_key
 
 
@@ -62,20 +62,46 @@ class WrittenScopes:
     @classmethod
     def of_table(cls, con: duckdb.DuckDBPyConnection) -> WrittenScopes:
         found = cls()
-        cur = con.cursor()
-        try:
-            cur.execute("SELECT DISTINCT tenant_id, scope_kind, scope_id FROM memories")
-            while batch := cur.fetchmany(20_000):
-                found.add((t, k, i) for t, k, i in batch)
-        finally:
-            cur.close()
+        found._filter = ContentHashFilter.of_query(
+            con, "SELECT DISTINCT tenant_id, scope_kind, scope_id FROM memories"
+        )
         return found
 
     def add(self, keys: Iterable[ScopeKey]) -> None:
-        self._filter.add("\x1f".join(k) for k in keys)
+        self._filter.add(join_key(k) for k in keys)
 
     def may_hold(self, key: ScopeKey) -> bool:
-        return self._filter.may_contain("\x1f".join(key))
+        return self._filter.may_contain(join_key(key))
+
+
+class RecordedRequests:
+    """(tenant, request_id) pairs that may have a record in `idempotency`. Every write with a
+    request_id (the shipped clients send one with each write) looks its id up there first,
+    under its domain's write lock, and almost every id is new: the filter answers those
+    without the query. On settled 100k data, one minute of the bench's mix with its creates
+    and ends keyed, two alternating pairs: the memories lock busy 75-77 % of the time
+    instead of 81-82 %, CreateMemory p50/p99 51/125-129 ms instead of 62-65/148-154,
+    EndSession p99 104-109 instead of 121-135, 173 operations/s instead of 165.
+
+    A Bloom filter like the content hashes': records purged after
+    `retention.idempotency_hours` stay in it, so the share of false "may" answers (each one
+    costs only the query) grows with the ids recorded since the store was opened: ~0.01 % at
+    100k, ~1.3 % at 1M, ~7 % at 2.6M (a day of 30 keyed writes a second)."""
+
+    def __init__(self, *, saturated: bool = False):
+        self._filter = ContentHashFilter(saturated=saturated)
+
+    @classmethod
+    def of_table(cls, con: duckdb.DuckDBPyConnection) -> RecordedRequests:
+        found = cls()
+        found._filter = ContentHashFilter.of_query(con, "SELECT tenant_id, request_id FROM idempotency")
+        return found
+
+    def add(self, tenant_id: str, request_id: str) -> None:
+        self._filter.add([join_key((tenant_id, request_id))])
+
+    def may_hold(self, tenant_id: str, request_id: str) -> bool:
+        return self._filter.may_contain(join_key((tenant_id, request_id)))
 
 
 @dataclass(frozen=True)
@@ -83,15 +109,24 @@ class StoredSummary:
     hashes: ContentHashFilter = field(default_factory=ContentHashFilter)
     pinned_tenants: PinnedTenants = field(default_factory=PinnedTenants)
     scopes: WrittenScopes = field(default_factory=WrittenScopes)
+    requests: RecordedRequests = field(default_factory=RecordedRequests)
 
     @classmethod
     def of_table(cls, con: duckdb.DuckDBPyConnection) -> StoredSummary:
-        return cls(ContentHashFilter.of_table(con), PinnedTenants.of_table(con), WrittenScopes.of_table(con))
+        return cls(
+            ContentHashFilter.of_table(con),
+            PinnedTenants.of_table(con),
+            WrittenScopes.of_table(con),
+            RecordedRequests.of_table(con),
+        )
 
     @classmethod
     def saturated(cls) -> StoredSummary:
         return cls(
-            ContentHashFilter(saturated=True), PinnedTenants(saturated=True), WrittenScopes(saturated=True)
+            ContentHashFilter(saturated=True),
+            PinnedTenants(saturated=True),
+            WrittenScopes(saturated=True),
+            RecordedRequests(saturated=True),
         )
 
     def inserting(self, memories: Iterable[Memory]) -> None:

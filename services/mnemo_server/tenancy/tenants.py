@@ -64,11 +64,13 @@ class TenantService:
             raise InvalidArgument("tenant.display_name", "longer than 200 characters")
         now = self.clock()
         with self.db.transaction() as cur:
-            if idempotency_repo.lookup(cur, ADMIN_TENANT, key) is None:
+            if idempotency_repo.lookup(cur, self.db.stored.requests, ADMIN_TENANT, key) is None:
                 if tenant_repo.get_tenant(cur, tenant_id) is not None:
                     raise AlreadyExists(f"tenant {tenant_id!r} already exists", reason="TENANT_EXISTS")
                 tenant_repo.insert_tenant(cur, TenantRow(tenant_id, display_name or tenant_id, now))
-                idempotency_repo.record(cur, ADMIN_TENANT, key, {"id": tenant_id}, now)
+                idempotency_repo.record(
+                    cur, self.db.stored.requests, ADMIN_TENANT, key, {"id": tenant_id}, now
+                )
         return self.get_tenant(tenant_id)
 
     def ensure_tenant(self, tenant_id: str) -> None:
@@ -106,7 +108,7 @@ class TenantService:
         secret = secrets.token_urlsafe(32)
         now = self.clock()
         with self.db.transaction() as cur:
-            replay = idempotency_repo.lookup(cur, ADMIN_TENANT, key)
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, ADMIN_TENANT, key)
             if replay is not None:
                 raise AlreadyExists(
                     f"request already created API key {replay['id']}; its secret is shown only once",
@@ -115,7 +117,7 @@ class TenantService:
                 )
             row = ApiKeyRow(key_id, tenant_id, _hash_secret(secret), description, now, None)
             tenant_repo.insert_key(cur, row)
-            idempotency_repo.record(cur, ADMIN_TENANT, key, {"id": key_id}, now)
+            idempotency_repo.record(cur, self.db.stored.requests, ADMIN_TENANT, key, {"id": key_id}, now)
         return row, f"mnemo_{key_id}.{secret}"
 
     def list_keys(self, tenant_id: str, page_size: int, page_token: str) -> tuple[list[ApiKeyRow], str]:

@@ -51,10 +51,10 @@ class TransactionCursor:
     makes one DuckDB call fewer. Under load each call waits for the GIL again when DuckDB
     gives it back: with one thread spinning in Python beside it, BEGIN + ROLLBACK on a
     DuckDB file took 33 ms, and BEGIN, INSERT, COMMIT as three calls 56 ms against 50 as two
-    (200 of each, this machine). Settled
-    100k data, one minute of the mix, three alternating pairs against an eager BEGIN:
-    181.4 / 183.4 / 178.4 operations/s against 179.1 / 173.3 / 175.6, CreateMemory p50 47 /
-    46 / 46 ms against 49 / 51 / 50, the memories lock busy 74-75 % against 75-76 %."""
+    (200 of each, this machine). Settled 100k data, one minute of the mix, three alternating
+    pairs against an eager BEGIN: 181.4 / 183.4 / 178.4 operations/s against 179.1 / 173.3 /
+    175.6, CreateMemory p50 47 / 46 / 46 ms against 49 / 51 / 50, the memories lock busy
+    74-75 % against 75-76 %."""
 
     def __init__(self, cur: duckdb.DuckDBPyConnection):
         self._cur = cur

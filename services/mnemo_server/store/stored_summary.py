@@ -9,9 +9,9 @@ store is opened (deleted rows included: cheaper than telling them apart, and har
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import duckdb
 
@@ -50,31 +50,43 @@ class PinnedTenants:
         return self._saturated or tenant_id in self._tenants
 
 
-class WrittenScopes:
-    """Scopes that may hold rows. Every StartSession lists the newest memories of its
-    scopes, one of which is the new session's own, almost always empty: with it known empty
-    the others are answered from memory (`recent_ids`) without a query. A Bloom filter like
-    the content hashes' (2 MiB; a false "may" costs a query)."""
+class _KeyFilter:
+    """A Bloom filter (the content hashes' kind, 2 MiB; a false "may" costs a query) of
+    string tuples, filled at start-up from the rows `TABLE_SQL` reads."""
+
+    TABLE_SQL: ClassVar[str]
 
     def __init__(self, *, saturated: bool = False):
         self._filter = ContentHashFilter(saturated=saturated)
 
     @classmethod
-    def of_table(cls, con: duckdb.DuckDBPyConnection) -> WrittenScopes:
+    def of_table(cls, con: duckdb.DuckDBPyConnection) -> Self:
         found = cls()
-        found._filter = ContentHashFilter.of_query(
-            con, "SELECT DISTINCT tenant_id, scope_kind, scope_id FROM memories"
-        )
+        found._filter = ContentHashFilter.of_query(con, cls.TABLE_SQL)
         return found
 
-    def add(self, keys: Iterable[ScopeKey]) -> None:
+    def _add(self, keys: Iterable[Sequence[str]]) -> None:
         self._filter.add(join_key(k) for k in keys)
 
-    def may_hold(self, key: ScopeKey) -> bool:
+    def _may_hold(self, key: Sequence[str]) -> bool:
         return self._filter.may_contain(join_key(key))
 
 
-class RecordedRequests:
+class WrittenScopes(_KeyFilter):
+    """Scopes that may hold rows. Every StartSession lists the newest memories of its
+    scopes, one of which is the new session's own, almost always empty: with it known empty
+    the others are answered from memory (`recent_ids`) without a query."""
+
+    TABLE_SQL = "SELECT DISTINCT tenant_id, scope_kind, scope_id FROM memories"
+
+    def add(self, keys: Iterable[ScopeKey]) -> None:
+        self._add(keys)
+
+    def may_hold(self, key: ScopeKey) -> bool:
+        return self._may_hold(key)
+
+
+class RecordedRequests(_KeyFilter):
     """(tenant, request_id) pairs that may have a record in `idempotency`. Every write with a
     request_id (the shipped clients send one with each write) looks its id up there first,
     under its domain's write lock, and almost every id is new: the filter answers those
@@ -83,25 +95,18 @@ class RecordedRequests:
     instead of 81-82 %, CreateMemory p50/p99 51/125-129 ms instead of 62-65/148-154,
     EndSession p99 104-109 instead of 121-135, 173 operations/s instead of 165.
 
-    A Bloom filter like the content hashes': records purged after
-    `retention.idempotency_hours` stay in it, so the share of false "may" answers (each one
-    costs only the query) grows with the ids recorded since the store was opened: ~0.01 % at
-    100k, ~1.3 % at 1M, ~7 % at 2.6M (a day of 30 keyed writes a second)."""
+    Records purged after `retention.idempotency_hours` stay in the filter, so the share of
+    false "may" answers (each one costs only the query) grows with the ids recorded since
+    the store was opened: ~0.01 % at 100k, ~1.3 % at 1M, ~7 % at 2.6M (a day of 30 keyed
+    writes a second)."""
 
-    def __init__(self, *, saturated: bool = False):
-        self._filter = ContentHashFilter(saturated=saturated)
-
-    @classmethod
-    def of_table(cls, con: duckdb.DuckDBPyConnection) -> RecordedRequests:
-        found = cls()
-        found._filter = ContentHashFilter.of_query(con, "SELECT tenant_id, request_id FROM idempotency")
-        return found
+    TABLE_SQL = "SELECT tenant_id, request_id FROM idempotency"
 
     def add(self, tenant_id: str, request_id: str) -> None:
-        self._filter.add([join_key((tenant_id, request_id))])
+        self._add([(tenant_id, request_id)])
 
     def may_hold(self, tenant_id: str, request_id: str) -> bool:
-        return self._filter.may_contain(join_key((tenant_id, request_id)))
+        return self._may_hold((tenant_id, request_id))
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import grpc
 import pytest
 from google.protobuf import field_mask_pb2
@@ -34,6 +36,27 @@ def test_create_retry_returns_the_first_result(tenant_a: TenantClient) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(err.value) == ("REQUEST_ID_REUSED", ["request_id"])
     assert _count(tenant_a) == 1
+
+
+def test_keyed_creates_sent_at_once_each_keep_their_own_result(tenant_a: TenantClient) -> None:
+    """Creates sent together may share a transaction (group commit), which records all their
+    request ids in one statement: each retry still returns its own first result, and a
+    request id is bound to its own request only."""
+    stub = tenant_a.memory()
+    requests = [
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"grouped fact {i}"), request_id=f"g-{i}")
+        for i in range(12)
+    ]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        first = list(pool.map(lambda r: stub.CreateMemory(r, metadata=tenant_a.md, timeout=10), requests))
+        again = list(pool.map(lambda r: stub.CreateMemory(r, metadata=tenant_a.md, timeout=10), requests))
+    assert [a.memory.id for a in again] == [f.memory.id for f in first]
+    assert [f.memory.content for f in first] == [f"grouped fact {i}" for i in range(12)]
+    assert not any(f.deduplicated for f in first) and _count(tenant_a) == 12
+    swapped = pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="grouped fact 1"), request_id="g-0")
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CreateMemory(swapped, metadata=tenant_a.md, timeout=5)
+    assert error_info(err.value) == ("REQUEST_ID_REUSED", ["request_id"])
 
 
 def test_batch_retry(tenant_a: TenantClient) -> None:

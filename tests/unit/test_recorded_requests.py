@@ -12,7 +12,7 @@ import pytest
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import IdempotencyKey
 from mnemo_server.store import idempotency_repo
-from mnemo_server.store.database import Database
+from mnemo_server.store.database import Database, WriteConflict, fetch_one
 
 KEY = IdempotencyKey("CreateMemory", "r1", "fp")
 
@@ -70,3 +70,30 @@ def test_a_read_only_store_always_asks(tmp_path: Path) -> None:
     assert read_only.stored.requests.may_hold("t", "never-recorded")
     assert idempotency_repo.lookup(read_only.reader(), read_only.stored.requests, "t", KEY) == {"ids": ["m1"]}
     read_only.close()
+
+
+def _keys(n: int) -> list[IdempotencyKey]:
+    return [IdempotencyKey("CreateMemory", f"g{i}", f"fp{i}") for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [3, 8])  # VALUES up to 5 rows, an Arrow view beyond
+def test_a_group_records_each_keyed_result_and_skips_unkeyed_ones(tmp_path: Path, n: int) -> None:
+    db = Database(tmp_path / "d.duckdb")
+    keys = _keys(n)
+    with db.transaction() as cur:
+        results = [(k, {"ids": [f"m{i}"]}) for i, k in enumerate(keys)]
+        idempotency_repo.record_many(cur, db.stored.requests, "t", [*results, (None, {"ids": ["x"]})], 1)
+    for i, k in enumerate(keys):
+        assert idempotency_repo.lookup(db.reader(), db.stored.requests, "t", k) == {"ids": [f"m{i}"]}
+    assert fetch_one(db.reader(), "SELECT count(*) FROM idempotency") == (n,)
+    db.close()
+
+
+def test_a_group_with_a_key_taken_since_records_none_of_its_keys(tmp_path: Path) -> None:
+    db = Database(tmp_path / "d.duckdb")
+    keys = _keys(3)
+    _record(db, "t", keys[1])
+    with pytest.raises(WriteConflict), db.transaction() as cur:
+        idempotency_repo.record_many(cur, db.stored.requests, "t", [(k, {"ids": []}) for k in keys], 2)
+    assert fetch_one(db.reader(), "SELECT list(request_id) FROM idempotency") == (["g1"],)
+    db.close()

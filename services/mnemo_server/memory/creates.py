@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from mnemo_server.config import CapsConfig
 from mnemo_server.errors import AlreadyExists
@@ -143,20 +144,16 @@ class CreateWriter:
             prefixes = [p for i in indices for p in requests[i].prefixes]
             results, _, pruned = self._insert(cur, tenant_id, drafts, prefixes, now)
             at = 0
+            outcomes: list[tuple[IdempotencyKey | None, dict[str, Any]]] = []
             for k, i in enumerate(indices):
                 r = requests[i]
                 mine = results[at : at + len(r.drafts)]
                 at += len(r.drafts)
-                idempotency_repo.record(
-                    cur,
-                    self.db.stored.requests,
-                    tenant_id,
-                    r.key,
-                    {"ids": [c.memory.id for c in mine], "dedup": [c.deduplicated for c in mine]},
-                    now,
-                )
+                ids = [c.memory.id for c in mine]
+                outcomes.append((r.key, {"ids": ids, "dedup": [c.deduplicated for c in mine]}))
                 new_ids = [c.memory.id for c in mine if not c.deduplicated]
                 written[i] = CreateWritten(mine, new_ids, pruned if k == 0 else [])
+            idempotency_repo.record_many(cur, self.db.stored.requests, tenant_id, outcomes, now)
         for i, first in repeats.items():
             written[i] = CreateWritten(written[first].results, [], [])  # a replay of the first
         return [written[i] for i in range(len(requests))]

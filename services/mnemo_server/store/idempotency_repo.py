@@ -4,6 +4,7 @@ write itself, so a retry after a crash or a lost response sees exactly one effec
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import duckdb
@@ -11,6 +12,7 @@ import duckdb
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import IdempotencyKey
 from mnemo_server.store.database import Cursor, WriteConflict, fetch_one
+from mnemo_server.store.memory_repo import insert_rows
 from mnemo_server.store.stored_summary import RecordedRequests
 
 
@@ -46,18 +48,41 @@ def record(
     result: dict[str, Any],
     now_ns: int,
 ) -> None:
-    """Record the write's result under its key, inside the write's transaction. The key joins
-    `recorded` before the INSERT, so no lookup after this transaction commits can miss it."""
-    if key is None:
+    """Record the write's result under its key, inside the write's transaction."""
+    record_many(cur, recorded, tenant_id, [(key, result)], now_ns)
+
+
+def record_many(
+    cur: Cursor,
+    recorded: RecordedRequests,
+    tenant_id: str,
+    results: Sequence[tuple[IdempotencyKey | None, dict[str, Any]]],
+    now_ns: int,
+) -> None:
+    """Record the results of a group of writes under their keys (unkeyed ones are not
+    recorded) in one statement, inside the group's transaction: each statement under a write
+    lock costs the holder a wait for the GIL. The keys join `recorded` before the INSERT, so
+    no lookup after this transaction commits can miss them."""
+    keyed = [(key, result) for key, result in results if key is not None]
+    if not keyed:
         return
-    recorded.add(tenant_id, key.request_id)
+    for key, _ in keyed:
+        recorded.add(tenant_id, key.request_id)
+    rows: list[dict[str, Any]] = [
+        {
+            "tenant_id": tenant_id,
+            "request_id": key.request_id,
+            "method": key.method,
+            "fingerprint": key.fingerprint,
+            "result": json.dumps(result),
+            "create_time_ns": now_ns,
+        }
+        for key, result in keyed
+    ]
     try:
-        cur.execute(
-            "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?)",
-            [tenant_id, key.request_id, key.method, key.fingerprint, json.dumps(result), now_ns],
-        )
+        insert_rows(cur, "idempotency", rows)
     except duckdb.ConstraintException:
-        # lookup() found no record in this transaction's snapshot, so the key was committed
+        # lookup() found no record in this transaction's snapshot, so a key was committed
         # since by a write of another domain (the same request_id sent to two operations).
         raise WriteConflict(
             "request_id is being used by another request right now; nothing was written"

@@ -1,7 +1,8 @@
 """Database.single_statement: one write statement under its domain's lock, committed by
 DuckDB on its own (StartSession's record). It must be all or nothing like a transaction,
-leave the writer's cursor usable after a failure, count as a use of its lock, and refuse
-repositories that change memory rows (only `transaction` keeps the row cache in step)."""
+leave the writer's cursor usable after a failure, count as a use of its lock, refuse a second
+statement, and refuse repositories that change memory rows (only `transaction` keeps the row
+cache in step)."""
 
 from __future__ import annotations
 
@@ -53,4 +54,16 @@ def test_memory_rows_are_not_written_outside_a_transaction(tmp_path: Path) -> No
         db.single_statement(WriteDomain.MEMORIES) as cur,
     ):
         memory_repo.insert_many(cur, [(stored_memory(0, 0), "memory 0")], db.stored)
+    db.close()
+
+
+def test_a_second_statement_is_refused_and_the_first_stands(tmp_path: Path) -> None:
+    """Each statement outside a transaction commits by itself, so a second one would not be
+    all or nothing with the first: it is refused before it runs."""
+    db = Database(tmp_path / "d.duckdb")
+    with db.single_statement(WriteDomain.SESSION_STARTS) as cur:
+        session_repo.insert_sessions(cur, [(session_row("a"), packed_candidates("a", 2))])
+        with pytest.raises(RuntimeError, match="second statement"):
+            session_repo.insert_sessions(cur, [(session_row("b"), packed_candidates("b", 2))])
+    assert _sessions(db) == ["a"]
     db.close()

@@ -91,6 +91,33 @@ class TransactionCursor:
                 self._cur.execute("ROLLBACK")
 
 
+class SingleStatementCursor:
+    """The cursor of `Database.single_statement`: it runs one statement and refuses a second,
+    which would commit on its own (autocommit), apart from the first."""
+
+    def __init__(self, cur: duckdb.DuckDBPyConnection):
+        self._cur = cur
+        self._ran = False
+
+    def _statement(self) -> duckdb.DuckDBPyConnection:
+        if self._ran:
+            raise RuntimeError("single_statement: a second statement would commit apart from the first")
+        self._ran = True
+        return self._cur
+
+    def execute(self, query: str, parameters: object = None) -> duckdb.DuckDBPyConnection:
+        return self._statement().execute(query, parameters)
+
+    def executemany(self, query: str, parameters: object = None) -> duckdb.DuckDBPyConnection:
+        return self._statement().executemany(query, parameters)
+
+    def register(self, view_name: str, python_object: object) -> duckdb.DuckDBPyConnection:
+        return self._cur.register(view_name, python_object)
+
+    def unregister(self, view_name: str) -> duckdb.DuckDBPyConnection:
+        return self._cur.unregister(view_name)
+
+
 def fetch_one(cur: Cursor, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
     """The first row of a query, or None. Always reads the whole result: a DuckDB result
     left unread (what fetchone() does, even to a one-row result) keeps its transaction open
@@ -338,7 +365,7 @@ class Database:
         change no memory rows: a repository that records such changes raises here (outside
         `transaction` nothing would keep the row cache in step)."""
         with self._write_locked((domain,)) as cur:
-            yield cur
+            yield SingleStatementCursor(cur)
             mark("transaction")
 
     def _announce(self, changes: Sequence[object], held: Sequence[WriteDomain]) -> None:

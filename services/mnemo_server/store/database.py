@@ -46,7 +46,20 @@ class Cursor(Protocol):
     def unregister(self, view_name: str) -> duckdb.DuckDBPyConnection: ...
 
 
-class TransactionCursor:
+class _CursorWrapper:
+    """A writer's DuckDB cursor with rules on its statements (subclasses); views pass through."""
+
+    def __init__(self, cur: duckdb.DuckDBPyConnection):
+        self._cur = cur
+
+    def register(self, view_name: str, python_object: object) -> duckdb.DuckDBPyConnection:
+        return self._cur.register(view_name, python_object)
+
+    def unregister(self, view_name: str) -> duckdb.DuckDBPyConnection:
+        return self._cur.unregister(view_name)
+
+
+class TransactionCursor(_CursorWrapper):
     """A write transaction's cursor: its first statement carries the BEGIN, so a transaction
     makes one DuckDB call fewer. Under load each call waits for the GIL again when DuckDB
     gives it back: with one thread spinning in Python beside it, BEGIN + ROLLBACK on a
@@ -57,7 +70,7 @@ class TransactionCursor:
     74-75 % against 75-76 %."""
 
     def __init__(self, cur: duckdb.DuckDBPyConnection):
-        self._cur = cur
+        super().__init__(cur)
         self.begun = False
 
     def execute(self, query: str, parameters: object = None) -> duckdb.DuckDBPyConnection:
@@ -73,12 +86,6 @@ class TransactionCursor:
             self.begun = True
         return self._cur.executemany(query, parameters)
 
-    def register(self, view_name: str, python_object: object) -> duckdb.DuckDBPyConnection:
-        return self._cur.register(view_name, python_object)
-
-    def unregister(self, view_name: str) -> duckdb.DuckDBPyConnection:
-        return self._cur.unregister(view_name)
-
     def commit(self) -> None:
         if self.begun:  # a body that ran no statement has nothing to commit
             self._cur.execute("COMMIT")
@@ -91,12 +98,12 @@ class TransactionCursor:
                 self._cur.execute("ROLLBACK")
 
 
-class SingleStatementCursor:
+class SingleStatementCursor(_CursorWrapper):
     """The cursor of `Database.single_statement`: it runs one statement and refuses a second,
     which would commit on its own (autocommit), apart from the first."""
 
     def __init__(self, cur: duckdb.DuckDBPyConnection):
-        self._cur = cur
+        super().__init__(cur)
         self._ran = False
 
     def _statement(self) -> duckdb.DuckDBPyConnection:
@@ -110,12 +117,6 @@ class SingleStatementCursor:
 
     def executemany(self, query: str, parameters: object = None) -> duckdb.DuckDBPyConnection:
         return self._statement().executemany(query, parameters)
-
-    def register(self, view_name: str, python_object: object) -> duckdb.DuckDBPyConnection:
-        return self._cur.register(view_name, python_object)
-
-    def unregister(self, view_name: str) -> duckdb.DuckDBPyConnection:
-        return self._cur.unregister(view_name)
 
 
 def fetch_one(cur: Cursor, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:

@@ -56,14 +56,12 @@ class _KeyFilter:
 
     TABLE_SQL: ClassVar[str]
 
-    def __init__(self, *, saturated: bool = False):
-        self._filter = ContentHashFilter(saturated=saturated)
+    def __init__(self, *, saturated: bool = False, built: ContentHashFilter | None = None):
+        self._filter = built if built is not None else ContentHashFilter(saturated=saturated)
 
     @classmethod
     def of_table(cls, con: duckdb.DuckDBPyConnection) -> Self:
-        found = cls()
-        found._filter = ContentHashFilter.of_query(con, cls.TABLE_SQL)
-        return found
+        return cls(built=ContentHashFilter.of_query(con, cls.TABLE_SQL))
 
     def _add(self, keys: Iterable[Sequence[str]]) -> None:
         self._filter.add(join_key(k) for k in keys)

@@ -71,6 +71,14 @@ class CrossEncoderConfig:
     # did not see them (learning/cross_fit.py): this many extra fine-tunes, each on the
     # other folds' sessions. 0 or 1: scored by the fine-tune itself.
     cross_fit_folds: int = 2
+    # A background training (every `training.retrain_every` sessions) fine-tunes again only
+    # once the sessions received since the last fine-tune reach (growth - 1) x the sessions
+    # stored then: with 2, once the data has doubled (or, at the store's cap, been replaced).
+    # Each fine-tune starts from the base on every session so far: 357 s of the 2 cores here
+    # for 231 sessions (2,865 pairs), so about 17 minutes at the 8,000-pair cap; one every 50
+    # sessions kept a busy tenant's sidecar training all the time. The ranker (seconds) still
+    # trains every run; a Train call fine-tunes when asked. 1 or less: every background run.
+    finetune_growth: float = 2.0
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -594,3 +595,58 @@ def test_a_cross_encoder_too_slow_for_scores_deadline_is_no_rankers_feature(
     served = engine.ranker("t")
     assert served is not None and not served.model.uses_ce
     assert "cross-encoder" not in served.source
+
+
+def test_background_runs_fine_tune_again_only_once_the_sessions_have_doubled(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """A background run fine-tunes the cross-encoder the first time, then only once as many
+    sessions have arrived as were stored at the last fine-tune (`finetune_growth` 2); the
+    ranker trains in every run, and a Train call fine-tunes whenever it asks."""
+    from mnemo_sidecar.learning.model import ModelKind, SessionMark
+    from mnemo_sidecar.learning.runner import TrainingRunner
+    from mnemo_sidecar.learning.trainer import Trainer
+    from tests.unit.test_sidecar_learning import synthetic_session
+
+    engine = _learning_engine(tiny_model, tmp_path)  # 24 sessions
+    store = engine.store
+    runner = TrainingRunner(Trainer(engine))
+    rng = random.Random(6)
+    both = {ModelKind.CROSS_ENCODER, ModelKind.RANKER}
+
+    def background() -> list[ModelKind]:
+        """Which models one background run (start_background) trained."""
+        before = len(store.outcomes("t", limit=100))
+        assert runner.start_background("t")
+        while runner.running("t"):
+            time.sleep(0.05)
+        after = store.outcomes("t", limit=100)  # newest first
+        return [o.model for o in after[: len(after) - before]]
+
+    def add(first: int, last: int) -> None:
+        for s in (synthetic_session(i, rng, n=8) for i in range(first, last)):
+            store.add_session("t", s, None, None, None)
+
+    assert sorted(background()) == sorted(both)
+    assert store.last_fine_tune("t") == SessionMark(24, 24)
+    add(24, 47)  # 23 arrived: one short of the 24 stored at the fine-tune
+    run, started = runner.start("t", both, force=False, scheduled=True)
+    assert started and list(run.follow())
+    skipped = [e for e in run.events if e.stage == "skipped"]
+    assert [(e.model, e.message) for e in skipped] == [
+        (
+            ModelKind.CROSS_ENCODER,
+            "not due: fine-tuned when 24 sessions were stored; the next once 24 more have arrived (23 so far)",
+        )
+    ]
+    assert [e.outcome.model for e in run.events if e.outcome] == [ModelKind.RANKER]
+    assert store.last_fine_tune("t") == SessionMark(24, 24)
+    add(47, 48)
+    assert sorted(background()) == sorted(both)
+    assert store.last_fine_tune("t") == SessionMark(48, 48)
+    # Not due again, but a Train call (not scheduled) asked for it.
+    add(48, 50)
+    run, _ = runner.start("t", both, force=False)
+    list(run.follow())
+    assert sorted(e.outcome.model for e in run.events if e.outcome) == sorted(both)
+    assert store.last_fine_tune("t") == SessionMark(50, 50)

@@ -40,6 +40,15 @@ class FeedbackSession:
         return sum(1 for c in self.candidates if c.relevance > 0)
 
 
+@dataclass(frozen=True)
+class SessionMark:
+    """A point in a tenant's stream of sessions: how many were stored, and the sequence
+    number of the newest (sequence numbers count every session ever stored, one by one)."""
+
+    stored: int
+    last_seq: int
+
+
 @dataclass
 class TrainingOutcome:
     model: ModelKind

@@ -16,6 +16,7 @@ from mnemo_sidecar.learning.model import (
     FeedbackCandidate,
     FeedbackSession,
     ModelKind,
+    SessionMark,
     TrainingOutcome,
 )
 
@@ -39,6 +40,8 @@ CREATE TABLE IF NOT EXISTS outcomes (
     heldout INTEGER NOT NULL, candidate_ndcg REAL NOT NULL, current_ndcg REAL NOT NULL,
     baseline_ndcg REAL NOT NULL, reason TEXT NOT NULL, train_seconds REAL NOT NULL,
     train_pairs INTEGER NOT NULL, finish_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS fine_tunes (
+    tenant TEXT PRIMARY KEY, stored INTEGER NOT NULL, last_seq INTEGER NOT NULL);
 """
 
 
@@ -218,6 +221,30 @@ class PairStore:
                 "INSERT OR REPLACE INTO health VALUES (?, ?, ?, ?)",
                 (tenant, win_ema, since_promotion, since_training),
             )
+
+    # --- the cross-encoder's fine-tunes ----------------------------------------------
+
+    def session_mark(self, tenant: str) -> SessionMark:
+        """How many sessions the tenant has stored, and the sequence number of the newest."""
+        with self._lock:  # once per training run: a count over the (tenant, seq) index
+            stored, last_seq = self._conn.execute(
+                "SELECT count(*), COALESCE(MAX(seq), 0) FROM sessions WHERE tenant = ?", (tenant,)
+            ).fetchone()
+        return SessionMark(int(stored), int(last_seq))
+
+    def record_fine_tune(self, tenant: str, mark: SessionMark) -> None:
+        """The tenant's cross-encoder was fine-tuned on the sessions stored at `mark`."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO fine_tunes VALUES (?, ?, ?)", (tenant, mark.stored, mark.last_seq)
+            )
+
+    def last_fine_tune(self, tenant: str) -> SessionMark | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT stored, last_seq FROM fine_tunes WHERE tenant = ?", (tenant,)
+            ).fetchone()
+        return None if row is None else SessionMark(int(row[0]), int(row[1]))
 
     # --- outcomes --------------------------------------------------------------------
 

@@ -72,8 +72,10 @@ class TrainingRunner:
             run = self._runs.get(tenant)
             return run is not None and not run.done.is_set()
 
-    def start(self, tenant: str, kinds: set[ModelKind], force: bool) -> tuple[TrainingRun, bool]:
-        """(the tenant's run, whether this call started it)."""
+    def start(
+        self, tenant: str, kinds: set[ModelKind], force: bool, scheduled: bool = False
+    ) -> tuple[TrainingRun, bool]:
+        """(the tenant's run, whether this call started it). `scheduled`: see Trainer.train."""
         with self._lock:
             run = self._runs.get(tenant)
             if run is not None and not run.done.is_set():
@@ -81,21 +83,26 @@ class TrainingRunner:
             run = TrainingRun(tenant)
             self._runs[tenant] = run
         threading.Thread(
-            target=self._execute, args=(run, kinds, force), name=f"train-{tenant}", daemon=True
+            target=self._execute, args=(run, kinds, force, scheduled), name=f"train-{tenant}", daemon=True
         ).start()
         return run, True
 
     def start_background(self, tenant: str) -> bool:
-        return self.start(tenant, {ModelKind.CROSS_ENCODER, ModelKind.RANKER}, force=False)[1]
+        return self.start(tenant, {ModelKind.CROSS_ENCODER, ModelKind.RANKER}, force=False, scheduled=True)[1]
 
-    def _execute(self, run: TrainingRun, kinds: set[ModelKind], force: bool) -> None:
+    def _execute(self, run: TrainingRun, kinds: set[ModelKind], force: bool, scheduled: bool) -> None:
         def progress(model: ModelKind, stage: str, fraction: float, message: str) -> None:
             run.emit(ProgressEvent(model, stage, fraction, message))
 
         run.nice = lower_this_thread(self.trainer.cfg.training.nice)
         try:
             for outcome in self.trainer.train(
-                run.tenant, kinds, force=force, progress=progress, should_stop=self._stop.is_set
+                run.tenant,
+                kinds,
+                force=force,
+                progress=progress,
+                should_stop=self._stop.is_set,
+                scheduled=scheduled,
             ):
                 run.emit(ProgressEvent(outcome.model, "outcome", 1.0, outcome.reason, outcome))
         except MnemoError as exc:

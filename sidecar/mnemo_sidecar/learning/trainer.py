@@ -17,6 +17,7 @@ sessions."""
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import tempfile
@@ -34,7 +35,7 @@ from mnemo_sidecar.deadlines import Deadline
 from mnemo_sidecar.engine import RankingEngine
 from mnemo_sidecar.learning import cross_fit
 from mnemo_sidecar.learning.health import decided_win_rate, win_of
-from mnemo_sidecar.learning.model import FeedbackSession, ModelKind, TrainingOutcome
+from mnemo_sidecar.learning.model import FeedbackSession, ModelKind, SessionMark, TrainingOutcome
 from mnemo_sidecar.learning.ndcg import ndcg_at, order_by
 from mnemo_sidecar.learning.pair_store import split_heldout
 from mnemo_sidecar.ranker.model import RankerModel, session_matrix, train_ranker
@@ -123,6 +124,21 @@ def ce_training_pairs(
     return pairs[:max_pairs]
 
 
+def fine_tune_not_due(last: SessionMark | None, now: SessionMark, growth: float) -> str:
+    """Why a scheduled run leaves the cross-encoder as it is ("" if it fine-tunes): too few
+    sessions have arrived since the last fine-tune (`cross_encoder.finetune_growth`)."""
+    if last is None or growth <= 1.0:
+        return ""
+    needed = math.ceil((growth - 1.0) * last.stored)
+    arrived = now.last_seq - last.last_seq
+    if arrived >= needed:
+        return ""
+    return (
+        f"not due: fine-tuned when {last.stored} sessions were stored; the next once {needed}"
+        f" more have arrived ({arrived} so far)"
+    )
+
+
 # Sessions whose heads are timed to judge a cross-encoder's speed (after one untimed call:
 # an ONNX session's first run pays for its set-up).
 TIMED_SESSIONS = 5
@@ -163,10 +179,22 @@ class Trainer:
         self.cfg = engine.cfg
 
     def train(
-        self, tenant: str, kinds: set[ModelKind], *, force: bool, progress: Progress, should_stop: ShouldStop
+        self,
+        tenant: str,
+        kinds: set[ModelKind],
+        *,
+        force: bool,
+        progress: Progress,
+        should_stop: ShouldStop,
+        scheduled: bool = False,
     ) -> list[TrainingOutcome]:
+        """`scheduled`: a background run, which fine-tunes the cross-encoder only when it is
+        due (fine_tune_not_due); a Train call trains what it asks for."""
         t = self.cfg.training
-        sessions = self.engine.store.sessions(tenant)
+        store = self.engine.store
+        # Read before the sessions: one stored in between counts as arrived after the fine-tune.
+        mark = store.session_mark(tenant)
+        sessions = store.sessions(tenant)
         useful = [s for s in sessions if s.positives]
         if len(useful) < t.min_sessions and not force:
             raise FailedPrecondition(
@@ -182,12 +210,20 @@ class Trainer:
         outcomes: list[TrainingOutcome] = []
         run = _Run(tenant, train, held, progress, should_stop)
         if ModelKind.CROSS_ENCODER in kinds and t.cross_encoder:
-            outcomes.append(self._train_cross_encoder(run))
+            growth = self.cfg.cross_encoder.finetune_growth
+            not_due = fine_tune_not_due(store.last_fine_tune(tenant), mark, growth) if scheduled else ""
+            if not_due:
+                progress(ModelKind.CROSS_ENCODER, "skipped", 1.0, not_due)
+            else:
+                outcome = self._train_cross_encoder(run)
+                if outcome.train_pairs:  # a fine-tune ran (promoted or not)
+                    store.record_fine_tune(tenant, mark)
+                outcomes.append(outcome)
         if ModelKind.RANKER in kinds and t.ranker:
             outcomes.append(self._train_ranker(run))
         self.engine.health.on_training(tenant)
         for o in outcomes:
-            self.engine.store.add_outcome(tenant, o)
+            store.add_outcome(tenant, o)
         return outcomes
 
     def _decide(self, candidate: float, current: float | None, baseline: float) -> tuple[bool, str]:

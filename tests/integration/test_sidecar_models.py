@@ -84,3 +84,51 @@ def test_a_promoted_ranker_that_does_not_load_is_served_as_none_and_said_so(
     assert status.cold_start and not status.ranker.ready
     assert "the promoted ranker does not load and is not served" in status.note
     assert side.registry.current("acme", ModelKind.RANKER, _never) is None  # not tried again
+
+
+def test_status_counts_down_the_sessions_until_the_next_fine_tune(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    """What a finished fine-tune leaves in the pair store (its mark) is read after a
+    restart; every session submitted since brings the next background fine-tune closer."""
+    from google.protobuf import timestamp_pb2
+
+    from mnemo_sidecar.learning.pair_store import PairStore
+
+    store = PairStore(tmp_path / "side" / "pairs.sqlite")
+    rng = random.Random(5)
+    for i in range(6):
+        store.add_session("acme", synthetic_session(i, rng), None, None, None)
+    store.record_fine_tune("acme", store.session_mark("acme"))
+    store.close()
+    side = start_sidecar(data_dir=tmp_path / "side")
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+
+    def until(tenant: str = "acme") -> int:
+        status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id=tenant), timeout=5)
+        return int(status.sessions_until_fine_tune)
+
+    assert until() == 6 and until("other") == 0  # never fine-tuned: the next run does
+    for i in range(6):
+        stub.SubmitTrainingPairs(
+            rpb.SubmitTrainingPairsRequest(
+                tenant_id="acme",
+                session=rpb.TrainingSession(
+                    session_id=f"new-{i}",
+                    query="how do releases work",
+                    feature_names=NAMES,
+                    candidates=[
+                        rpb.TrainingCandidate(
+                            candidate=rpb.Candidate(
+                                id="m1", text="memory 1", baseline_score=0.5, features=(0.5, 1.0, 0.1)
+                            ),
+                            relevance=1.0,
+                            baseline_rank=1,
+                        )
+                    ],
+                    end_time=timestamp_pb2.Timestamp(seconds=1_700_000_000 + i),
+                ),
+            ),
+            timeout=5,
+        )
+        assert until() == 5 - i

@@ -636,7 +636,7 @@ def test_background_runs_fine_tune_again_only_once_the_sessions_have_doubled(
     assert [(e.model, e.message) for e in skipped] == [
         (
             ModelKind.CROSS_ENCODER,
-            "not due: fine-tuned when 24 sessions were stored; the next once 24 more have arrived (23 so far)",
+            "not due: fine-tuned when 24 sessions were stored; the next after 1 more",
         )
     ]
     assert [e.outcome.model for e in run.events if e.outcome] == [ModelKind.RANKER]

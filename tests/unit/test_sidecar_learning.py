@@ -464,7 +464,7 @@ def test_fine_tunes_are_due_by_sessions_arrived_also_at_the_stores_cap(tmp_path:
     so the cross-encoder is fine-tuned again once the stored window has been replaced. The
     mark survives a restart."""
     from mnemo_sidecar.learning.model import SessionMark
-    from mnemo_sidecar.learning.trainer import fine_tune_not_due
+    from mnemo_sidecar.learning.trainer import sessions_until_fine_tune
 
     store = PairStore(tmp_path / "p.sqlite", max_sessions=10)
     rng = random.Random(7)
@@ -472,7 +472,7 @@ def test_fine_tunes_are_due_by_sessions_arrived_also_at_the_stores_cap(tmp_path:
         store.add_session("t", synthetic_session(i, rng), None, None, None)
     mark = store.session_mark("t")
     assert mark == SessionMark(stored=10, last_seq=25) and store.session_mark("other") == SessionMark(0, 0)
-    assert store.last_fine_tune("t") is None and fine_tune_not_due(None, mark, 2.0) == ""
+    assert store.last_fine_tune("t") is None and sessions_until_fine_tune(None, mark, 2.0) == 0
     store.record_fine_tune("t", mark)
     store.close()
     store = PairStore(tmp_path / "p.sqlite", max_sessions=10)
@@ -481,7 +481,8 @@ def test_fine_tunes_are_due_by_sessions_arrived_also_at_the_stores_cap(tmp_path:
         store.add_session("t", synthetic_session(i, rng), None, None, None)
     now = store.session_mark("t")
     assert now == SessionMark(10, 34)
-    assert fine_tune_not_due(mark, now, 2.0).endswith("the next once 10 more have arrived (9 so far)")
-    assert fine_tune_not_due(mark, now, 1.5) == "" and fine_tune_not_due(mark, now, 1.0) == ""
+    assert sessions_until_fine_tune(mark, now, 2.0) == 1
+    assert sessions_until_fine_tune(mark, now, 3.0) == 11
+    assert sessions_until_fine_tune(mark, now, 1.5) == 0 and sessions_until_fine_tune(mark, now, 1.0) == 0
     store.add_session("t", synthetic_session(34, rng), None, None, None)
-    assert fine_tune_not_due(mark, store.session_mark("t"), 2.0) == ""
+    assert sessions_until_fine_tune(mark, store.session_mark("t"), 2.0) == 0

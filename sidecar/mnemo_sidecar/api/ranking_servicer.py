@@ -17,6 +17,7 @@ from mnemo_sidecar.deadlines import AdmissionGate, Deadline
 from mnemo_sidecar.engine import RankingEngine
 from mnemo_sidecar.learning.model import ModelKind
 from mnemo_sidecar.learning.runner import TrainingRunner
+from mnemo_sidecar.learning.trainer import sessions_until_fine_tune
 
 
 class RankingServicer(rpb_grpc.RankingServiceServicer):
@@ -147,6 +148,11 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
             recent_outcomes=[convert.outcome_pb(o) for o in self.engine.store.outcomes(tenant)],
             cold_start=ranker is None,
             note=self._note(tenant, ce is not None),
+            sessions_until_fine_tune=sessions_until_fine_tune(
+                self.engine.store.last_fine_tune(tenant),
+                self.engine.store.session_mark(tenant),
+                self.engine.cfg.cross_encoder.finetune_growth,
+            ),
         )
         if ranker is not None:
             ts = timestamp_pb2.Timestamp()

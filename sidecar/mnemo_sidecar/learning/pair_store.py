@@ -226,11 +226,14 @@ class PairStore:
 
     def session_mark(self, tenant: str) -> SessionMark:
         """How many sessions the tenant has stored, and the sequence number of the newest."""
-        with self._lock:  # once per training run: a count over the (tenant, seq) index
-            stored, last_seq = self._conn.execute(
-                "SELECT count(*), COALESCE(MAX(seq), 0) FROM sessions WHERE tenant = ?", (tenant,)
-            ).fetchone()
-        return SessionMark(int(stored), int(last_seq))
+        stored = self.counts(tenant)[0]
+        with self._lock:
+            last_seq = self._conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM sessions WHERE tenant = ?", (tenant,)
+            ).fetchone()[0]
+        # A session stored between the two reads makes the mark one session late, so the next
+        # fine-tune comes one session early: harmless, and no count over the table.
+        return SessionMark(stored, int(last_seq))
 
     def record_fine_tune(self, tenant: str, mark: SessionMark) -> None:
         """The tenant's cross-encoder was fine-tuned on the sessions stored at `mark`."""

@@ -124,19 +124,13 @@ def ce_training_pairs(
     return pairs[:max_pairs]
 
 
-def fine_tune_not_due(last: SessionMark | None, now: SessionMark, growth: float) -> str:
-    """Why a scheduled run leaves the cross-encoder as it is ("" if it fine-tunes): too few
-    sessions have arrived since the last fine-tune (`cross_encoder.finetune_growth`)."""
+def sessions_until_fine_tune(last: SessionMark | None, now: SessionMark, growth: float) -> int:
+    """Sessions still to arrive before a scheduled run fine-tunes the cross-encoder (0: the
+    next one does): (growth - 1) x those stored at the last fine-tune, counted from it
+    (`cross_encoder.finetune_growth`)."""
     if last is None or growth <= 1.0:
-        return ""
-    needed = math.ceil((growth - 1.0) * last.stored)
-    arrived = now.last_seq - last.last_seq
-    if arrived >= needed:
-        return ""
-    return (
-        f"not due: fine-tuned when {last.stored} sessions were stored; the next once {needed}"
-        f" more have arrived ({arrived} so far)"
-    )
+        return 0
+    return max(0, math.ceil((growth - 1.0) * last.stored) - (now.last_seq - last.last_seq))
 
 
 # Sessions whose heads are timed to judge a cross-encoder's speed (after one untimed call:
@@ -189,7 +183,7 @@ class Trainer:
         scheduled: bool = False,
     ) -> list[TrainingOutcome]:
         """`scheduled`: a background run, which fine-tunes the cross-encoder only when it is
-        due (fine_tune_not_due); a Train call trains what it asks for."""
+        due (sessions_until_fine_tune); a Train call trains what it asks for."""
         t = self.cfg.training
         store = self.engine.store
         # Read before the sessions: one stored in between counts as arrived after the fine-tune.
@@ -210,10 +204,16 @@ class Trainer:
         outcomes: list[TrainingOutcome] = []
         run = _Run(tenant, train, held, progress, should_stop)
         if ModelKind.CROSS_ENCODER in kinds and t.cross_encoder:
-            growth = self.cfg.cross_encoder.finetune_growth
-            not_due = fine_tune_not_due(store.last_fine_tune(tenant), mark, growth) if scheduled else ""
-            if not_due:
-                progress(ModelKind.CROSS_ENCODER, "skipped", 1.0, not_due)
+            last = store.last_fine_tune(tenant)
+            wait = sessions_until_fine_tune(last, mark, self.cfg.cross_encoder.finetune_growth)
+            if scheduled and last is not None and wait:
+                progress(
+                    ModelKind.CROSS_ENCODER,
+                    "skipped",
+                    1.0,
+                    f"not due: fine-tuned when {last.stored} sessions were stored; the next after"
+                    f" {wait} more",
+                )
             else:
                 outcome = self._train_cross_encoder(run)
                 if outcome.train_pairs:  # a fine-tune ran (promoted or not)

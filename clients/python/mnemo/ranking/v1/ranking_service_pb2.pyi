@@ -243,7 +243,7 @@ class LatencyStats(_message.Message):
     def __init__(self, calls: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., deadline_exceeded: _Optional[int] = ..., shed: _Optional[int] = ...) -> None: ...
 
 class GetModelStatusResponse(_message.Message):
-    __slots__ = ("cross_encoder", "ranker", "health", "stored_sessions", "stored_pairs", "training", "recent_outcomes", "latency", "cold_start", "note")
+    __slots__ = ("cross_encoder", "ranker", "health", "stored_sessions", "stored_pairs", "training", "recent_outcomes", "latency", "cold_start", "note", "sessions_until_fine_tune")
     class LatencyEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +261,7 @@ class GetModelStatusResponse(_message.Message):
     LATENCY_FIELD_NUMBER: _ClassVar[int]
     COLD_START_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_UNTIL_FINE_TUNE_FIELD_NUMBER: _ClassVar[int]
     cross_encoder: ModelInfo
     ranker: ModelInfo
     health: HealthSnapshot
@@ -271,4 +272,5 @@ class GetModelStatusResponse(_message.Message):
     latency: _containers.MessageMap[str, LatencyStats]
     cold_start: bool
     note: str
-    def __init__(self, cross_encoder: _Optional[_Union[ModelInfo, _Mapping]] = ..., ranker: _Optional[_Union[ModelInfo, _Mapping]] = ..., health: _Optional[_Union[HealthSnapshot, _Mapping]] = ..., stored_sessions: _Optional[int] = ..., stored_pairs: _Optional[int] = ..., training: _Optional[bool] = ..., recent_outcomes: _Optional[_Iterable[_Union[TrainingOutcome, _Mapping]]] = ..., latency: _Optional[_Mapping[str, LatencyStats]] = ..., cold_start: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
+    sessions_until_fine_tune: int
+    def __init__(self, cross_encoder: _Optional[_Union[ModelInfo, _Mapping]] = ..., ranker: _Optional[_Union[ModelInfo, _Mapping]] = ..., health: _Optional[_Union[HealthSnapshot, _Mapping]] = ..., stored_sessions: _Optional[int] = ..., stored_pairs: _Optional[int] = ..., training: _Optional[bool] = ..., recent_outcomes: _Optional[_Iterable[_Union[TrainingOutcome, _Mapping]]] = ..., latency: _Optional[_Mapping[str, LatencyStats]] = ..., cold_start: _Optional[bool] = ..., note: _Optional[str] = ..., sessions_until_fine_tune: _Optional[int] = ...) -> None: ...

@@ -283,6 +283,12 @@ export interface GetModelStatusResponse {
   coldStart: boolean;
   /** Text for operators, e.g. "no cross-encoder configured: Rerank uses the embedding blend". */
   note: string;
+  /**
+   * Sessions still to arrive before a background training run fine-tunes the cross-encoder
+   * again (it does so once the sessions have grown by the configured factor since the last
+   * fine-tune); 0: the next background run does. A Train call fine-tunes whenever asked.
+   */
+  sessionsUntilFineTune: number;
 }
 
 export interface GetModelStatusResponse_LatencyEntry {
@@ -2577,6 +2583,7 @@ function createBaseGetModelStatusResponse(): GetModelStatusResponse {
     latency: {},
     coldStart: false,
     note: "",
+    sessionsUntilFineTune: 0,
   };
 }
 
@@ -2611,6 +2618,9 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
     }
     if (message.note !== "") {
       writer.uint32(82).string(message.note);
+    }
+    if (message.sessionsUntilFineTune !== 0) {
+      writer.uint32(88).int64(message.sessionsUntilFineTune);
     }
     return writer;
   },
@@ -2711,6 +2721,14 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
             message.note = reader.string();
             continue;
           }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.sessionsUntilFineTune = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2768,6 +2786,11 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
         ? globalThis.Boolean(object.cold_start)
         : false,
       note: isSet(object.note) ? globalThis.String(object.note) : "",
+      sessionsUntilFineTune: isSet(object.sessionsUntilFineTune)
+        ? globalThis.Number(object.sessionsUntilFineTune)
+        : isSet(object.sessions_until_fine_tune)
+        ? globalThis.Number(object.sessions_until_fine_tune)
+        : 0,
     };
   },
 
@@ -2809,6 +2832,9 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
     if (message.note !== "") {
       obj.note = message.note;
     }
+    if (message.sessionsUntilFineTune !== 0) {
+      obj.sessionsUntilFineTune = Math.round(message.sessionsUntilFineTune);
+    }
     return obj;
   },
 
@@ -2841,6 +2867,7 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
     );
     message.coldStart = object.coldStart ?? false;
     message.note = object.note ?? "";
+    message.sessionsUntilFineTune = object.sessionsUntilFineTune ?? 0;
     return message;
   },
 };

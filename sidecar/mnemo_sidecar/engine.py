@@ -95,6 +95,11 @@ class RankingEngine:
     def ranker(self, tenant: str) -> Promoted[RankerModel] | None:
         return self.registry.current(tenant, ModelKind.RANKER, self.load_ranker)
 
+    def reload(self, tenant: str, kind: ModelKind) -> None:
+        """Serve the version of the tenant's model that a training process promoted on disk."""
+        loader = self.load_cross_encoder if kind is ModelKind.CROSS_ENCODER else self.load_ranker
+        self.registry.refresh(tenant, kind, loader)
+
     def warm_up(self) -> None:
         """The configured cross-encoder and every tenant's promoted models, loaded now rather
         than by the first calls, which would overrun their deadlines."""

@@ -1,19 +1,29 @@
-"""A training run's thread (and the worker threads it starts) runs nicer than serving."""
+"""A training run runs in a process of its own, nicer than serving (and so do the worker
+threads it starts); what it promotes is served by the sidecar's process."""
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from mnemo_server.errors import FailedPrecondition
 from mnemo_sidecar.learning.model import ModelKind
 from mnemo_sidecar.learning.priority import lower_this_thread
 from mnemo_sidecar.learning.runner import TrainingRunner
 from mnemo_sidecar.learning.trainer import Trainer
+from mnemo_sidecar.learning.training_process import (
+    ChildStarted,
+    TrainingJob,
+    new_stop_event,
+    refusal_of,
+    run_in_child,
+)
 from tests.unit.test_sidecar_learning import ranker_engine, synthetic_session
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
@@ -54,5 +64,34 @@ def test_the_runner_trains_at_the_configured_nice(tmp_path: Path) -> None:
     run, started = TrainingRunner(Trainer(engine)).start("t", {ModelKind.RANKER}, force=False)
     assert started and run.done.wait(120)
     assert run.error is None and not run.failure
-    assert [e.outcome.promoted for e in run.events if e.outcome] == [True]
+    [outcome] = [e.outcome for e in run.events if e.outcome]
+    assert outcome.promoted
     assert run.nice == min(before + 4, 19) and _nice_of_this_thread() == before
+    # Trained elsewhere, served here: the child's promotion was swapped into this process.
+    assert run.pid not in (0, os.getpid()) and not Path(f"/proc/{run.pid}").exists()
+    served = engine.ranker("t")
+    assert served is not None and served.version == outcome.candidate_version
+
+
+def test_a_refused_run_and_a_killed_training_process_are_reported(tmp_path: Path) -> None:
+    engine = ranker_engine(tmp_path, n_estimators=20)
+    runner = TrainingRunner(Trainer(engine))
+    rng = random.Random(4)
+    for i in range(5):
+        engine.store.add_session("t", synthetic_session(i, rng), None, None, None)
+    run, _ = runner.start("t", {ModelKind.RANKER}, force=False)  # 5 sessions, 20 needed
+    assert run.done.wait(120) and isinstance(run.error, FailedPrecondition)
+    assert run.error.reason == "NOT_ENOUGH_SESSIONS" and "training needs 20" in run.error.message
+    # The training process dies without a word (the OOM killer, an operator's kill -9).
+    killed: list[int] = []
+
+    def kill_at_start(started: ChildStarted) -> None:
+        os.kill(started.pid, signal.SIGKILL)
+        killed.append(started.pid)
+
+    job = TrainingJob(
+        engine.cfg, engine.store.path, engine.registry.root, "t", frozenset({ModelKind.RANKER}), True, False
+    )
+    finished = run_in_child(job, new_stop_event(), lambda e: None, kill_at_start)
+    assert killed and finished.failure == "the training process exited with code -9"
+    assert refusal_of(finished) is None and engine.ranker("t") is None

@@ -63,3 +63,14 @@ class TrainingOutcome:
     train_pairs: int
     finish_time_ns: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One step of a training run, as its followers (Train's stream) see it."""
+
+    model: ModelKind
+    stage: str
+    progress: float
+    message: str
+    outcome: TrainingOutcome | None = None

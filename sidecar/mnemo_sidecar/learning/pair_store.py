@@ -51,6 +51,7 @@ class PairStore:
         Every training run reads all of a tenant's sessions into memory, so without a cap
         the file, the run's memory and its time grew with every session ever submitted."""
         self.max_sessions = max_sessions
+        self._path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -59,6 +60,10 @@ class PairStore:
         self._lock = threading.Lock()
         # Per tenant (stored sessions, stored pairs): counted once, then kept by add_session.
         self._counts: dict[str, tuple[int, int]] = {}
+
+    @property
+    def path(self) -> Path:
+        return self._path
 
     def close(self) -> None:
         with self._lock:

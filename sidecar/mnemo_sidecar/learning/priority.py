@@ -14,8 +14,9 @@ alternating rounds. Nice 0: 135 / 129 / 127 / 117 operations/s, StartSession p99
 155 / 163 ms, Recall p50 55-64 ms; nice 10: 161 / 134 / 141 / 168 operations/s, StartSession
 p99 130 / 150 / 146 / 126 ms, Recall p50 45-58 ms. The niced fine-tune got through 12-15
 steps in that time against 32-36 (the same minute without training: ~178 operations/s,
-StartSession p99 ~100 ms). What it cannot yield is the sidecar's GIL, which its Python
-steps share with Score.
+StartSession p99 ~100 ms). A nice value cannot yield the GIL, which a run in a thread of the
+sidecar shared with Score: runs have their own process now (training_process.py), whose
+training thread is lowered the same way.
 
 Only on Linux: elsewhere the call would name a process, not a thread."""
 

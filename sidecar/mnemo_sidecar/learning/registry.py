@@ -101,20 +101,42 @@ class ModelRegistry:
                     return self._loaded.get(key)  # loaded while this caller waited
             return self._load(tenant, kind, loader)
 
+    def refresh(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> None:
+        """Serve the version the pointer names now (promoted by a training process); callers
+        keep whatever reference they took. One that does not load leaves the served one."""
+        key = (tenant, kind)
+        with self._lock:
+            loading = self._loading.setdefault(key, threading.Lock())
+        with loading:
+            try:
+                loaded = self._from_pointer(tenant, kind, loader)
+            except Exception as exc:  # any damage: this version is unusable, the served one is not
+                log.error("the %s promoted for tenant %r does not load: %s", kind.value, tenant, exc)
+                return
+            if loaded is not None:
+                with self._lock:
+                    self._loaded[key] = loaded
+                    self._broken.pop(key, None)
+
+    def _from_pointer(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> Promoted[M] | None:
+        ptr = self.pointer(tenant, kind)
+        if ptr is None:
+            return None
+        version = str(ptr["version"])
+        return Promoted(
+            version,
+            loader(self._kind_dir(tenant, kind) / version),
+            ptr.get("source", ""),
+            int(ptr["promote_time_ns"]),
+        )
+
     def _load(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> Promoted[M] | None:
         key = (tenant, kind)
         started = time.perf_counter()
         try:
-            ptr = self.pointer(tenant, kind)
-            if ptr is None:
+            loaded = self._from_pointer(tenant, kind, loader)
+            if loaded is None:
                 return None
-            version = str(ptr["version"])
-            loaded: Promoted[M] = Promoted(
-                version,
-                loader(self._kind_dir(tenant, kind) / version),
-                ptr.get("source", ""),
-                int(ptr["promote_time_ns"]),
-            )
         except Exception as exc:  # any damage: the model is unusable, the sidecar is not
             error = f"{type(exc).__name__}: {exc}"
             log.error(
@@ -125,7 +147,11 @@ class ModelRegistry:
                     self._broken[key] = error
                 return self._loaded.get(key)
         log.info(
-            "loaded %s %s of tenant %r in %.2f s", kind.value, version, tenant, time.perf_counter() - started
+            "loaded %s %s of tenant %r in %.2f s",
+            kind.value,
+            loaded.version,
+            tenant,
+            time.perf_counter() - started,
         )
         with self._lock:
             return self._loaded.setdefault(key, loaded)

@@ -1,5 +1,6 @@
-"""Runs training in the background, one run per tenant at a time. A Train call attaches
-to the tenant's run (starting one if none) and streams its progress events."""
+"""Runs training in the background, one run per tenant at a time, each in a process of its
+own (training_process.py). A Train call attaches to the tenant's run (starting one if none)
+and streams its progress events."""
 
 from __future__ import annotations
 
@@ -9,20 +10,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from mnemo_server.errors import MnemoError
-from mnemo_sidecar.learning.model import ModelKind, TrainingOutcome
-from mnemo_sidecar.learning.priority import lower_this_thread
+from mnemo_sidecar.learning.model import ModelKind, ProgressEvent
 from mnemo_sidecar.learning.trainer import Trainer
+from mnemo_sidecar.learning.training_process import (
+    ChildStarted,
+    TrainingJob,
+    new_stop_event,
+    refusal_of,
+    run_in_child,
+)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    model: ModelKind
-    stage: str
-    progress: float
-    message: str
-    outcome: TrainingOutcome | None = None
 
 
 @dataclass
@@ -32,7 +30,8 @@ class TrainingRun:
     done: threading.Event = field(default_factory=threading.Event)
     error: MnemoError | None = None
     failure: str = ""
-    nice: int = 0  # the nice value the run's thread trained at
+    pid: int = 0  # the process the run trained in
+    nice: int = 0  # the nice value it trained at
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def emit(self, event: ProgressEvent) -> None:
@@ -65,7 +64,7 @@ class TrainingRunner:
         self.trainer = trainer
         self._runs: dict[str, TrainingRun] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._stop = new_stop_event()  # seen by the training processes
 
     def running(self, tenant: str) -> bool:
         with self._lock:
@@ -91,22 +90,30 @@ class TrainingRunner:
         return self.start(tenant, {ModelKind.CROSS_ENCODER, ModelKind.RANKER}, force=False, scheduled=True)[1]
 
     def _execute(self, run: TrainingRun, kinds: set[ModelKind], force: bool, scheduled: bool) -> None:
-        def progress(model: ModelKind, stage: str, fraction: float, message: str) -> None:
-            run.emit(ProgressEvent(model, stage, fraction, message))
+        engine = self.trainer.engine
+        job = TrainingJob(
+            engine.cfg,
+            engine.store.path,
+            engine.registry.root,
+            run.tenant,
+            frozenset(kinds),
+            force,
+            scheduled,
+        )
 
-        run.nice = lower_this_thread(self.trainer.cfg.training.nice)
+        def on_event(event: ProgressEvent) -> None:
+            if event.outcome is not None and event.outcome.promoted:
+                # Promoted on disk by the child: served from here on, before anyone hears of it.
+                engine.reload(run.tenant, event.outcome.model)
+            run.emit(event)
+
+        def on_started(started: ChildStarted) -> None:
+            run.pid, run.nice = started.pid, started.nice
+
         try:
-            for outcome in self.trainer.train(
-                run.tenant,
-                kinds,
-                force=force,
-                progress=progress,
-                should_stop=self._stop.is_set,
-                scheduled=scheduled,
-            ):
-                run.emit(ProgressEvent(outcome.model, "outcome", 1.0, outcome.reason, outcome))
-        except MnemoError as exc:
-            run.error = exc
+            finished = run_in_child(job, self._stop, on_event, on_started)
+            run.error = refusal_of(finished)
+            run.failure = finished.failure
         except Exception as exc:  # a failed run must not take the sidecar down; it is reported
             log.exception("training for %s failed", run.tenant)
             run.failure = f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,155 @@
+"""A training run in a process of its own.
+
+Training in a thread of the serving process shared that process's GIL and its garbage
+collector with Score: building a run's sessions (objects for every stored candidate) set off
+full collections of 40-250 ms, and every Python step of the run delayed the Score handlers'
+own. Measured with 5,000 stored sessions (250,000 candidates), Score called by two clients
+with StartSession's 120 ms deadline while a ranker trained (~20 s): in a thread, Score's p99
+went from 13-25 ms to 122.6 ms and 32-48 calls of ~1,900 ran out of time, in four runs; the
+same training in another process left its p99 at 15.4 ms, with no call out of time.
+
+The child opens the same pair store and model directory, runs the Trainer and sends its
+progress events back through a queue; a model it promotes is on disk (the registry's
+pointer) before the parent loads it and swaps it in. It is spawned, not forked: the parent
+runs gRPC's threads, which a fork would copy in whatever state they were in."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.synchronize import Event as EventType
+from pathlib import Path
+from typing import Any
+
+from mnemo_server.errors import FailedPrecondition, MnemoError
+from mnemo_sidecar.config import SidecarConfig
+from mnemo_sidecar.learning.model import ModelKind, ProgressEvent
+
+log = logging.getLogger(__name__)
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """What the child needs to build its own engine over the parent's files."""
+
+    cfg: SidecarConfig
+    store_path: Path
+    registry_root: Path
+    tenant: str
+    kinds: frozenset[ModelKind]
+    force: bool
+    scheduled: bool
+
+
+@dataclass(frozen=True)
+class ChildStarted:
+    pid: int
+    nice: int  # the nice value the child trains at
+
+
+@dataclass(frozen=True)
+class ChildFinished:
+    # A refusal the caller should see as it is (e.g. too few sessions): its class name,
+    # message and reason; or an unexpected failure's text.
+    refused: tuple[str, str, str] | None = None
+    failure: str = ""
+
+
+def new_stop_event() -> EventType:
+    return _SPAWN.Event()
+
+
+def run_in_child(
+    job: TrainingJob,
+    stop: EventType,
+    on_event: Callable[[ProgressEvent], None],
+    on_started: Callable[[ChildStarted], None],
+    poll_s: float = 0.5,
+) -> ChildFinished:
+    """Run `job` in a spawned process, passing its events on as they come; returns how it
+    ended. A child that dies without a word (killed, out of memory) is a failure."""
+    events: Any = _SPAWN.Queue()
+    child = _SPAWN.Process(
+        target=_child_main, args=(job, events, stop, os.getpid()), name=f"train-{job.tenant}", daemon=True
+    )
+    child.start()
+    try:
+        while True:
+            try:
+                message = events.get(timeout=poll_s)
+            except queue.Empty:
+                if not child.is_alive():
+                    return ChildFinished(failure=f"the training process exited with code {child.exitcode}")
+                continue
+            if isinstance(message, ChildFinished):
+                return message
+            if isinstance(message, ChildStarted):
+                on_started(message)
+            else:
+                on_event(message)
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        events.close()
+
+
+def refusal_of(finished: ChildFinished) -> MnemoError | None:
+    """The child's refusal as the error the caller gets (what an in-process run raised)."""
+    if finished.refused is None:
+        return None
+    name, message, reason = finished.refused
+    if name == FailedPrecondition.__name__:
+        return FailedPrecondition(message, reason=reason)
+    return MnemoError(message, reason=reason)
+
+
+def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int) -> None:
+    # Imported here: the parent needs none of the training stack to start a child.
+    from mnemo_sidecar.engine import RankingEngine
+    from mnemo_sidecar.learning.health import HealthTracker
+    from mnemo_sidecar.learning.pair_store import PairStore
+    from mnemo_sidecar.learning.priority import lower_this_thread
+    from mnemo_sidecar.learning.registry import ModelRegistry
+    from mnemo_sidecar.learning.trainer import Trainer
+
+    # Before any worker pool starts: torch's and LightGBM's threads inherit it.
+    events.put(ChildStarted(os.getpid(), lower_this_thread(job.cfg.training.nice)))
+    store = PairStore(job.store_path)
+    try:
+        engine = RankingEngine(
+            job.cfg, store, ModelRegistry(job.registry_root), HealthTracker(store, job.cfg.health)
+        )
+
+        def progress(model: ModelKind, stage: str, fraction: float, message: str) -> None:
+            events.put(ProgressEvent(model, stage, fraction, message))
+
+        def should_stop() -> bool:
+            # An orphan (its sidecar killed) stops too, rather than train for nobody.
+            return stop.is_set() or os.getppid() != parent_pid
+
+        for outcome in Trainer(engine).train(
+            job.tenant,
+            set(job.kinds),
+            force=job.force,
+            progress=progress,
+            should_stop=should_stop,
+            scheduled=job.scheduled,
+        ):
+            events.put(ProgressEvent(outcome.model, "outcome", 1.0, outcome.reason, outcome))
+        events.put(ChildFinished())
+    except MnemoError as exc:
+        events.put(ChildFinished(refused=(type(exc).__name__, exc.message, exc.reason)))
+    except BaseException as exc:  # reported to the parent, which stays up
+        log.exception("training for %s failed", job.tenant)
+        events.put(ChildFinished(failure=f"{type(exc).__name__}: {exc}"))
+    finally:
+        store.close()
+        events.close()
+        events.join_thread()  # everything put reaches the parent before the process ends

@@ -84,7 +84,7 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
         assert set(stats) == issue_fields | {"server_p50_ms", "server_p99_ms"}
         assert stats["count"] > 0 and stats["errors"] == {}
         assert 0 < stats["p50_ms"] <= stats["p95_ms"] <= stats["p99_ms"] <= stats["max_ms"]
-    assert set(result["scenarios"]) == {"sidecar_ok", "sidecar_stopped", "sidecar_killed"}
+    assert set(result["scenarios"]) == {"sidecar_ok", "sidecar_training", "sidecar_stopped", "sidecar_killed"}
     for name, sc in result["scenarios"].items():
         assert sc["deadline_ms"] == 120.0 and sc["failed_calls"] == 0, (name, sc)
         assert sc["ops"]["StartSession"]["count"] > 0
@@ -122,6 +122,10 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
         or result["scenarios"]["sidecar_stopped"]["fallbacks"]["model"] == 0
     )
     assert result["training"] and all("reason" in t for t in result["training"])
+    # A Train ran while the phase measured serving (a quick run's: the ranker alone).
+    during = result["scenarios"]["sidecar_training"]["training"]
+    assert 0 < during["share_of_phase"] <= 1 and during["seconds"] > 0, during
+    assert [t["model"] for t in during["outcomes"]] == ["MODEL_KIND_RANKER"], during
     # The replayed sessions taught the sidecar a ranker, which then ordered the sessions of
     # the mix while it ran (cold start would be `cold_start` here).
     [ranker] = [t for t in result["training"] if t["model"] == "MODEL_KIND_RANKER"]

@@ -65,6 +65,11 @@ def print_tables(result: dict[str, Any]) -> None:
             f"  session ordering: {sc['fallbacks']}; StartSession p99 within deadline + 10 ms: {ok}; "
             f"failed calls: {sc['failed_calls']}"
         )
+        if "training" in sc:
+            t = sc["training"]
+            console.print(
+                f"  the sidecar trained for {t['seconds']} s, through {t['share_of_phase']:.0%} of this phase"
+            )
         for domain, lock in sc["write_locks"].items():
             console.print(
                 f"  {domain} write lock: busy {lock['utilization']:.0%} of the time, "
@@ -217,6 +222,7 @@ def bench(
         session_deadline_ms=session_deadline_ms,
         fresh_queries=fresh_queries,
         scopes=scopes,
+        fine_tune_during_mix=not quick,
     )
     if mix:
         cfg = replace(cfg, mix=parse_mix(mix, [name for name, _ in cfg.mix]))

@@ -7,9 +7,10 @@
    concurrency C for S seconds: per-operation throughput, p50/p95/p99/max, errors by status
    code, how long fresh memories take to become searchable, and which path ordered each
    session (model, baseline, fallback and why).
-4. When the bench started the sidecar itself, the same workload again with the sidecar
-   stopped (SIGSTOP) and then killed: StartSession must stay within its deadline and no call
-   may fail because of the sidecar.
+4. When the bench started the sidecar itself, the same workload again while the sidecar
+   trains both models (with step 2's sessions), then with the sidecar stopped (SIGSTOP) and
+   then killed: StartSession must stay within its deadline and no call may fail because of
+   the sidecar.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class BenchConfig:
     # Recall queries and session contexts that never repeat. Off, they come from ~2,700
     # templates and ~80% of a 60 s run's hit the server's query-embedding cache.
     fresh_queries: bool = False
+    # The training run of the "sidecar_training" phase fine-tunes the cross-encoder too, as a
+    # background run does from time to time (off: the ranker alone, seconds instead of minutes).
+    fine_tune_during_mix: bool = True
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -448,13 +452,17 @@ def _code(err: grpc.RpcError) -> str:
     return str(code.name)
 
 
-async def train_sidecar(address: str, tenant: str) -> list[dict[str, Any]]:
+async def train_sidecar(
+    address: str, tenant: str, models: Sequence[rpb.ModelKind] = ()
+) -> list[dict[str, Any]]:
+    """A forced Train of `models` (none named: both), its outcomes."""
     from google.protobuf import json_format
 
     outcomes = []
     async with aio.insecure_channel(address) as channel:
         stub = rpb_grpc.RankingServiceStub(channel)
-        async for ev in stub.Train(rpb.TrainRequest(tenant_id=tenant, force=True), timeout=3600):
+        request = rpb.TrainRequest(tenant_id=tenant, models=list(models), force=True)
+        async for ev in stub.Train(request, timeout=3600):
             if ev.HasField("outcome"):
                 outcomes.append(json_format.MessageToDict(ev.outcome, preserving_proto_field_name=True))
     return outcomes
@@ -472,6 +480,34 @@ def _scenario(mixed: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
         # None when the mix had no StartSession (see --mix).
         "start_session_p99_within_deadline_plus_10ms": start["p99_ms"] <= deadline_ms + 10 if start else None,
         "failed_calls": sum(sum(s["errors"].values()) for s in mixed["ops"].values()),
+    }
+
+
+async def _while_training(
+    bench: Bench, stub: pb_grpc.MemoryServiceAsyncStub, sidecar: str, tenant: str, cfg: BenchConfig
+) -> dict[str, Any]:
+    """A mixed minute while the sidecar trains, as it does in the background every so many
+    sessions: the fine-tune and the ranker's fit share the machine with serving."""
+
+    models = () if cfg.fine_tune_during_mix else (rpb.MODEL_KIND_RANKER,)
+
+    async def train() -> tuple[list[dict[str, Any]], float]:
+        return await train_sidecar(sidecar, tenant, models), time.perf_counter()
+
+    started = time.perf_counter()
+    training = asyncio.create_task(train())
+    mixed = await bench.mixed(stub)
+    mixed_s = time.perf_counter() - started
+    outcomes, ended = await training
+    training_s = ended - started
+    return {
+        **_scenario(mixed, cfg.session_deadline_ms),
+        "training": {
+            "seconds": round(training_s, 1),
+            # How much of the mixed phase the training ran through (1: all of it).
+            "share_of_phase": round(min(1.0, training_s / mixed_s), 2),
+            "outcomes": outcomes,
+        },
     }
 
 
@@ -507,6 +543,11 @@ async def run_bench(
         say("mixed workload, sidecar running")
         ok = await Bench(api_key, replace(cfg, seed=cfg.seed + 1)).mixed(stub)
         scenarios["sidecar_ok"] = _scenario(ok, cfg.session_deadline_ms)
+        if sidecar is not None and cfg.train_sessions:
+            say("mixed workload, sidecar training (a Train of both models runs meanwhile)")
+            scenarios["sidecar_training"] = await _while_training(
+                Bench(api_key, replace(cfg, seed=cfg.seed + 4)), stub, sidecar.address, tenant, cfg
+            )
         if sidecar is not None:
             say("mixed workload, sidecar stopped (SIGSTOP)")
             os.kill(sidecar.pid, signal.SIGSTOP)

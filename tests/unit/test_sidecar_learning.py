@@ -486,3 +486,22 @@ def test_fine_tunes_are_due_by_sessions_arrived_also_at_the_stores_cap(tmp_path:
     assert sessions_until_fine_tune(mark, now, 1.5) == 0 and sessions_until_fine_tune(mark, now, 1.0) == 0
     store.add_session("t", synthetic_session(34, rng), None, None, None)
     assert sessions_until_fine_tune(mark, store.session_mark("t"), 2.0) == 0
+
+
+def test_the_health_window_reads_decided_sessions_through_their_own_index(tmp_path: Path) -> None:
+    """Most sessions are undecided (ties, cold start): the window must not walk them all."""
+    store = PairStore(tmp_path / "p.sqlite")
+    rng = random.Random(8)
+    for i in range(60):
+        decided = i in (5, 30, 58)
+        store.add_session(
+            "t", synthetic_session(i, rng), 0.5, 0.6 if decided else None, 1.0 if decided else None
+        )
+    assert store.recent_wins("t", 2) == [(1.0, 0.6, 0.5), (1.0, 0.6, 0.5)]
+    assert len(store.recent_wins("t", 20)) == 3
+    plan = store._conn.execute(
+        "EXPLAIN QUERY PLAN SELECT win FROM sessions WHERE tenant = ? AND win IS NOT NULL "
+        "ORDER BY seq DESC LIMIT 20",
+        ("t",),
+    ).fetchall()
+    assert "decided_by_seq" in str(plan)

@@ -32,6 +32,9 @@ CREATE TABLE IF NOT EXISTS candidates (
     baseline_rank INTEGER NOT NULL, predictor_rank INTEGER NOT NULL,
     PRIMARY KEY (tenant, session_id, ord));
 CREATE INDEX IF NOT EXISTS sessions_by_seq ON sessions (tenant, seq);
+-- The health window reads the newest decided sessions; most are not (ties, cold start), and
+-- through sessions_by_seq that read walked every undecided one: 3.9 ms a Score at 5,000.
+CREATE INDEX IF NOT EXISTS decided_by_seq ON sessions (tenant, seq) WHERE win IS NOT NULL;
 CREATE TABLE IF NOT EXISTS health (
     tenant TEXT PRIMARY KEY, win_ema REAL NOT NULL, sessions_since_promotion INTEGER NOT NULL,
     sessions_since_training INTEGER NOT NULL);

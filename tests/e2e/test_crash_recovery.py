@@ -253,3 +253,77 @@ def test_the_vector_graph_saved_at_shutdown_is_put_right_after_a_kill9(
     assert _recall_ids(stub3, "pottery wheel sold to a ceramics studio")[0] == ids[8]
     assert ids[20] not in _recall_ids(stub3, "baking club meets at the old mill", 40)
     assert proc3.terminate() == 0
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The live child processes of `pid`, with their command lines."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            found[int(stat.parent.name)] = cmdline
+    return found
+
+
+def test_a_training_process_stops_when_its_sidecar_is_killed(tmp_path: Path) -> None:
+    """Training runs in a child of the sidecar; killed with SIGKILL, the sidecar cannot stop
+    it, so the child notices it has lost its parent and stops, rather than spend minutes of
+    the cores on a fine-tune nobody will serve."""
+    launcher = Launcher(root=tmp_path / "side", keep=True)
+    launcher.root.mkdir()
+    try:
+        side = launcher.start_sidecar({"MNEMO_SIDECAR_TRAINING__AUTO": "false"})
+        stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(side.address))
+        topics = ["the billing service", "the staging database", "the release train", "the mobile app"]
+        for i in range(200):  # ~2,000 pairs: a fine-tune of minutes here
+            topic = topics[i % len(topics)]
+            stub.SubmitTrainingPairs(
+                rpb.SubmitTrainingPairsRequest(
+                    tenant_id="default",
+                    session=rpb.TrainingSession(
+                        session_id=f"s{i}",
+                        query=f"who looks after {topic}?",
+                        feature_names=["baseline_score"],
+                        candidates=[
+                            rpb.TrainingCandidate(
+                                candidate=rpb.Candidate(
+                                    id=f"m{i}-{j}",
+                                    text=f"{topics[(i + j) % len(topics)]} is looked after by team {j}",
+                                    baseline_score=1.0 - j / 10,
+                                    features=[1.0 - j / 10],
+                                ),
+                                relevance=1.0 if j == 0 else 0.0,
+                                baseline_rank=j + 1,
+                            )
+                            for j in range(10)
+                        ],
+                    ),
+                ),
+                timeout=10,
+            )
+        events = stub.Train(
+            rpb.TrainRequest(tenant_id="default", models=[rpb.MODEL_KIND_CROSS_ENCODER], force=True),
+            timeout=600,
+        )
+        for event in events:  # the child sends this once it has started fine-tuning
+            if event.stage == "fine-tuning":
+                break
+        [training] = [pid for pid, cmd in _children(side.pid).items() if "spawn_main" in cmd]
+        side.kill9()
+        deadline = time.monotonic() + 20  # it checks between steps (well under a second each)
+        while Path(f"/proc/{training}").exists() and "spawn_main" in _cmdline(training):
+            assert time.monotonic() < deadline, "the training process outlived its sidecar"
+            time.sleep(0.2)
+    finally:
+        launcher.stop()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""

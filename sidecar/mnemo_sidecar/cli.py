@@ -133,6 +133,48 @@ def train(sidecar: str, tenant: str, force: bool) -> None:
             )
 
 
+@cli.command("bench-score")
+@click.option("--sessions", default=5000, show_default=True, help="Synthetic sessions stored first.")
+@click.option("--candidates", default=50, show_default=True, help="Candidates per session and Score.")
+@click.option("--clients", default=2, show_default=True, help="Threads calling Score.")
+@click.option("--deadline-ms", default=120.0, show_default=True, help="Each Score call's deadline.")
+@click.option("--idle-s", default=10.0, show_default=True, help="Length of the idle phase.")
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--quick", is_flag=True, help="200 sessions, 2 s idle: check that the command works.")
+def bench_score(
+    sessions: int,
+    candidates: int,
+    clients: int,
+    deadline_ms: float,
+    idle_s: float,
+    json_out: Path | None,
+    quick: bool,
+) -> None:
+    """Score's latency under its deadline, idle and while the sidecar trains a ranker on
+    SESSIONS stored sessions (a fresh sidecar process on a free port)."""
+    from mnemo_server.launcher import Launcher, stopped_after
+    from mnemo_sidecar.score_bench import fill_pair_store, measure
+
+    if quick:
+        sessions, idle_s = min(sessions, 200), min(idle_s, 2.0)
+    launcher = Launcher()
+    with stopped_after(launcher, click.echo):
+        data = launcher.root / "sidecar"
+        click.echo(f"storing {sessions} synthetic sessions ...", err=True)
+        fill_pair_store(data / "pairs.sqlite", sessions, candidates)
+        side = launcher.start_sidecar({"MNEMO_SIDECAR_TRAINING__AUTO": "false"}, data_dir=data)
+        result = {"sessions": sessions, **measure(side.address, clients, deadline_ms, idle_s, candidates)}
+    click.echo(f"Score, {clients} clients, deadline {deadline_ms:.0f} ms, {sessions} stored sessions")
+    click.echo(f"{'phase':<16}{'count':>8}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}  failures")
+    for phase in ("idle", "while_training"):
+        s = result[phase]
+        figures = f"{s['count']:>8}{s['p50_ms']:>10}{s['p99_ms']:>10}{s['max_ms']:>10}"
+        click.echo(f"{phase:<16}{figures}  {s['failures'] or '-'}")
+    click.echo(f"the ranker's training took {result['training']['seconds']} s")
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=1) + "\n")
+
+
 cli.add_command(finetune_cross_encoder, "finetune-cross-encoder")
 
 

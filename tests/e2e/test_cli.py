@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -127,3 +128,27 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, model_cache: Path) -> None:
     env = base_env(model_cache, MNEMO_SERVER__PORT="not-a-port")
     out = run(["serve", "--data-dir", str(tmp_path / "d")], env)
     assert out.returncode == 2 and "server.port" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_score_measures_score_idle_and_while_the_sidecar_trains(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    out_json = tmp_path / "score.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "mnemo_sidecar.cli", "bench-score", "--quick", "--json-out", str(out_json)],
+        env=base_env(model_cache),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(out_json.read_text())
+    assert result["sessions"] == 200 and result["deadline_ms"] == 120.0
+    assert result["first_training"]["promoted"], result["first_training"]  # Score ran a model
+    assert result["training"]["seconds"] > 0
+    for phase in ("idle", "while_training"):
+        s = result[phase]
+        assert s["count"] > 0 and 0 < s["p50_ms"] <= s["p99_ms"] <= s["max_ms"], (phase, s)
+        # Only the deadline may cut a call short; anything else is a fault of the sidecar.
+        assert set(s["failures"]) <= {"DEADLINE_EXCEEDED"}, (phase, s)
+    assert "while_training" in out.stdout and "the ranker's training took" in out.stdout

@@ -83,9 +83,12 @@ def run_in_child(
             try:
                 message = events.get(timeout=poll_s)
             except queue.Empty:
-                if not child.is_alive():
+                if child.is_alive():
+                    continue
+                try:  # its last words may have come between the wait and the check
+                    message = events.get(timeout=poll_s)
+                except queue.Empty:
                     return ChildFinished(failure=f"the training process exited with code {child.exitcode}")
-                continue
             if isinstance(message, ChildFinished):
                 return message
             if isinstance(message, ChildStarted):

@@ -239,8 +239,9 @@ class PairStore:
             last_seq = self._conn.execute(
                 "SELECT COALESCE(MAX(seq), 0) FROM sessions WHERE tenant = ?", (tenant,)
             ).fetchone()[0]
-        # A session stored between the two reads makes the mark one session late, so the next
-        # fine-tune comes one session early: harmless, and no count over the table.
+        # A session stored between the two reads is in last_seq but not in stored: the next
+        # fine-tune then comes a session off its schedule, which is harmless, and the count
+        # stays the one add_session keeps rather than a count over the table.
         return SessionMark(stored, int(last_seq))
 
     def record_fine_tune(self, tenant: str, mark: SessionMark) -> None:

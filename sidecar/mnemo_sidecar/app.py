@@ -20,7 +20,6 @@ from mnemo_sidecar.learning.health import HealthTracker
 from mnemo_sidecar.learning.pair_store import PairStore
 from mnemo_sidecar.learning.registry import ModelRegistry
 from mnemo_sidecar.learning.runner import TrainingRunner
-from mnemo_sidecar.learning.trainer import Trainer
 
 log = logging.getLogger(__name__)
 SERVICE = "mnemo.ranking.v1.RankingService"
@@ -35,7 +34,7 @@ class SidecarServer:
         self.registry = ModelRegistry(data / "models")
         self.health = HealthTracker(self.store, cfg.health)
         self.engine = RankingEngine(cfg, self.store, self.registry, self.health)
-        self.runner = TrainingRunner(Trainer(self.engine))
+        self.runner = TrainingRunner(self.engine)
         self.engine.start_background_training = self.runner.start_background
         self.stats = LatencyStats()
         inf = cfg.inference

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -95,18 +96,18 @@ class RankingEngine:
     def ranker(self, tenant: str) -> Promoted[RankerModel] | None:
         return self.registry.current(tenant, ModelKind.RANKER, self.load_ranker)
 
+    def _loaders(self) -> dict[ModelKind, Callable[[Path], Any]]:
+        return {ModelKind.CROSS_ENCODER: self.load_cross_encoder, ModelKind.RANKER: self.load_ranker}
+
     def reload(self, tenant: str, kind: ModelKind) -> None:
         """Serve the version of the tenant's model that a training process promoted on disk."""
-        loader = self.load_cross_encoder if kind is ModelKind.CROSS_ENCODER else self.load_ranker
-        self.registry.refresh(tenant, kind, loader)
+        self.registry.refresh(tenant, kind, self._loaders()[kind])
 
     def warm_up(self) -> None:
         """The configured cross-encoder and every tenant's promoted models, loaded now rather
         than by the first calls, which would overrun their deadlines."""
         self.base_cross_encoder()
-        self.registry.warm_up(
-            {ModelKind.CROSS_ENCODER: self.load_cross_encoder, ModelKind.RANKER: self.load_ranker}
-        )
+        self.registry.warm_up(self._loaders())
 
     # --- scoring -----------------------------------------------------------------------
 

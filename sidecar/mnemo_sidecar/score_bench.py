@@ -10,12 +10,11 @@ It reports both phases: count, p50, p99, max and the calls that failed, by statu
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import grpc
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+from mnemo_server.evaluation.bench import OpStats, train_sidecar
 from mnemo_sidecar.learning.model import Candidate, FeedbackCandidate, FeedbackSession
 from mnemo_sidecar.learning.pair_store import PairStore
 
@@ -86,24 +86,16 @@ def score_requests(n: int, candidates: int, seed: int = 1) -> list[rpb.ScoreRequ
     return out
 
 
-@dataclass
-class PhaseStats:
-    latencies_ms: list[float] = field(default_factory=list)
-    failures: Counter[str] = field(default_factory=Counter)
-
-    def summary(self) -> dict[str, Any]:
-        ms = sorted(self.latencies_ms)
-
-        def at(q: float) -> float:
-            return round(ms[min(len(ms) - 1, round(q * (len(ms) - 1)))], 2) if ms else 0.0
-
-        return {
-            "count": len(ms) + sum(self.failures.values()),
-            "p50_ms": at(0.5),
-            "p99_ms": at(0.99),
-            "max_ms": round(ms[-1], 2) if ms else 0.0,
-            "failures": dict(self.failures),
-        }
+def phase_summary(stats: OpStats, seconds: float) -> dict[str, Any]:
+    """The bench's per-operation figures for one phase, failed calls counted in `count`."""
+    s = stats.summary(seconds)
+    return {
+        "count": s["count"] + sum(stats.errors.values()),
+        "p50_ms": s["p50_ms"],
+        "p99_ms": s["p99_ms"],
+        "max_ms": s["max_ms"],
+        "failures": s["errors"],
+    }
 
 
 def call_score_while(
@@ -113,10 +105,10 @@ def call_score_while(
     deadline_s: float,
     running: Callable[[], bool],
     pause_s: float = 0.01,
-) -> PhaseStats:
+) -> OpStats:
     """`clients` threads call Score (each with `deadline_s`), a short pause between calls,
     for as long as running() says; every answer's latency, every failure by status."""
-    stats = PhaseStats()
+    stats = OpStats()
     lock = threading.Lock()
 
     def client(n: int) -> None:
@@ -129,7 +121,7 @@ def call_score_while(
                     stats.latencies_ms.append((time.perf_counter() - started) * 1000.0)
             except grpc.RpcError as err:
                 with lock:
-                    stats.failures[err.code().name] += 1
+                    stats.errors[err.code().name] += 1
             i += clients
             time.sleep(pause_s)
 
@@ -141,23 +133,22 @@ def call_score_while(
     return stats
 
 
-def train_ranker(stub: rpb_grpc.RankingServiceStub) -> dict[str, Any]:
-    """A forced Train of the ranker; its outcome and how long the call took."""
+def train_ranker(address: str) -> dict[str, Any]:
+    """A forced Train of the ranker (the bench's call): its outcome and how long it took."""
     started = time.perf_counter()
-    outcome: dict[str, Any] = {}
-    for event in stub.Train(
-        rpb.TrainRequest(tenant_id=TENANT, models=[rpb.MODEL_KIND_RANKER], force=True), timeout=3600
-    ):
-        if event.HasField("outcome"):
-            outcome = {"promoted": event.outcome.promoted, "reason": event.outcome.reason}
-    return {**outcome, "seconds": round(time.perf_counter() - started, 1)}
+    [outcome] = asyncio.run(train_sidecar(address, TENANT, [rpb.MODEL_KIND_RANKER]))
+    return {
+        "promoted": bool(outcome.get("promoted")),
+        "reason": outcome.get("reason", ""),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def measure(address: str, clients: int, deadline_ms: float, idle_s: float, candidates: int) -> dict[str, Any]:
     """Against a sidecar whose store holds the synthetic sessions: a first ranker, then the
     idle phase, then the phase during a second training."""
     stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(address))
-    first = train_ranker(stub)
+    first = train_ranker(address)
     requests = score_requests(200, candidates)
     deadline_s = deadline_ms / 1000.0
     until = time.monotonic() + idle_s
@@ -166,7 +157,7 @@ def measure(address: str, clients: int, deadline_ms: float, idle_s: float, candi
     second: dict[str, Any] = {}
 
     def train() -> None:
-        second.update(train_ranker(stub))
+        second.update(train_ranker(address))
         training_done.set()
 
     trainer = threading.Thread(target=train)
@@ -177,7 +168,7 @@ def measure(address: str, clients: int, deadline_ms: float, idle_s: float, candi
         "clients": clients,
         "deadline_ms": deadline_ms,
         "first_training": first,
-        "idle": idle.summary(),
-        "while_training": during.summary(),
+        "idle": phase_summary(idle, idle_s),
+        "while_training": phase_summary(during, second["seconds"]),
         "training": second,
     }

@@ -605,12 +605,11 @@ def test_background_runs_fine_tune_again_only_once_the_sessions_have_doubled(
     ranker trains in every run, and a Train call fine-tunes whenever it asks."""
     from mnemo_sidecar.learning.model import ModelKind, SessionMark
     from mnemo_sidecar.learning.runner import TrainingRunner
-    from mnemo_sidecar.learning.trainer import Trainer
     from tests.unit.test_sidecar_learning import synthetic_session
 
     engine = _learning_engine(tiny_model, tmp_path)  # 24 sessions
     store = engine.store
-    runner = TrainingRunner(Trainer(engine))
+    runner = TrainingRunner(engine)
     rng = random.Random(6)
     both = {ModelKind.CROSS_ENCODER, ModelKind.RANKER}
 

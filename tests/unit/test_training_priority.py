@@ -16,7 +16,6 @@ from mnemo_server.errors import FailedPrecondition
 from mnemo_sidecar.learning.model import ModelKind
 from mnemo_sidecar.learning.priority import lower_this_thread
 from mnemo_sidecar.learning.runner import TrainingRunner
-from mnemo_sidecar.learning.trainer import Trainer
 from mnemo_sidecar.learning.training_process import (
     ChildStarted,
     TrainingJob,
@@ -61,7 +60,7 @@ def test_the_runner_trains_at_the_configured_nice(tmp_path: Path) -> None:
     for i in range(30):
         engine.store.add_session("t", synthetic_session(i, rng), None, None, None)
     before = _nice_of_this_thread()
-    run, started = TrainingRunner(Trainer(engine)).start("t", {ModelKind.RANKER}, force=False)
+    run, started = TrainingRunner(engine).start("t", {ModelKind.RANKER}, force=False)
     assert started and run.done.wait(120)
     assert run.error is None and not run.failure
     [outcome] = [e.outcome for e in run.events if e.outcome]
@@ -75,7 +74,7 @@ def test_the_runner_trains_at_the_configured_nice(tmp_path: Path) -> None:
 
 def test_a_refused_run_and_a_killed_training_process_are_reported(tmp_path: Path) -> None:
     engine = ranker_engine(tmp_path, n_estimators=20)
-    runner = TrainingRunner(Trainer(engine))
+    runner = TrainingRunner(engine)
     rng = random.Random(4)
     for i in range(5):
         engine.store.add_session("t", synthetic_session(i, rng), None, None, None)

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from mnemo_server.errors import MnemoError
+from mnemo_sidecar.engine import RankingEngine
 from mnemo_sidecar.learning.model import ModelKind, ProgressEvent
-from mnemo_sidecar.learning.trainer import Trainer
 from mnemo_sidecar.learning.training_process import (
     ChildStarted,
     TrainingJob,
@@ -60,8 +60,10 @@ class TrainingRun:
 
 
 class TrainingRunner:
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
+    def __init__(self, engine: RankingEngine):
+        # The engine's files and config go to each run's process; its registry serves what
+        # a run promotes.
+        self.engine = engine
         self._runs: dict[str, TrainingRun] = {}
         self._lock = threading.Lock()
         self._stop = new_stop_event()  # seen by the training processes
@@ -90,7 +92,7 @@ class TrainingRunner:
         return self.start(tenant, {ModelKind.CROSS_ENCODER, ModelKind.RANKER}, force=False, scheduled=True)[1]
 
     def _execute(self, run: TrainingRun, kinds: set[ModelKind], force: bool, scheduled: bool) -> None:
-        engine = self.trainer.engine
+        engine = self.engine
         job = TrainingJob(
             engine.cfg,
             engine.store.path,

@@ -186,8 +186,10 @@ class Trainer:
         due (sessions_until_fine_tune); a Train call trains what it asks for."""
         t = self.cfg.training
         store = self.engine.store
-        # Read before the sessions: one stored in between counts as arrived after the fine-tune.
-        mark = store.session_mark(tenant)
+        fine_tune = ModelKind.CROSS_ENCODER in kinds and t.cross_encoder
+        # Only a fine-tune needs the mark. Read before the sessions: one stored in between
+        # counts as arrived after the fine-tune.
+        mark = store.session_mark(tenant) if fine_tune else SessionMark(0, 0)
         sessions = store.sessions(tenant)
         useful = [s for s in sessions if s.positives]
         if len(useful) < t.min_sessions and not force:
@@ -203,7 +205,7 @@ class Trainer:
             )
         outcomes: list[TrainingOutcome] = []
         run = _Run(tenant, train, held, progress, should_stop)
-        if ModelKind.CROSS_ENCODER in kinds and t.cross_encoder:
+        if fine_tune:
             last = store.last_fine_tune(tenant)
             wait = sessions_until_fine_tune(last, mark, self.cfg.cross_encoder.finetune_growth)
             if scheduled and last is not None and wait:

@@ -7,8 +7,10 @@ query's words."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import re
 import shutil
 import time
 from collections import Counter
@@ -34,7 +36,9 @@ from mnemo_sidecar.crossencoder.evaluate import compare, evaluate, rank_of_posit
 from mnemo_sidecar.crossencoder.finetune import (
     CARD_NAME,
     FinetuneStopped,
+    _keep_to_budget,
     _load,
+    _Schedule,
     bundled_base,
     finetune,
     read_card,
@@ -297,6 +301,66 @@ def test_finetune_raises_validation_mrr_above_the_untrained_head(tmp_path: Path)
     )
     assert report.validation.overall.mrr_at_10 >= 0.8
     assert seen[-1] == 1.0 and seen == sorted(seen)
+
+
+def test_a_schedule_cut_short_still_decays_its_rate_to_zero() -> None:
+    plain = _Schedule(40, 0.1)
+    # Cut while warming up: the shape of a plan of the new length.
+    early = _Schedule(100, 0.1)
+    early.shorten(40, done=3)
+    assert early.total == 40
+    assert [early.factor(i) for i in range(41)] == [plain.factor(i) for i in range(41)]
+    # Cut later: from the rate it has, linearly down to zero at the new end.
+    late = _Schedule(100, 0.1)
+    before = late.factor(50)
+    late.shorten(60, done=50)
+    rates = [late.factor(i) for i in range(50, 61)]
+    assert rates[0] == pytest.approx(before) and rates[-1] == 0.0
+    assert all(a > b for a, b in itertools.pairwise(rates))
+    late.shorten(80, done=55)  # never lengthened
+    assert late.total == 60
+    late.shorten(10, done=55)  # never shorter than the steps done
+    assert late.total == 55 and late.factor(55) == 0.0
+
+
+def test_a_time_budget_cuts_the_plan_to_the_steps_its_pace_fits() -> None:
+    plan = _Schedule(1000, 0.1)
+    _keep_to_budget(plan, 4, elapsed=1.0, budget=10.0)
+    assert plan.total == 1000  # too few steps to judge the pace
+    _keep_to_budget(plan, 5, elapsed=1.0, budget=10.0)
+    assert plan.total == 50  # 0.2 s a step
+    _keep_to_budget(plan, 6, elapsed=3.0, budget=10.0)
+    assert plan.total == 50  # checked again only every 20 steps
+    _keep_to_budget(plan, 20, elapsed=5.0, budget=10.0)
+    assert plan.total == 40
+    _keep_to_budget(plan, 30, elapsed=10.0, budget=10.0)
+    assert plan.total == 30  # the budget is spent: stop now
+
+
+def test_a_fine_tune_cut_by_its_budget_is_written_and_says_so(tiny_base: Path, tmp_path: Path) -> None:
+    pairs = to_pairs(toy_rows(40, 3), negatives=2)  # 120 pairs: 15 batches of 8 an epoch
+    kwargs: dict[str, Any] = {"max_length": 24, "batch_size": 8, "epochs": 2, "threads": 1}
+    half = finetune(tiny_base, pairs, tmp_path / "half", step_fraction=0.5, **kwargs)
+    assert (half.steps, half.planned_steps) == (15, 30)
+    seen: list[tuple[float, str]] = []
+    cut = finetune(
+        tiny_base,
+        pairs,
+        tmp_path / "cut",
+        max_seconds=1e-6,
+        progress=lambda done, message: seen.append((done, message)),
+        **kwargs,
+    )
+    assert cut.planned_steps == 30 and 1 <= cut.steps < 30
+    assert seen[-1] == (1.0, seen[-1][1]) and "(cut to 1 of 30 steps)" in seen[-1][1]
+    card = read_card(tmp_path / "cut")
+    assert card["training"]["steps"] == cut.steps and card["training"]["planned_steps"] == 30
+    assert card["hyperparameters"]["max_seconds"] == 1e-6
+    assert CrossEncoderRuntime(tmp_path / "cut", tmp_path / "onnx", intra_op_threads=1).score(
+        "where are the harbor and the saddle", ["the harbor and the saddle are in the hall"], Deadline.none()
+    ).shape == (1,)
+    with pytest.raises(ValueError, match="max_seconds"):
+        finetune(tiny_base, pairs, tmp_path / "bad", max_seconds=0.0, **kwargs)
 
 
 # ---------------------------------------------------------------- runtime
@@ -595,6 +659,35 @@ def test_a_cross_encoder_too_slow_for_scores_deadline_is_no_rankers_feature(
     served = engine.ranker("t")
     assert served is not None and not served.model.uses_ce
     assert "cross-encoder" not in served.source
+
+
+def test_a_fine_tune_over_its_budget_is_cut_and_its_fold_models_run_the_same_share(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from mnemo_sidecar.learning.model import ModelKind
+    from mnemo_sidecar.learning.trainer import Trainer
+
+    engine = _learning_engine(tiny_model, tmp_path, fine_tune_max_s=1e-6)
+    events: list[tuple[str, str]] = []
+    ce_out, _ = Trainer(engine).train(
+        "t",
+        {ModelKind.CROSS_ENCODER, ModelKind.RANKER},
+        force=False,
+        progress=lambda kind, stage, _f, message: events.append((stage, message)),
+        should_stop=lambda: False,
+    )
+    assert ce_out.promoted
+    _, source = engine.cross_encoder("t")
+    # 16 training sessions, 8 candidates each: 128 pairs, 16 batches of 8 in one epoch.
+    assert source.endswith(
+        "(1 of 16 steps, cut to its 1e-06 s budget) (the ranker learns their scores from 2 fold models)"
+    )
+    last = dict(events)
+    assert last["fine-tuning"].endswith("(cut to 1 of 16 steps)")
+    # Each fold model trains on the other fold's sessions (about half), cut to the same
+    # share: 1 of 16 steps is 1 of its own.
+    folds = [m for stage, m in events if stage == "cross-fitting" and "epoch" in m]
+    assert len(folds) == 2 and all(re.search(r"\(cut to 1 of \d+ steps\)$", m) for m in folds), folds
 
 
 def test_background_runs_fine_tune_again_only_once_the_sessions_have_doubled(

@@ -135,6 +135,12 @@ def _cost_table(latency: dict[str, dict[str, float]], pairs_per_second: dict[str
     help="ONNX precision recorded in the card for serving (both are exported and measured).",
 )
 @click.option("--max-pairs", type=int, default=None, help="Upper bound on training pairs.")
+@click.option(
+    "--max-minutes",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="Time budget of the training steps: the run is cut to the steps its pace fits.",
+)
 @click.option("--seed", default=0, show_default=True)
 @click.option(
     "--validation-fraction",
@@ -171,6 +177,7 @@ def finetune_cross_encoder(
     pos_weight: float,
     precision: str,
     max_pairs: int | None,
+    max_minutes: float | None,
     seed: int,
     validation_fraction: float,
     validation_cap: int,
@@ -222,6 +229,7 @@ def finetune_cross_encoder(
             max_length=max_length,
             pos_weight=pos_weight,
             seed=seed,
+            max_seconds=max_minutes * 60.0 if max_minutes is not None else None,
             validation=validation,
             threads=threads,
             progress=lambda done, message: bar.update(task, completed=done, description=message),
@@ -253,6 +261,7 @@ def finetune_cross_encoder(
             "pos_weight": pos_weight,
             "precision": precision,
             "max_pairs": max_pairs,
+            "max_minutes": max_minutes,
             "seed": seed,
             "validation_fraction": validation_fraction,
             "validation_cap": validation_cap,
@@ -272,6 +281,7 @@ def finetune_cross_encoder(
         "training": {
             "seconds": round(report.seconds, 1),
             "steps": report.steps,
+            "planned_steps": report.planned_steps,
             "pairs_per_second": round(report.pairs_per_second, 2),
             "final_loss": round(report.final_loss, 4),
         },
@@ -294,7 +304,7 @@ def finetune_cross_encoder(
         f"1-min load average when timing began: {load_average:.2f}"
     )
     console.print(
-        f"training: {report.pairs} pairs × {epochs} epoch(s), {report.steps} steps "
+        f"training: {report.pairs} pairs × {epochs} epoch(s), {report.steps} of {report.planned_steps} steps "
         f"in {report.seconds / 60:.1f} min "
         f"({report.pairs_per_second:.1f} pairs/s, final loss {report.final_loss:.4f}) → {out_dir}"
     )

@@ -40,6 +40,10 @@ BUNDLED_BASE_ATTRIBUTION = {
 # Sorting pairs by length inside windows of this many batches keeps padding low while the
 # batches themselves are still shuffled.
 _BUCKET_BATCHES = 50
+# A time budget is first checked after this many steps (the pace of fewer is noise), then
+# every _BUDGET_CHECK_EVERY steps.
+_CALIBRATION_STEPS = 5
+_BUDGET_CHECK_EVERY = 20
 
 
 class FinetuneStopped(Exception):
@@ -54,6 +58,7 @@ class FinetuneReport:
     pairs: int
     epochs: int
     steps: int
+    planned_steps: int  # the epochs' batches; more than `steps` when a time budget cut the run
     seconds: float
     pairs_per_second: float
     final_loss: float  # mean training loss over the last epoch
@@ -162,6 +167,36 @@ def _lr_factor(step: int, warmup: int, total: int) -> float:
     return max(0.0, (total - step) / max(1, total - warmup))
 
 
+class _Schedule:
+    """The run's length in steps and its learning-rate factor per step. A run cut short (to
+    fit a time budget) still ends with the rate decayed to zero: cut while warming up, it
+    takes the shape of a shorter plan; later, it decays linearly from where it is."""
+
+    def __init__(self, total: int, warmup_fraction: float):
+        self.total = total
+        self._warmup_fraction = warmup_fraction
+        self._warmup = math.ceil(warmup_fraction * total)
+        self._anchor: tuple[int, float] | None = None  # (step, factor) of the last late cut
+
+    def factor(self, step: int) -> float:
+        if self._anchor is None:
+            return _lr_factor(step, self._warmup, self.total)
+        at, value = self._anchor
+        return value * max(0, self.total - step) / max(1, self.total - at)
+
+    def shorten(self, total: int, done: int) -> None:
+        """End after `total` steps (at least the `done` ones); never lengthens the run."""
+        total = max(done, total)
+        if total >= self.total:
+            return
+        warmup = math.ceil(self._warmup_fraction * total)
+        if self._anchor is None and done < warmup:
+            self.total, self._warmup = total, warmup
+        else:
+            self._anchor = (done, self.factor(done))
+            self.total = total
+
+
 def _collate(encoded: dict[str, list[list[int]]], idx: Sequence[int], pad_id: int) -> dict[str, Any]:
     import torch
 
@@ -241,11 +276,17 @@ class _Hyper:
     pos_weight: float
     seed: int
     warmup_fraction: float
+    # None: no time budget. A budget cuts the run to the steps its pace fits (see _train).
+    max_seconds: float | None
+    # Share of the planned steps to run at most: fold models of a cross-fit run the share
+    # the served model's budget allowed it, so that they are trained like it.
+    step_fraction: float
 
 
 @dataclass(frozen=True)
 class _Trained:
     steps: int
+    planned_steps: int
     seconds: float
     final_loss: float
 
@@ -276,6 +317,8 @@ def finetune(
     pos_weight: float = 1.0,
     seed: int = 0,
     warmup_fraction: float = 0.1,
+    max_seconds: float | None = None,
+    step_fraction: float = 1.0,
     validation: Sequence[RerankRow] | None = None,
     threads: int | None = None,
     progress: Callable[[float, str], None] | None = None,
@@ -284,14 +327,27 @@ def finetune(
     """Train with BCE on the pairs' labels (pos_weight > 1 up-weights positives when they are
     scarce) and save to out_dir. With ``validation`` rows the trained model is scored on them
     (and the base too when it already is a cross-encoder) and the figures go into the card.
+    ``max_seconds`` bounds the training steps' time (not loading, validation or saving): the
+    run is cut to the steps its measured pace fits, its learning rate still decaying to zero.
     Raises FinetuneStopped if should_stop() turns true; out_dir is then untouched."""
     if not pairs:
         raise ValueError("no training pairs")
     _check_replaceable(out_dir)  # up front too: a long run must not fail only when saving
     if epochs < 1 or batch_size < 1 or max_length < 8:
         raise ValueError("epochs and batch_size must be positive and max_length at least 8")
+    if (max_seconds is not None and max_seconds <= 0) or not 0.0 < step_fraction <= 1.0:
+        raise ValueError("max_seconds must be positive and step_fraction in (0, 1]")
     hyper = _Hyper(
-        epochs, lr, batch_size, max_length, freeze_word_embeddings, pos_weight, seed, warmup_fraction
+        epochs,
+        lr,
+        batch_size,
+        max_length,
+        freeze_word_embeddings,
+        pos_weight,
+        seed,
+        warmup_fraction,
+        max_seconds,
+        step_fraction,
     )
     base = Path(base)
     with _torch_threads(threads):
@@ -302,7 +358,7 @@ def finetune(
         after = evaluate(validation, score) if validation else None
     card = _card(base, kind, pairs, hyper, trained, before, after, threads)
     _write_atomically(out_dir, model, tokenizer, card)
-    throughput = len(pairs) * epochs / trained.seconds if trained.seconds > 0 else 0.0
+    throughput = _pairs_seen(trained, len(pairs), epochs) / trained.seconds if trained.seconds > 0 else 0.0
     return FinetuneReport(
         out_dir=out_dir,
         base=str(base),
@@ -310,6 +366,7 @@ def finetune(
         pairs=len(pairs),
         epochs=epochs,
         steps=trained.steps,
+        planned_steps=trained.planned_steps,
         seconds=trained.seconds,
         pairs_per_second=throughput,
         final_loss=trained.final_loss,
@@ -341,12 +398,12 @@ def _train(
     labels = torch.tensor([p.label for p in pairs], dtype=torch.float32)
     rng = random.Random(hyper.seed)
     plans = [_batches(lengths, hyper.batch_size, rng) for _ in range(hyper.epochs)]
-    total = sum(len(plan) for plan in plans)
+    planned = sum(len(plan) for plan in plans)
+    plan = _Schedule(max(1, round(planned * hyper.step_fraction)), hyper.warmup_fraction)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=hyper.lr, weight_decay=0.01
     )
-    warmup = math.ceil(hyper.warmup_fraction * total)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, warmup, total))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, plan.factor)
     loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(hyper.pos_weight))
     pad_id = tokenizer.pad_token_id or 0
 
@@ -354,12 +411,16 @@ def _train(
     model.train()
     started = time.perf_counter()
     step = 0
-    epoch_loss = 0.0
-    for epoch, plan in enumerate(plans):
-        epoch_loss = 0.0
-        for n, idx in enumerate(plan, start=1):
+    epoch_loss, n = 0.0, 0
+    for epoch, batches in enumerate(plans):
+        if step >= plan.total:
+            break
+        epoch_loss, n = 0.0, 0
+        for idx in batches:
+            if step >= plan.total:
+                break
             if should_stop is not None and should_stop():
-                raise FinetuneStopped(f"stopped at step {step} of {total}")
+                raise FinetuneStopped(f"stopped at step {step} of {plan.total}")
             logits = model(**_collate(encoded, idx, pad_id)).logits[:, 0]
             loss = loss_fn(logits, labels[idx])
             loss.backward()
@@ -368,11 +429,30 @@ def _train(
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            n += 1
             epoch_loss += float(loss.detach())
+            if hyper.max_seconds is not None:
+                _keep_to_budget(plan, step, time.perf_counter() - started, hyper.max_seconds)
             if progress is not None:
-                progress(step / total, f"epoch {epoch + 1}/{hyper.epochs} loss {epoch_loss / n:.4f}")
+                cut = f" (cut to {plan.total} of {planned} steps)" if plan.total < planned else ""
+                progress(
+                    step / plan.total, f"epoch {epoch + 1}/{hyper.epochs} loss {epoch_loss / n:.4f}{cut}"
+                )
     model.eval()
-    return _Trained(step, time.perf_counter() - started, epoch_loss / max(1, len(plans[-1])))
+    return _Trained(step, planned, time.perf_counter() - started, epoch_loss / max(1, n))
+
+
+def _keep_to_budget(plan: _Schedule, done: int, elapsed: float, budget: float) -> None:
+    """Cut the plan to the steps the pace so far fits in the budget; at the budget, stop."""
+    if elapsed >= budget:
+        plan.shorten(done, done)
+    elif done == _CALIBRATION_STEPS or (done > _CALIBRATION_STEPS and done % _BUDGET_CHECK_EVERY == 0):
+        plan.shorten(int(budget / (elapsed / done)), done)
+
+
+def _pairs_seen(trained: _Trained, pairs: int, epochs: int) -> float:
+    """Pairs trained on, counting each epoch's (a cut run saw fewer than pairs x epochs)."""
+    return pairs * epochs * trained.steps / max(1, trained.planned_steps)
 
 
 def _card(
@@ -404,8 +484,11 @@ def _card(
         "data": summarise_pairs(pairs),
         "training": {
             "steps": trained.steps,
+            "planned_steps": trained.planned_steps,
             "seconds": round(trained.seconds, 1),
-            "pairs_per_second": round(len(pairs) * hyper.epochs / max(trained.seconds, 1e-9), 2),
+            "pairs_per_second": round(
+                _pairs_seen(trained, len(pairs), hyper.epochs) / max(trained.seconds, 1e-9), 2
+            ),
             "final_loss": round(trained.final_loss, 4),
             "torch_threads": threads,
         },

@@ -29,7 +29,7 @@ from pathlib import Path
 from mnemo_server.errors import FailedPrecondition
 from mnemo_server.retrieval.scoring import minmax
 from mnemo_sidecar.crossencoder.data import LabelledPair
-from mnemo_sidecar.crossencoder.finetune import bundled_base, finetune
+from mnemo_sidecar.crossencoder.finetune import FinetuneReport, bundled_base, finetune
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
 from mnemo_sidecar.deadlines import Deadline
 from mnemo_sidecar.engine import RankingEngine
@@ -264,8 +264,10 @@ class Trainer:
         version, directory = self.engine.registry.new_version(tenant, kind)
         started = time.perf_counter()
 
-        def fit(on_pairs: list[LabelledPair], out_dir: Path, step: str) -> None:
-            finetune(
+        budget = c.fine_tune_max_s if c.fine_tune_max_s > 0 else None
+
+        def fit(on_pairs: list[LabelledPair], out_dir: Path, step: str, share: float = 1.0) -> FinetuneReport:
+            return finetune(
                 base,
                 on_pairs,
                 out_dir,
@@ -274,14 +276,19 @@ class Trainer:
                 batch_size=c.batch_size,
                 max_length=c.max_length,
                 pos_weight=c.positive_weight,
+                max_seconds=budget,
+                step_fraction=share,
                 threads=self.cfg.training.torch_threads,
                 progress=lambda f, msg: progress(kind, step, f, msg),
                 should_stop=run.should_stop,
             )
 
         progress(kind, "fine-tuning", 0.0, f"{len(pairs)} pairs from {len(train)} sessions, base {base.name}")
-        fit(pairs, directory / "model", "fine-tuning")
+        served = fit(pairs, directory / "model", "fine-tuning")
+        share = served.steps / served.planned_steps
         source = f"fine-tuned from {base.name} on {len(train)} sessions"
+        if share < 1.0:
+            source += f" ({served.steps} of {served.planned_steps} steps, cut to its {budget:g} s budget)"
         candidate = self.engine.load_cross_encoder(directory / "model")
         # Timed before the fold models are fitted: one too slow to be the ranker's feature
         # needs none of them.
@@ -291,8 +298,8 @@ class Trainer:
         def fit_fold(on: Sequence[FeedbackSession], out_dir: Path) -> bool:
             # A fold's complement may hold no session with both a used and an unused memory.
             fold_pairs = pairs_of(on)
-            if fold_pairs:
-                fit(fold_pairs, out_dir, "cross-fitting")
+            if fold_pairs:  # trained like the served model: the same share of its steps
+                fit(fold_pairs, out_dir, "cross-fitting", share)
             return bool(fold_pairs)
 
         if as_feature and c.cross_fit_folds >= 2:

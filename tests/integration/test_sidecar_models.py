@@ -132,3 +132,20 @@ def test_status_counts_down_the_sessions_until_the_next_fine_tune(
             timeout=5,
         )
         assert until() == 5 - i
+
+
+def test_status_says_when_no_fine_tune_will_come_whatever_the_count_down(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    def note(**training: Any) -> str:
+        side = start_sidecar(data_dir=tmp_path / f"side{len(training)}", training=training)
+        stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+        status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="acme"), timeout=5)
+        assert status.sessions_until_fine_tune == 0  # never fine-tuned
+        return str(status.note)
+
+    on = note(auto=True)
+    assert "switched off" not in on
+    off = note(auto=False, cross_encoder=False)
+    assert "cross-encoder fine-tuning is switched off (training.cross_encoder = false)" in off
+    assert "background training is switched off (training.auto = false)" in off

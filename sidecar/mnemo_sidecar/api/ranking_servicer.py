@@ -119,6 +119,14 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
         for kind in ModelKind:
             if why := self.engine.registry.broken(tenant, kind):
                 notes.append(f"the promoted {kind.value} does not load and is not served ({why})")
+        # sessions_until_fine_tune counts down to a fine-tune these settings never start.
+        training = self.engine.cfg.training
+        if not training.cross_encoder:
+            notes.append("cross-encoder fine-tuning is switched off (training.cross_encoder = false)")
+        if not training.auto:
+            notes.append(
+                "background training is switched off (training.auto = false): models train on a Train call"
+            )
         return "; ".join(notes)
 
     def GetModelStatus(

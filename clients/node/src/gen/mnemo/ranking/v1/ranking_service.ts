@@ -286,7 +286,8 @@ export interface GetModelStatusResponse {
   /**
    * Sessions still to arrive before a background training run fine-tunes the cross-encoder
    * again (it does so once the sessions have grown by the configured factor since the last
-   * fine-tune); 0: the next background run does. A Train call fine-tunes whenever asked.
+   * fine-tune); 0: the next background run does, unless `note` says fine-tuning or background
+   * training is switched off. A Train call fine-tunes whenever asked.
    */
   sessionsUntilFineTune: number;
 }

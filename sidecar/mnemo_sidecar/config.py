@@ -121,6 +121,12 @@ class TrainingConfig:
     # How much nicer than serving a training run's threads are (Linux; 0: the same): the
     # kernel then gives Score, Rerank and the server the cores first (learning/priority.py).
     nice: int = 10
+    # A training process still running after this long is killed and the run reported as
+    # failed (0: no limit): a hung run would otherwise hold the tenant's training, which
+    # every Train call and background run waits on, until the sidecar restarts. Runs keep
+    # to cross_encoder.fine_tune_max_s (twice that with fold models) plus minutes of
+    # scoring and ranker fits, so this is a watchdog, not a budget.
+    max_run_s: float = 3600.0
     # A tenant's pair store keeps its newest this many sessions (0: all). Each training run
     # reads them all; the cross-encoder fine-tunes on at most cross_encoder.max_pairs of them.
     max_stored_sessions: int = 20_000

@@ -3,6 +3,7 @@ threads it starts); what it promotes is served by the sidecar's process."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import signal
@@ -94,3 +95,16 @@ def test_a_refused_run_and_a_killed_training_process_are_reported(tmp_path: Path
     finished = run_in_child(job, new_stop_event(), lambda e: None, kill_at_start)
     assert killed and finished.failure == "the training process exited with code -9"
     assert refusal_of(finished) is None and engine.ranker("t") is None
+
+
+def test_a_training_process_past_its_time_limit_is_killed_and_reported(tmp_path: Path) -> None:
+    """A hung run would hold the tenant's training until the sidecar restarted."""
+    engine = ranker_engine(tmp_path, n_estimators=20, max_run_s=0.5)  # start-up alone takes longer
+    rng = random.Random(5)
+    for i in range(30):
+        engine.store.add_session("t", synthetic_session(i, rng), None, None, None)
+    run, _ = TrainingRunner(engine).start("t", {ModelKind.RANKER}, force=False)
+    assert run.done.wait(60)
+    assert run.failure == "the training process ran past training.max_run_s (0.5 s) and was killed"
+    assert not multiprocessing.active_children()
+    assert engine.ranker("t") is None and not engine.store.outcomes("t")

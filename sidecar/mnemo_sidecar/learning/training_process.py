@@ -19,6 +19,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event as EventType
@@ -72,14 +73,22 @@ def run_in_child(
     poll_s: float = 0.5,
 ) -> ChildFinished:
     """Run `job` in a spawned process, passing its events on as they come; returns how it
-    ended. A child that dies without a word (killed, out of memory) is a failure."""
+    ended. A child that dies without a word (killed, out of memory) is a failure, and so is
+    one still running after `training.max_run_s`, which is killed."""
     events: Any = _SPAWN.Queue()
     child = _SPAWN.Process(
         target=_child_main, args=(job, events, stop, os.getpid()), name=f"train-{job.tenant}", daemon=True
     )
+    limit = job.cfg.training.max_run_s
     child.start()
+    started = time.monotonic()
     try:
         while True:
+            if limit > 0 and time.monotonic() - started > limit:
+                child.kill()
+                return ChildFinished(
+                    failure=f"the training process ran past training.max_run_s ({limit:g} s) and was killed"
+                )
             try:
                 message = events.get(timeout=poll_s)
             except queue.Empty:

@@ -303,27 +303,29 @@ def test_finetune_raises_validation_mrr_above_the_untrained_head(tmp_path: Path)
     assert seen[-1] == 1.0 and seen == sorted(seen)
 
 
-def test_a_schedule_cut_short_still_decays_its_rate_to_zero() -> None:
+def test_a_resized_schedule_still_decays_its_rate_to_zero() -> None:
     plain = _Schedule(40, 0.1)
     # Cut while warming up: the shape of a plan of the new length.
     early = _Schedule(100, 0.1)
-    early.shorten(40, done=3)
+    early.resize(40, done=3)
     assert early.total == 40
     assert [early.factor(i) for i in range(41)] == [plain.factor(i) for i in range(41)]
     # Cut later: from the rate it has, linearly down to zero at the new end.
     late = _Schedule(100, 0.1)
     before = late.factor(50)
-    late.shorten(60, done=50)
+    late.resize(60, done=50)
     rates = [late.factor(i) for i in range(50, 61)]
     assert rates[0] == pytest.approx(before) and rates[-1] == 0.0
     assert all(a > b for a, b in itertools.pairwise(rates))
-    late.shorten(80, done=55)  # never lengthened
-    assert late.total == 60
-    late.shorten(10, done=55)  # never shorter than the steps done
-    assert late.total == 55 and late.factor(55) == 0.0
+    # Lengthened again (the pace got better): on from the rate it has, never past the plan.
+    at_55 = late.factor(55)
+    late.resize(500, done=55)
+    assert late.total == 100 and late.factor(55) == pytest.approx(at_55) and late.factor(100) == 0.0
+    late.resize(10, done=70)  # never shorter than the steps done
+    assert late.total == 70 and late.factor(70) == 0.0
 
 
-def test_a_time_budget_cuts_the_plan_to_the_steps_its_pace_fits() -> None:
+def test_a_time_budget_resizes_the_plan_to_the_steps_its_pace_fits() -> None:
     plan = _Schedule(1000, 0.1)
     _keep_to_budget(plan, 4, elapsed=1.0, budget=10.0)
     assert plan.total == 1000  # too few steps to judge the pace
@@ -331,10 +333,12 @@ def test_a_time_budget_cuts_the_plan_to_the_steps_its_pace_fits() -> None:
     assert plan.total == 50  # 0.2 s a step
     _keep_to_budget(plan, 6, elapsed=3.0, budget=10.0)
     assert plan.total == 50  # checked again only every 20 steps
-    _keep_to_budget(plan, 20, elapsed=5.0, budget=10.0)
-    assert plan.total == 40
-    _keep_to_budget(plan, 30, elapsed=10.0, budget=10.0)
-    assert plan.total == 30  # the budget is spent: stop now
+    _keep_to_budget(plan, 20, elapsed=2.5, budget=10.0)
+    assert plan.total == 80  # faster than the first steps
+    _keep_to_budget(plan, 40, elapsed=8.0, budget=10.0)
+    assert plan.total == 50
+    _keep_to_budget(plan, 45, elapsed=10.0, budget=10.0)
+    assert plan.total == 45  # the budget is spent: stop now
 
 
 def test_a_fine_tune_cut_by_its_budget_is_written_and_says_so(tiny_base: Path, tmp_path: Path) -> None:
@@ -529,11 +533,14 @@ def test_command_trains_exports_and_reports(tiny_base: Path, tmp_path: Path) -> 
             "--pairs", str(pairs_dir), "--out", str(out), "--base", str(tiny_base), "--per-source-cap", "10",
             "--max-length", "32", "--batch-size", "8", "--lr", "1e-3", "--precision", "int8",
             "--validation-fraction", "0.3", "--validation-cap", "5", "--latency-runs", "1", "--threads", "1",
-            "--json-out", str(figures),
+            "--max-minutes", "1e-9", "--json-out", str(figures),
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads(figures.read_text())
+    assert summary["command"]["max_minutes"] == 1e-9  # a budget that cuts the run to its first step
+    assert summary["training"]["steps"] == 1 < summary["training"]["planned_steps"]
+    assert f"1 of {summary['training']['planned_steps']} steps" in result.output
     assert set(summary["validation"]) == {"bi-encoder", "CE fp32", "CE int8"}
     assert set(summary["validation"]["CE fp32"]["per_source"]) == {"selqa_sent", "dstc9_faq"}
     assert {"20", "50", "50_mean_tokens"} <= set(summary["rerank_latency_ms"]["int8"])

@@ -168,15 +168,16 @@ def _lr_factor(step: int, warmup: int, total: int) -> float:
 
 
 class _Schedule:
-    """The run's length in steps and its learning-rate factor per step. A run cut short (to
-    fit a time budget) still ends with the rate decayed to zero: cut while warming up, it
-    takes the shape of a shorter plan; later, it decays linearly from where it is."""
+    """The run's length in steps and its learning-rate factor per step. A time budget may
+    resize the run (never past the plan) as its pace becomes known; it still ends with the
+    rate decayed to zero: resized while warming up, it takes the shape of a plan of the new
+    length; later, it decays linearly from where it is to the new end."""
 
     def __init__(self, total: int, warmup_fraction: float):
-        self.total = total
+        self.planned = self.total = total
         self._warmup_fraction = warmup_fraction
         self._warmup = math.ceil(warmup_fraction * total)
-        self._anchor: tuple[int, float] | None = None  # (step, factor) of the last late cut
+        self._anchor: tuple[int, float] | None = None  # (step, factor) of the last late resize
 
     def factor(self, step: int) -> float:
         if self._anchor is None:
@@ -184,10 +185,10 @@ class _Schedule:
         at, value = self._anchor
         return value * max(0, self.total - step) / max(1, self.total - at)
 
-    def shorten(self, total: int, done: int) -> None:
-        """End after `total` steps (at least the `done` ones); never lengthens the run."""
-        total = max(done, total)
-        if total >= self.total:
+    def resize(self, total: int, done: int) -> None:
+        """End after `total` steps: at least the `done` ones, at most the plan's."""
+        total = min(self.planned, max(done, total))
+        if total == self.total:
             return
         warmup = math.ceil(self._warmup_fraction * total)
         if self._anchor is None and done < warmup:
@@ -443,11 +444,12 @@ def _train(
 
 
 def _keep_to_budget(plan: _Schedule, done: int, elapsed: float, budget: float) -> None:
-    """Cut the plan to the steps the pace so far fits in the budget; at the budget, stop."""
+    """Resize the plan to the steps the pace so far fits in the budget (a first estimate
+    can be slow: the first steps pay for set-up); at the budget, stop."""
     if elapsed >= budget:
-        plan.shorten(done, done)
+        plan.resize(done, done)
     elif done == _CALIBRATION_STEPS or (done > _CALIBRATION_STEPS and done % _BUDGET_CHECK_EVERY == 0):
-        plan.shorten(int(budget / (elapsed / done)), done)
+        plan.resize(int(budget / (elapsed / done)), done)
 
 
 def _pairs_seen(trained: _Trained, pairs: int, epochs: int) -> float:

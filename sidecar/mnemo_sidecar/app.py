@@ -4,6 +4,7 @@ SidecarConfig. Nothing is shared with the server process but the wire contract."
 from __future__ import annotations
 
 import logging
+import shutil
 
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo_server.api.interceptor import ApiInterceptor
@@ -71,6 +72,8 @@ class SidecarServer:
         # Models load before SERVING (an export may take a while once; a cross-encoder takes
         # ~1 s to open), not inside the first calls' deadlines.
         self.engine.warm_up()
+        # No training process runs yet: what is here was left by one killed mid-run.
+        shutil.rmtree(self.cfg.training_scratch, ignore_errors=True)
         port = self.grpc.start()
         log.info(
             "mnemo-sidecar serving on %s:%d (data in %s)", self.cfg.server.host, port, self.cfg.data_path

@@ -166,6 +166,13 @@ class SidecarConfig:
     def data_path(self) -> Path:
         return Path(self.storage.data_dir)
 
+    @property
+    def training_scratch(self) -> Path:
+        """Where training processes keep their passing files (fold models of ~180 MB each,
+        probe rankers): inside the data directory, not the system's temp, so that a process
+        killed mid-run leaves nothing behind once the sidecar starts again and clears it."""
+        return self.data_path / "training-scratch"
+
     def replace(self, **sections: Any) -> SidecarConfig:
         return apply_sections(self, sections, origin="override")
 

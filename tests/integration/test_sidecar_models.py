@@ -149,3 +149,14 @@ def test_status_says_when_no_fine_tune_will_come_whatever_the_count_down(
     off = note(auto=False, cross_encoder=False)
     assert "cross-encoder fine-tuning is switched off (training.cross_encoder = false)" in off
     assert "background training is switched off (training.auto = false)" in off
+
+
+def test_a_starting_sidecar_clears_what_a_killed_training_process_left_in_its_scratch(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    left = tmp_path / "side" / "training-scratch" / "ce-fold-x1" / "model"
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"\0" * 1024)
+    side = start_sidecar(data_dir=tmp_path / "side")
+    assert side.cfg.training_scratch == tmp_path / "side" / "training-scratch"
+    assert not side.cfg.training_scratch.exists()

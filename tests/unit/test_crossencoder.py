@@ -697,6 +697,29 @@ def test_a_fine_tune_over_its_budget_is_cut_and_its_fold_models_run_the_same_sha
     assert len(folds) == 2 and all(re.search(r"\(cut to 1 of \d+ steps\)$", m) for m in folds), folds
 
 
+def test_fold_models_are_kept_in_the_sidecars_training_scratch_while_they_score(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Not in the system's temp, where a training process killed mid-run would leave them:
+    the sidecar clears its scratch when it starts (test_sidecar_models)."""
+    from mnemo_sidecar.learning.model import ModelKind
+    from mnemo_sidecar.learning.trainer import Trainer
+
+    engine = _learning_engine(tiny_model, tmp_path)
+    scratch = engine.cfg.training_scratch
+    during: list[set[str]] = []
+
+    def progress(_kind: object, stage: str, _f: float, message: str) -> None:
+        if stage == "cross-fitting" and "epoch" in message:
+            during.append({p.name[: len("ce-fold-")] for p in scratch.iterdir()})
+
+    Trainer(engine).train(
+        "t", {ModelKind.CROSS_ENCODER}, force=False, progress=progress, should_stop=lambda: False
+    )
+    assert during and all(names == {"ce-fold-"} for names in during)
+    assert scratch.is_dir() and not list(scratch.iterdir())  # each removed once it scored
+
+
 def test_background_runs_fine_tune_again_only_once_the_sessions_have_doubled(
     tiny_model: Path, tmp_path: Path
 ) -> None:

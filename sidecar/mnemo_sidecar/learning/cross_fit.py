@@ -43,10 +43,11 @@ def out_of_fold_scores(
     load: LoadModel,
     score: ScoreSession,
     progress: Callable[[float, str], None] = lambda _f, _m: None,
+    scratch: Path | None = None,
 ) -> SessionScores:
-    """Every session scored by a model fine-tuned without its fold. A fold with no
-    sessions, or whose complement has none or nothing to learn from, is skipped (its
-    sessions get no scores)."""
+    """Every session scored by a model fine-tuned without its fold (kept in `scratch`, or
+    the system's temp, until it has scored). A fold with no sessions, or whose complement
+    has none or nothing to learn from, is skipped (its sessions get no scores)."""
     out: SessionScores = {}
     for k in range(folds):
         held = [s for s in sessions if fold_of(s.session_id, folds) == k]
@@ -54,7 +55,7 @@ def out_of_fold_scores(
         if not held or not rest:
             continue
         progress(k / folds, f"fold {k + 1}/{folds}: fine-tuning on {len(rest)} sessions")
-        with tempfile.TemporaryDirectory(prefix="ce-fold-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="ce-fold-", dir=scratch) as tmp:
             if not fit(rest, Path(tmp) / "model"):
                 continue
             model = load(Path(tmp) / "model", Path(tmp) / "onnx")

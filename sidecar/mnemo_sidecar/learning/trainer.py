@@ -228,6 +228,10 @@ class Trainer:
             store.add_outcome(tenant, o)
         return outcomes
 
+    def _scratch(self) -> Path:
+        self.cfg.training_scratch.mkdir(parents=True, exist_ok=True)
+        return self.cfg.training_scratch
+
     def _decide(self, candidate: float, current: float | None, baseline: float) -> tuple[bool, str]:
         against, name = (
             (current, "the current version") if current is not None else (baseline, "the baseline")
@@ -312,6 +316,7 @@ class Trainer:
                     ce, s.query, [x.candidate for x in s.candidates], Deadline.none()
                 ),
                 lambda f, msg: progress(kind, "cross-fitting", f, msg),
+                scratch=self._scratch(),
             )
             cross_fit.save(directory, oof)
             source += f" (the ranker learns their scores from {c.cross_fit_folds} fold models)"
@@ -396,7 +401,7 @@ class Trainer:
         ce_scores: dict[str, dict[str, float]] | None,
     ) -> float:
         """Held-back NDCG@10 of a ranker fitted on `train` with these cross-encoder scores."""
-        with tempfile.TemporaryDirectory(prefix="probe-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="probe-", dir=self._scratch()) as tmp:
             model, _ = train_ranker(train, ce_scores, self.cfg.ranker, Path(tmp), "probe")
             return ranker_ndcg(model, held, ce_scores)
 

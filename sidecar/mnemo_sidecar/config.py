@@ -73,6 +73,11 @@ class CrossEncoderConfig:
     # run (held-back scoring, ranker) past the 20 its users were promised on 2 cores. Fold
     # models (cross_fit_folds) run the same share of their steps as the served one.
     fine_tune_max_s: float = 600.0
+    # A fine-tune judged alone (blended with the baseline) is compared with the current
+    # version on at most this many of the newest held-back sessions (0: all). It scores every
+    # candidate of each, ~0.4 s a session in fp32 here, twice with a current version: at the
+    # store's cap (4,000 held back) that alone would take ~1 hour.
+    judge_max_sessions: int = 200
     # The ranker learns from the fine-tune's training sessions scored by fold models that
     # did not see them (learning/cross_fit.py): this many extra fine-tunes, each on the
     # other folds' sessions. 0 or 1: scored by the fine-tune itself.

@@ -697,6 +697,24 @@ def test_a_fine_tune_over_its_budget_is_cut_and_its_fold_models_run_the_same_sha
     assert len(folds) == 2 and all(re.search(r"\(cut to 1 of \d+ steps\)$", m) for m in folds), folds
 
 
+def test_a_fine_tune_judged_alone_is_judged_on_the_newest_held_back_sessions_up_to_the_cap(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Alone it scores every candidate of every session it is judged on (~0.4 s a session
+    for MiniLM here): at the store's cap, all held-back sessions would take an hour."""
+    from mnemo_sidecar.learning.pair_store import split_heldout
+    from mnemo_sidecar.learning.trainer import baseline_ndcg
+
+    engine = _learning_engine(tiny_model, tmp_path, feature_max_ms=1e-6, judge_max_sessions=2)
+    _, held = split_heldout(
+        engine.store.sessions("t"), engine.cfg.training.heldout_fraction, engine.cfg.training.min_heldout
+    )
+    assert len(held) == 8  # min_heldout
+    ce_out, ranker_out = _train_both(engine)
+    assert ce_out.heldout_sessions == 2 and ce_out.baseline_ndcg == pytest.approx(baseline_ndcg(held[-2:]))
+    assert ranker_out.heldout_sessions == 8  # the ranker's judgement is cheap: all of them
+
+
 def test_fold_models_are_kept_in_the_sidecars_training_scratch_while_they_score(
     tiny_model: Path, tmp_path: Path
 ) -> None:

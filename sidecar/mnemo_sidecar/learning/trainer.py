@@ -321,6 +321,8 @@ class Trainer:
             cross_fit.save(directory, oof)
             source += f" (the ranker learns their scores from {c.cross_fit_folds} fold models)"
         seconds = time.perf_counter() - started
+        if not as_feature and 0 < c.judge_max_sessions < len(held):
+            held = held[-c.judge_max_sessions :]  # the newest: alone, it scores every candidate
         progress(kind, "evaluating", 0.0, f"{len(held)} held-back sessions")
         caveat = f" (alone, for Recall's rerank: {too_slow})" if too_slow else ""
         if as_feature:

@@ -73,6 +73,17 @@ class RankingEngine:
             max_candidates=self.cfg.inference.max_candidates,
         )
 
+    @staticmethod
+    def fine_tuned_model_dir(version_dir: Path) -> Path:
+        """Where a fine-tune's model sits in its registry version: a directory of its own,
+        since the model's version is a hash of its files and its fold scores (cross_fit)
+        sit beside it."""
+        return version_dir / "model"
+
+    def load_fine_tuned(self, version_dir: Path) -> CrossEncoderRuntime:
+        """The registry's loader for a tenant's promoted cross-encoder."""
+        return self.load_cross_encoder(self.fine_tuned_model_dir(version_dir))
+
     def base_cross_encoder(self) -> CrossEncoderRuntime | None:
         """The configured cross-encoder (shared by all tenants), if any."""
         if not self.cfg.cross_encoder.path:
@@ -84,7 +95,7 @@ class RankingEngine:
 
     def cross_encoder(self, tenant: str) -> tuple[CrossEncoderRuntime | None, str]:
         """The tenant's fine-tuned cross-encoder, else the configured one; and its source."""
-        own = self.registry.current(tenant, ModelKind.CROSS_ENCODER, self.load_cross_encoder)
+        own = self.registry.current(tenant, ModelKind.CROSS_ENCODER, self.load_fine_tuned)
         if own is not None:
             return own.model, own.source
         base = self.base_cross_encoder()
@@ -97,7 +108,7 @@ class RankingEngine:
         return self.registry.current(tenant, ModelKind.RANKER, self.load_ranker)
 
     def _loaders(self) -> dict[ModelKind, Callable[[Path], Any]]:
-        return {ModelKind.CROSS_ENCODER: self.load_cross_encoder, ModelKind.RANKER: self.load_ranker}
+        return {ModelKind.CROSS_ENCODER: self.load_fine_tuned, ModelKind.RANKER: self.load_ranker}
 
     def reload(self, tenant: str, kind: ModelKind) -> None:
         """Serve the version of the tenant's model that a training process promoted on disk."""

@@ -697,6 +697,43 @@ def test_a_fine_tune_over_its_budget_is_cut_and_its_fold_models_run_the_same_sha
     assert len(folds) == 2 and all(re.search(r"\(cut to 1 of \d+ steps\)$", m) for m in folds), folds
 
 
+def test_a_cross_encoder_promoted_by_a_training_process_is_served_here_and_after_a_restart(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The training process promotes on disk; this process, and a restarted one, load the
+    promoted version from the registry (where the model sits in the version's `model`
+    directory) and serve it, not the configured one."""
+    from mnemo_sidecar.engine import RankingEngine
+    from mnemo_sidecar.learning.health import HealthTracker
+    from mnemo_sidecar.learning.model import ModelKind
+    from mnemo_sidecar.learning.pair_store import PairStore
+    from mnemo_sidecar.learning.registry import ModelRegistry
+    from mnemo_sidecar.learning.runner import TrainingRunner
+
+    engine = _learning_engine(tiny_model, tmp_path)
+    run, _ = TrainingRunner(engine).start("t", {ModelKind.CROSS_ENCODER}, force=False)
+    assert run.done.wait(300) and run.error is None and not run.failure, run.failure
+    [outcome] = [e.outcome for e in run.events if e.outcome]
+    assert outcome.promoted
+    model_dir = (
+        tmp_path / "models" / "t" / ModelKind.CROSS_ENCODER.value / outcome.candidate_version / "model"
+    )
+
+    def served_by(e: RankingEngine) -> Path:
+        ce, source = e.cross_encoder("t")
+        assert ce is not None and source.startswith("fine-tuned from"), source
+        assert e.registry.broken("t", ModelKind.CROSS_ENCODER) == ""
+        return ce.model_dir
+
+    assert served_by(engine) == model_dir
+    store = PairStore(tmp_path / "p.sqlite")
+    restarted = RankingEngine(
+        engine.cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, engine.cfg.health)
+    )
+    restarted.warm_up()
+    assert served_by(restarted) == model_dir
+
+
 def test_a_fine_tune_judged_alone_is_judged_on_the_newest_held_back_sessions_up_to_the_cap(
     tiny_model: Path, tmp_path: Path
 ) -> None:

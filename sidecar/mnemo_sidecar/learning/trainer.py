@@ -288,12 +288,12 @@ class Trainer:
             )
 
         progress(kind, "fine-tuning", 0.0, f"{len(pairs)} pairs from {len(train)} sessions, base {base.name}")
-        served = fit(pairs, directory / "model", "fine-tuning")
+        served = fit(pairs, self.engine.fine_tuned_model_dir(directory), "fine-tuning")
         share = served.steps / served.planned_steps
         source = f"fine-tuned from {base.name} on {len(train)} sessions"
         if share < 1.0:
             source += f" ({served.steps} of {served.planned_steps} steps, cut to its {budget:g} s budget)"
-        candidate = self.engine.load_cross_encoder(directory / "model")
+        candidate = self.engine.load_fine_tuned(directory)
         # Timed before the fold models are fitted: one too slow to be the ranker's feature
         # needs none of them.
         too_slow = self._too_slow(run, candidate) if self.cfg.training.ranker else ""

@@ -556,10 +556,6 @@ def test_command_trains_exports_and_reports(tiny_base: Path, tmp_path: Path) -> 
 def _learning_engine(tiny_model: Path, tmp_path: Path, **cross_encoder: Any) -> Any:
     """A sidecar engine configured with the tiny cross-encoder, holding 24 sessions."""
     from mnemo_sidecar.config import SidecarConfig
-    from mnemo_sidecar.engine import RankingEngine
-    from mnemo_sidecar.learning.health import HealthTracker
-    from mnemo_sidecar.learning.pair_store import PairStore
-    from mnemo_sidecar.learning.registry import ModelRegistry
     from tests.unit.test_sidecar_learning import synthetic_session
 
     cfg = SidecarConfig().replace(
@@ -576,12 +572,22 @@ def _learning_engine(tiny_model: Path, tmp_path: Path, **cross_encoder: Any) -> 
         },
         ranker={"n_estimators": 20, "min_child_samples": 5},
     )
-    store = PairStore(tmp_path / "p.sqlite")
-    engine = RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    engine = _engine_over(cfg, tmp_path)
     rng = random.Random(4)
     for s in (synthetic_session(i, rng, n=8) for i in range(24)):
-        store.add_session("t", s, None, None, None)
+        engine.store.add_session("t", s, None, None, None)
     return engine
+
+
+def _engine_over(cfg: Any, tmp_path: Path) -> Any:
+    """An engine over the pair store and model registry in tmp_path (new, or a restart)."""
+    from mnemo_sidecar.engine import RankingEngine
+    from mnemo_sidecar.learning.health import HealthTracker
+    from mnemo_sidecar.learning.pair_store import PairStore
+    from mnemo_sidecar.learning.registry import ModelRegistry
+
+    store = PairStore(tmp_path / "p.sqlite")
+    return RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
 
 
 def _train_both(engine: Any) -> tuple[Any, Any]:
@@ -704,10 +710,7 @@ def test_a_cross_encoder_promoted_by_a_training_process_is_served_here_and_after
     promoted version from the registry (where the model sits in the version's `model`
     directory) and serve it, not the configured one."""
     from mnemo_sidecar.engine import RankingEngine
-    from mnemo_sidecar.learning.health import HealthTracker
     from mnemo_sidecar.learning.model import ModelKind
-    from mnemo_sidecar.learning.pair_store import PairStore
-    from mnemo_sidecar.learning.registry import ModelRegistry
     from mnemo_sidecar.learning.runner import TrainingRunner
 
     engine = _learning_engine(tiny_model, tmp_path)
@@ -726,10 +729,7 @@ def test_a_cross_encoder_promoted_by_a_training_process_is_served_here_and_after
         return ce.model_dir
 
     assert served_by(engine) == model_dir
-    store = PairStore(tmp_path / "p.sqlite")
-    restarted = RankingEngine(
-        engine.cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, engine.cfg.health)
-    )
+    restarted = _engine_over(engine.cfg, tmp_path)
     restarted.warm_up()
     assert served_by(restarted) == model_dir
 

@@ -18,6 +18,7 @@ from mnemo_sidecar.config import SidecarConfig
 from mnemo_sidecar.deadlines import AdmissionGate
 from mnemo_sidecar.engine import RankingEngine
 from mnemo_sidecar.learning.health import HealthTracker
+from mnemo_sidecar.learning.model import ModelKind
 from mnemo_sidecar.learning.pair_store import PairStore
 from mnemo_sidecar.learning.registry import ModelRegistry
 from mnemo_sidecar.learning.runner import TrainingRunner
@@ -32,7 +33,9 @@ class SidecarServer:
         data = cfg.data_path
         data.mkdir(parents=True, exist_ok=True)
         self.store = PairStore(data / "pairs.sqlite", cfg.training.max_stored_sessions)
-        self.registry = ModelRegistry(data / "models")
+        self.registry = ModelRegistry(
+            data / "models", resident={ModelKind.CROSS_ENCODER: cfg.cross_encoder.max_resident}
+        )
         self.health = HealthTracker(self.store, cfg.health)
         self.engine = RankingEngine(cfg, self.store, self.registry, self.health)
         self.runner = TrainingRunner(self.engine)

@@ -56,6 +56,11 @@ class CrossEncoderConfig:
     # 270-370 ms for 24 candidates on 2 cores. One too slow for that is judged alone (blended
     # with the baseline), for Recall's rerank, whose deadline is longer.
     feature_max_ms: float = 40.0
+    # Tenants whose fine-tuned cross-encoders stay in memory, the most recently served (0: all).
+    # Each holds ~100 MiB in fp32 (~25 MiB in int8); one dropped is loaded again by a
+    # background thread on its tenant's next Rerank or Score (~0.4 s here), which is served
+    # by the configured cross-encoder, or none, meanwhile.
+    max_resident: int = 8
     # In-domain fine-tuning on session feedback (the recipe measured in shared/rerank's README:
     # per query its used memories, 12 hard negatives from the candidates and 3 random ones,
     # positives weighted 3x, 2 epochs).

@@ -24,6 +24,7 @@ from mnemo_sidecar.learning.registry import ModelRegistry, Promoted
 from mnemo_sidecar.ranker.model import RankerModel, session_matrix
 
 Scores = npt.NDArray[np.float32]
+CE = ModelKind.CROSS_ENCODER
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,23 @@ class RankingEngine:
             return self._base_ce
 
     def cross_encoder(self, tenant: str) -> tuple[CrossEncoderRuntime | None, str]:
-        """The tenant's fine-tuned cross-encoder, else the configured one; and its source."""
-        own = self.registry.current(tenant, ModelKind.CROSS_ENCODER, self.load_fine_tuned)
+        """The tenant's fine-tuned cross-encoder, loaded if need be, else the configured one;
+        and its source. For training, which may wait for a load."""
+        return self._or_configured(self.registry.current(tenant, CE, self.load_fine_tuned))
+
+    def serving_cross_encoder(self, tenant: str) -> tuple[CrossEncoderRuntime | None, str]:
+        """As `cross_encoder`, without waiting: a fine-tune not in memory (see
+        cross_encoder.max_resident) loads in the background and the configured one serves
+        meanwhile. For Rerank and Score, whose deadlines a load would overrun."""
+        return self._or_configured(self.registry.serving(tenant, CE, self.load_fine_tuned))
+
+    def resident_cross_encoder(self, tenant: str) -> tuple[CrossEncoderRuntime | None, str]:
+        """As `cross_encoder`, loading nothing: what would serve the tenant now."""
+        return self._or_configured(self.registry.resident(tenant, CE))
+
+    def _or_configured(
+        self, own: Promoted[CrossEncoderRuntime] | None
+    ) -> tuple[CrossEncoderRuntime | None, str]:
         if own is not None:
             return own.model, own.source
         base = self.base_cross_encoder()
@@ -135,7 +151,7 @@ class RankingEngine:
     def rerank(
         self, tenant: str, query: str, candidates: Sequence[Candidate], deadline: Deadline
     ) -> RerankResult:
-        ce, _ = self.cross_encoder(tenant)
+        ce, _ = self.serving_cross_encoder(tenant)
         texts = [c.text for c in candidates]
         if ce is not None:
             return RerankResult(ce.score(query, texts, deadline), True, ce.version)
@@ -157,7 +173,7 @@ class RankingEngine:
         model = ranker.model
         ce_scores: dict[str, float] | None = None
         if model.uses_ce:
-            ce, _ = self.cross_encoder(tenant)
+            ce, _ = self.serving_cross_encoder(tenant)
             if ce is not None:
                 ce_scores = self.ce_head_scores(ce, query, candidates, deadline)
         deadline.check("ranking")

@@ -827,3 +827,60 @@ def test_background_runs_fine_tune_again_only_once_the_sessions_have_doubled(
     list(run.follow())
     assert sorted(e.outcome.model for e in run.events if e.outcome) == sorted(both)
     assert store.last_fine_tune("t") == SessionMark(50, 50)
+
+
+def test_a_sidecar_keeps_the_bound_of_fine_tunes_in_memory_and_loads_a_dropped_one_without_waiting(
+    tiny_model: Path, tmp_path: Path, start_sidecar: Any
+) -> None:
+    """Real sidecar on a real port: three tenants' promoted fine-tunes on disk and room for
+    two. The two newest are loaded before it serves; the third tenant's first Rerank is
+    answered by the embedding blend while its fine-tune loads in the background, and once
+    loaded it serves, the least recently served one dropped in its place."""
+    import grpc
+
+    from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+    from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+    from mnemo_sidecar.engine import RankingEngine
+    from mnemo_sidecar.learning.model import ModelKind
+    from mnemo_sidecar.learning.registry import ModelRegistry
+
+    data = tmp_path / "side"
+    on_disk = ModelRegistry(data / "models")  # what training processes left
+    for tenant in "abc":
+        version, directory = on_disk.new_version(tenant, ModelKind.CROSS_ENCODER)
+        shutil.copytree(tiny_model, RankingEngine.fine_tuned_model_dir(directory))
+        on_disk.promote(tenant, ModelKind.CROSS_ENCODER, version, None, f"fine-tuned for {tenant}")
+    side = start_sidecar(data_dir=data, cross_encoder={"max_resident": 2})
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+
+    def status(tenant: str) -> rpb.GetModelStatusResponse:
+        response: rpb.GetModelStatusResponse = stub.GetModelStatus(
+            rpb.GetModelStatusRequest(tenant_id=tenant), timeout=10
+        )
+        return response
+
+    def rerank(tenant: str) -> rpb.RerankResponse:
+        candidates = [
+            rpb.Candidate(id=f"m{i}", text=f"note {i}", baseline_score=1 - i / 10) for i in range(4)
+        ]
+        response: rpb.RerankResponse = stub.Rerank(
+            rpb.RerankRequest(tenant_id=tenant, query="which note", candidates=candidates), timeout=10
+        )
+        return response
+
+    for tenant in "bc":
+        assert (
+            status(tenant).cross_encoder.ready
+            and status(tenant).cross_encoder.source == f"fine-tuned for {tenant}"
+        )
+    dropped = status("a")
+    assert not dropped.cross_encoder.ready and "is not in memory" in dropped.note, dropped.note
+    assert not status("a").cross_encoder.ready  # a status call loads nothing
+    assert rerank("a").method == rpb.RERANK_METHOD_EMBEDDING_BLEND  # answered while it loads
+    deadline = time.monotonic() + 60
+    while (served := rerank("a")).method != rpb.RERANK_METHOD_CROSS_ENCODER and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served.method == rpb.RERANK_METHOD_CROSS_ENCODER and len(served.scores) == 4
+    assert status("a").cross_encoder.source == "fine-tuned for a"
+    # b, loaded before c at start-up (older promotion), was the least recently served.
+    assert not status("b").cross_encoder.ready and status("c").cross_encoder.ready

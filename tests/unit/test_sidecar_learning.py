@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -238,6 +239,89 @@ def test_registry_warm_up_loads_every_tenants_promoted_models(tmp_path: Path) ->
     assert sorted(loaded) == [("a", "cross_encoder"), ("a", "ranker"), ("b", "ranker")]
     promoted = fresh.current("b", ModelKind.RANKER, lambda d: "not again")
     assert promoted is not None and promoted.model == "from disk"
+
+
+CE = ModelKind.CROSS_ENCODER
+
+
+def _promote(reg: ModelRegistry, tenant: str, kind: ModelKind = CE) -> str:
+    version, _ = reg.new_version(tenant, kind)
+    reg.promote(tenant, kind, version, f"{tenant}'s model", "test")
+    return version
+
+
+def _in_memory(reg: ModelRegistry, kind: ModelKind = CE) -> set[str]:
+    return {t for t in "abcd" if reg.resident(t, kind) is not None}
+
+
+def test_registry_keeps_a_bounded_kind_to_its_most_recently_served_tenants(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path, resident={CE: 2})
+    for tenant in "ab":
+        _promote(reg, tenant)
+        _promote(reg, tenant, ModelKind.RANKER)
+    assert reg.serving("a", CE, lambda d: "unused") is not None  # a is now the most recently served
+    _promote(reg, "c")
+    _promote(reg, "c", ModelKind.RANKER)
+    assert _in_memory(reg) == {"a", "c"}  # b, the least recently served, was dropped
+    assert _in_memory(reg, ModelKind.RANKER) == {"a", "b", "c"}  # rankers are not bounded
+    # A dropped model is still promoted: a caller that may wait loads it again, dropping
+    # the least recently served in its turn.
+    again = reg.current("b", CE, lambda d: f"reloaded {d.parent.parent.name}")
+    assert again is not None and again.model == "reloaded b"
+    assert _in_memory(reg) == {"b", "c"}
+    assert reg.unloaded_version("a", CE) != "" and reg.unloaded_version("b", CE) == ""
+    assert reg.unloaded_version("d", CE) == ""  # nothing promoted
+
+
+def test_registry_serving_loads_a_model_not_in_memory_in_the_background(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path, resident={CE: 1})
+    version_a = _promote(reg, "a")
+    _promote(reg, "b")
+    assert _in_memory(reg) == {"b"}
+    release = threading.Event()
+    loads: list[str] = []
+
+    def slow_loader(d: Path) -> str:
+        loads.append(d.name)
+        assert release.wait(10)
+        return f"loaded {d.name}"
+
+    # The load blocks until released, so the callers below can only have answered without it.
+    for _ in range(5):
+        assert reg.serving("a", CE, slow_loader) is None
+    assert reg.resident("b", CE) is not None  # nothing is dropped before a load completes
+    release.set()
+    deadline = time.monotonic() + 10
+    while reg.resident("a", CE) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    served = reg.serving("a", CE, slow_loader)
+    assert served is not None and served.model == f"loaded {version_a}"
+    assert loads == [version_a]  # one load however many callers asked meanwhile
+    assert _in_memory(reg) == {"a"}
+    assert reg.serving("d", CE, slow_loader) is None and loads == [version_a]  # nothing to load
+
+
+def test_registry_warm_up_loads_the_newest_promotions_of_a_bounded_kind(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path)
+    for tenant in "abc":
+        _promote(reg, tenant)
+    (tmp_path / "d" / "cross_encoder").mkdir(parents=True)
+    (tmp_path / "d" / "cross_encoder" / "current.json").write_text('{"version": ')  # damaged
+    fresh = ModelRegistry(tmp_path, resident={CE: 2})
+    loaded: list[str] = []
+
+    def loader(version_dir: Path) -> str:
+        loaded.append(version_dir.parent.parent.name)
+        return "from disk"
+
+    assert fresh.warm_up({CE: loader}) == 2
+    assert loaded == ["c", "b"] and _in_memory(fresh) == {"b", "c"}
+    # The damaged pointer took no place: trying it recorded why it does not load.
+    assert fresh.broken("d", CE).startswith("JSONDecodeError")
+    assert fresh.unloaded_version("d", CE) == ""  # broken, not waiting to be loaded
+    assert fresh.unloaded_version("a", CE) != ""
+    # The newest promotion counts as the most recently served: loading a drops b.
+    assert fresh.current("a", CE, loader) is not None and _in_memory(fresh) == {"a", "c"}
 
 
 def test_session_matrix_puts_each_feature_in_the_models_column() -> None:

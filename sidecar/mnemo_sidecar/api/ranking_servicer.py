@@ -108,16 +108,22 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
             raise Unavailable(f"training failed: {run.failure}", reason="TRAINING_FAILED")
 
     def _note(self, tenant: str, has_ce: bool) -> str:
-        notes = (
-            []
-            if has_ce
-            else [
+        registry = self.engine.registry
+        notes = []
+        if unloaded := registry.unloaded_version(tenant, ModelKind.CROSS_ENCODER):
+            serving = "the configured cross-encoder" if has_ce else "the embedding blend"
+            notes.append(
+                f"the fine-tuned cross-encoder {unloaded} is not in memory (cross_encoder.max_resident "
+                f"keeps {self.engine.cfg.cross_encoder.max_resident} tenants' loaded): the next "
+                f"Rerank or Score loads it, {serving} serving meanwhile"
+            )
+        elif not has_ce:
+            notes.append(
                 "no cross-encoder configured or trained yet: Rerank uses the embedding blend "
                 "(0.7 x first-stage + 0.3 x cosine)"
-            ]
-        )
+            )
         for kind in ModelKind:
-            if why := self.engine.registry.broken(tenant, kind):
+            if why := registry.broken(tenant, kind):
                 notes.append(f"the promoted {kind.value} does not load and is not served ({why})")
         # sessions_until_fine_tune counts down to a fine-tune these settings never start.
         training = self.engine.cfg.training
@@ -133,7 +139,7 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
         self, request: rpb.GetModelStatusRequest, context: grpc.ServicerContext
     ) -> rpb.GetModelStatusResponse:
         tenant = convert.tenant_of(request.tenant_id)
-        ce, ce_source = self.engine.cross_encoder(tenant)
+        ce, ce_source = self.engine.resident_cross_encoder(tenant)  # a status call loads nothing
         ranker = self.engine.ranker(tenant)
         sessions, pairs = self.engine.store.counts(tenant)
         resp = rpb.GetModelStatusResponse(

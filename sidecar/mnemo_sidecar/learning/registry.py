@@ -9,7 +9,12 @@ cross-encoder takes ~1 s to hash and open and a Score that met the load would ov
 deadline), or by the first caller, the callers that come meanwhile waiting for that one
 load instead of each loading a copy. A version that does not load (damaged files, a
 pointer to a pruned version) is remembered with its error and served as no model (cold
-start) rather than tried again on every call; the next promotion replaces it."""
+start) rather than tried again on every call; the next promotion replaces it.
+
+A kind may be bounded to a number of tenants' models in memory (a fine-tuned cross-encoder
+holds ~100 MiB): loading one more drops the least recently served. Serving callers never
+wait for a load (`serving`): a model not in memory is loaded by a background thread while
+they go on without it."""
 
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -40,13 +46,19 @@ class Promoted(Generic[M]):
     promote_time_ns: int
 
 
+Key = tuple[str, ModelKind]
+
+
 class ModelRegistry:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, resident: Mapping[ModelKind, int] | None = None):
+        """`resident`: per kind, how many tenants' models stay in memory (absent or 0: all)."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self._loaded: dict[tuple[str, ModelKind], Promoted[Any]] = {}
-        self._broken: dict[tuple[str, ModelKind], str] = {}
-        self._loading: dict[tuple[str, ModelKind], threading.Lock] = {}
+        self._resident = {kind: n for kind, n in (resident or {}).items() if n > 0}
+        self._loaded: OrderedDict[Key, Promoted[Any]] = OrderedDict()  # least recently served first
+        self._broken: dict[Key, str] = {}
+        self._loading: dict[Key, threading.Lock] = {}
+        self._background: set[Key] = set()
         self._lock = threading.Lock()
 
     def _kind_dir(self, tenant: str, kind: ModelKind) -> Path:
@@ -74,8 +86,7 @@ class ModelRegistry:
         pointer = json.dumps({"version": version, "source": source, "promote_time_ns": now})
         write_text_durably(kind_dir / "current.json", pointer)
         with self._lock:
-            self._loaded[(tenant, kind)] = Promoted(version, model, source, now)
-            self._broken.pop((tenant, kind), None)
+            self._keep((tenant, kind), Promoted(version, model, source, now))
         self._prune(kind_dir, keep={version})
 
     def discard(self, tenant: str, kind: ModelKind, version: str) -> None:
@@ -93,13 +104,79 @@ class ModelRegistry:
         key = (tenant, kind)
         with self._lock:
             if key in self._loaded or key in self._broken:
-                return self._loaded.get(key)
+                return self._touch(key)
             loading = self._loading.setdefault(key, threading.Lock())
         with loading:
             with self._lock:
                 if key in self._loaded or key in self._broken:
-                    return self._loaded.get(key)  # loaded while this caller waited
+                    return self._touch(key)  # loaded while this caller waited
             return self._load(tenant, kind, loader)
+
+    def serving(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> Promoted[M] | None:
+        """The promoted model if it is in memory, without waiting: one that is promoted but
+        not in memory (dropped for another tenant's, or beyond the bound at start-up) is
+        loaded by a background thread, and this caller goes on without it. Loading a
+        cross-encoder takes ~0.4 s, past any Score's or Rerank's deadline."""
+        key = (tenant, kind)
+        with self._lock:
+            if key in self._loaded or key in self._broken:
+                return self._touch(key)
+            if key in self._background:
+                return None
+            if not (self._kind_dir(tenant, kind) / "current.json").exists():
+                return None  # nothing promoted: nothing to load
+            self._background.add(key)
+        threading.Thread(
+            target=self._load_in_background, args=(tenant, kind, loader), name="model-load", daemon=True
+        ).start()
+        return None
+
+    def _load_in_background(self, tenant: str, kind: ModelKind, loader: Callable[[Path], Any]) -> None:
+        try:
+            self.current(tenant, kind, loader)
+        finally:
+            with self._lock:
+                self._background.discard((tenant, kind))
+
+    def resident(self, tenant: str, kind: ModelKind) -> Promoted[Any] | None:
+        """The promoted model if it is in memory now; loads nothing and counts as no use."""
+        with self._lock:
+            return self._loaded.get((tenant, kind))
+
+    def unloaded_version(self, tenant: str, kind: ModelKind) -> str:
+        """The version of the promoted model when it is not in memory and not known to be
+        broken (so the next `serving` call loads it); "" otherwise."""
+        with self._lock:
+            if (tenant, kind) in self._loaded or (tenant, kind) in self._broken:
+                return ""
+        try:
+            ptr = self.pointer(tenant, kind)
+            return str(ptr["version"]) if ptr else ""
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""  # damaged: loading it will record why
+
+    def _touch(self, key: Key) -> Promoted[Any] | None:
+        """The loaded model of `key` (None if none), marked as the most recently served.
+        Called with the lock held."""
+        loaded = self._loaded.get(key)
+        if loaded is not None:
+            self._loaded.move_to_end(key)
+        return loaded
+
+    def _keep(self, key: Key, loaded: Promoted[Any]) -> None:
+        """Serve `loaded` for `key`, dropping the least recently served models of its kind
+        beyond the kind's bound (their callers keep the references they took). Called with
+        the lock held."""
+        self._loaded[key] = loaded
+        self._loaded.move_to_end(key)
+        self._broken.pop(key, None)
+        bound = self._resident.get(key[1])
+        if bound is None:
+            return
+        same_kind = [k for k in self._loaded if k[1] == key[1]]
+        for old in same_kind[: len(same_kind) - bound]:
+            del self._loaded[old]
+            log.info("dropped the %s of tenant %r from memory (at most %d stay)", old[1].value, old[0], bound)
 
     def refresh(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> None:
         """Serve the version the pointer names now (promoted by a training process); callers
@@ -115,8 +192,7 @@ class ModelRegistry:
                 return
             if loaded is not None:
                 with self._lock:
-                    self._loaded[key] = loaded
-                    self._broken.pop(key, None)
+                    self._keep(key, loaded)
 
     def _from_pointer(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> Promoted[M] | None:
         ptr = self.pointer(tenant, kind)
@@ -154,7 +230,9 @@ class ModelRegistry:
             time.perf_counter() - started,
         )
         with self._lock:
-            return self._loaded.setdefault(key, loaded)
+            if key not in self._loaded:  # else a promotion came meanwhile: it stands
+                self._keep(key, loaded)
+            return self._touch(key)
 
     def broken(self, tenant: str, kind: ModelKind) -> str:
         """Why the promoted model does not load ("" when it does, or none is promoted)."""
@@ -162,10 +240,34 @@ class ModelRegistry:
             return self._broken.get((tenant, kind), "")
 
     def warm_up(self, loaders: dict[ModelKind, Callable[[Path], Any]]) -> int:
-        """Load every tenant's promoted models; returns how many loaded."""
+        """Load every tenant's promoted models, of a bounded kind the most recently promoted
+        that load, up to its bound; returns how many loaded."""
         count = 0
-        for tenant_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            for kind, loader in loaders.items():
-                if (self._kind_dir(tenant_dir.name, kind) / "current.json").exists():
-                    count += self.current(tenant_dir.name, kind, loader) is not None
+        tenants = sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        for kind, loader in loaders.items():
+            bound = self._resident.get(kind)
+            loaded: list[str] = []
+            for tenant in reversed(self._by_promotion(tenants, kind)):  # the newest first
+                if bound and len(loaded) == bound:
+                    break
+                if self.current(tenant, kind, loader) is not None:
+                    loaded.append(tenant)
+            with self._lock:
+                for tenant in reversed(loaded):  # the newest promotion the last to be dropped
+                    self._touch((tenant, kind))
+            count += len(loaded)
         return count
+
+    def _by_promotion(self, tenants: list[str], kind: ModelKind) -> list[str]:
+        """The tenants with a promoted model of `kind`, the oldest promotion first."""
+        found: list[tuple[int, str]] = []
+        for tenant in tenants:
+            try:
+                ptr = self.pointer(tenant, kind)
+                if ptr is None:
+                    continue
+                when = int(ptr["promote_time_ns"])
+            except (OSError, ValueError, KeyError, TypeError):
+                when = time.time_ns()  # damaged: tried first, loading it records why it does not load
+            found.append((when, tenant))
+        return [tenant for _, tenant in sorted(found)]

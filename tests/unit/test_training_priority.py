@@ -7,8 +7,10 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,59 @@ def test_a_training_process_past_its_time_limit_is_killed_and_reported(tmp_path:
     assert run.failure == "the training process ran past training.max_run_s (0.5 s) and was killed"
     assert not multiprocessing.active_children()
     assert engine.ranker("t") is None and not engine.store.outcomes("t")
+
+
+_SIDECAR_STAND_IN = """
+import sys
+from pathlib import Path
+from mnemo_sidecar.learning.model import ModelKind
+from mnemo_sidecar.learning.training_process import TrainingJob, new_stop_event, run_in_child
+from tests.unit.test_sidecar_learning import ranker_engine
+
+data = Path(sys.argv[1])
+engine = ranker_engine(data, n_estimators=int(sys.argv[2]))
+job = TrainingJob(
+    engine.cfg, engine.store.path, engine.registry.root, "t", frozenset({ModelKind.RANKER}), True, False
+)
+run_in_child(job, new_stop_event(), lambda e: None, lambda s: (data / "child.pid").write_text(str(s.pid)))
+"""
+
+
+def test_a_training_process_whose_sidecar_is_killed_ends_at_once(tmp_path: Path) -> None:
+    """A sidecar killed mid-run (kill -9, the OOM killer) leaves no training process going
+    on for nobody: it ends within a second or two, before it has read its sessions, let
+    alone trained and promoted."""
+    engine = ranker_engine(tmp_path)
+    rng = random.Random(6)
+    for i in range(400):
+        engine.store.add_session("t", synthetic_session(i, rng, n=50), None, None, None)
+    engine.store.close()
+    # A sidecar (its own process, killed below) whose run would take minutes to finish.
+    sidecar = subprocess.Popen(
+        [sys.executable, "-c", _SIDECAR_STAND_IN, str(tmp_path), "100000"],
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    pid_file = tmp_path / "child.pid"
+    waited = time.monotonic() + 120
+    while not pid_file.exists() and time.monotonic() < waited:
+        time.sleep(0.05)
+    assert pid_file.exists(), "the training process did not start"
+    child = int(pid_file.read_text())
+    assert Path(f"/proc/{child}").exists()
+    sidecar.kill()
+    sidecar.wait()
+    killed = time.monotonic()
+    while _alive(child) and time.monotonic() - killed < 60:
+        time.sleep(0.05)
+    assert not _alive(child), "the orphaned training process is still running"
+    assert time.monotonic() - killed < 10  # its run would take minutes
+    reopened = ranker_engine(tmp_path)
+    assert not reopened.store.outcomes("t") and reopened.ranker("t") is None  # nothing trained for nobody
+
+
+def _alive(pid: int) -> bool:
+    """Running: not gone and not a zombie (an orphan's zombie is init's to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mnemo_server.errors import FailedPrecondition, MnemoError
+from mnemo_server.launcher import watch_parent
 from mnemo_sidecar.config import SidecarConfig
 from mnemo_sidecar.learning.model import ModelKind, ProgressEvent
 
@@ -133,6 +134,12 @@ def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int)
 
     # Before any worker pool starts: torch's and LightGBM's threads inherit it.
     events.put(ChildStarted(os.getpid(), lower_this_thread(job.cfg.training.nice)))
+    # An orphan (its sidecar killed, out of memory) ends at once, whatever the run is doing:
+    # checking only between fine-tuning steps, it went on reading sessions, judging and
+    # fitting for minutes, for nobody, on the files a restarted sidecar had opened. Ending
+    # anywhere is what a kill -9 does, which the run's files are written to survive (a
+    # version is promoted by one atomic rename, the scratch is cleared at the next start).
+    watch_parent(parent_pid, interval_s=0.5)
     store = PairStore(job.store_path)
     try:
         engine = RankingEngine(
@@ -143,8 +150,7 @@ def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int)
             events.put(ProgressEvent(model, stage, fraction, message))
 
         def should_stop() -> bool:
-            # An orphan (its sidecar killed) stops too, rather than train for nobody.
-            return stop.is_set() or os.getppid() != parent_pid
+            return stop.is_set()
 
         for outcome in Trainer(engine).train(
             job.tenant,

@@ -56,6 +56,12 @@ class CrossEncoderConfig:
     # 270-370 ms for 24 candidates on 2 cores. One too slow for that is judged alone (blended
     # with the baseline), for Recall's rerank, whose deadline is longer.
     feature_max_ms: float = 40.0
+    # As the ranker's feature, a cross-encoder scores the heads of at most this many of the
+    # newest sessions in a training run (0: all); older ones have no score, like candidates
+    # beyond the head (the ranker handles missing values). A run scores each session with the
+    # fine-tune, the current version and a fold model: at up to feature_max_ms a head, all
+    # 20,000 sessions the store keeps would take up to 40 minutes; 2,000 up to 4.
+    feature_max_sessions: int = 2_000
     # Tenants whose fine-tuned cross-encoders stay in memory, the most recently served (0: all).
     # Each holds ~100 MiB in fp32 (~25 MiB in int8); one dropped is loaded again by a
     # background thread on its tenant's next Rerank or Score (~0.4 s here), which is served

@@ -655,6 +655,40 @@ def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp
     assert ranker_again.current_ndcg == 0.0  # judged against the baseline alone
 
 
+def test_as_the_rankers_feature_a_cross_encoder_scores_only_the_newest_sessions_up_to_the_cap(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """At up to feature_max_ms a head, scoring every stored session with the fine-tune, the
+    current version and a fold model would take up to 40 minutes at the store's cap."""
+    from mnemo_sidecar.learning import cross_fit
+    from mnemo_sidecar.learning.pair_store import split_heldout
+
+    engine = _learning_engine(tiny_model, tmp_path, feature_max_sessions=10)
+    sessions = engine.store.sessions("t")
+    train, held = split_heldout(
+        sessions, engine.cfg.training.heldout_fraction, engine.cfg.training.min_heldout
+    )
+    assert (len(train), len(held)) == (16, 8)
+    newest = {s.query for s in [*train, *held][-10:]}  # all 8 held back and 2 training sessions
+    assert len(newest) == 10 and len({s.query for s in sessions}) == 24
+    scored: list[str] = []
+    head_scores = engine.ce_head_scores
+
+    def recording(ce: Any, query: str, candidates: Any, deadline: Any) -> dict[str, float]:
+        scored.append(query)
+        return head_scores(ce, query, candidates, deadline)
+
+    engine.ce_head_scores = recording  # the real scoring, its queries noted
+    ce_out, ranker_out = _train_both(engine)
+    assert ce_out.promoted and ce_out.reason.endswith("(as the ranker's feature)")
+    assert set(scored) == newest  # by the fine-tune, the configured model and the fold models
+    served_ce, _ = engine.cross_encoder("t")
+    assert served_ce is not None
+    assert set(cross_fit.load(served_ce)) == {s.session_id for s in train[-2:]}
+    served = engine.ranker("t")
+    assert ranker_out.promoted and served is not None and served.model.uses_ce
+
+
 def test_a_cross_encoder_too_slow_for_scores_deadline_is_no_rankers_feature(
     tiny_model: Path, tmp_path: Path
 ) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
@@ -44,14 +44,18 @@ def out_of_fold_scores(
     score: ScoreSession,
     progress: Callable[[float, str], None] = lambda _f, _m: None,
     scratch: Path | None = None,
+    scored: Collection[str] | None = None,
 ) -> SessionScores:
-    """Every session scored by a model fine-tuned without its fold (kept in `scratch`, or
-    the system's temp, until it has scored). A fold with no sessions, or whose complement
-    has none or nothing to learn from, is skipped (its sessions get no scores)."""
+    """Every session (of those whose ids are in `scored`, if given) scored by a model
+    fine-tuned on the other folds' sessions (kept in `scratch`, or the system's temp, until it
+    has scored). A fold with none to score, or whose complement has none or nothing to learn
+    from, is skipped (its sessions get no scores)."""
     out: SessionScores = {}
     for k in range(folds):
         held = [s for s in sessions if fold_of(s.session_id, folds) == k]
         rest = [s for s in sessions if fold_of(s.session_id, folds) != k]
+        if scored is not None:
+            held = [s for s in held if s.session_id in scored]
         if not held or not rest:
             continue
         progress(k / folds, f"fold {k + 1}/{folds}: fine-tuning on {len(rest)} sessions")

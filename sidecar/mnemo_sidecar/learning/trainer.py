@@ -165,6 +165,9 @@ class _Run:
     ce_cache: CeCache = field(default_factory=dict)
     # Why a cross-encoder (by version) is too slow to be the ranker's feature; "" if it is not.
     too_slow: dict[str, str] = field(default_factory=dict)
+    # The sessions a cross-encoder scores as the ranker's feature: the newest (see
+    # cross_encoder.feature_max_sessions).
+    featured: list[FeedbackSession] = field(default_factory=list)
 
 
 class Trainer:
@@ -204,7 +207,11 @@ class Trainer:
                 reason="NOT_ENOUGH_SESSIONS",
             )
         outcomes: list[TrainingOutcome] = []
-        run = _Run(tenant, train, held, progress, should_stop)
+        cap = self.cfg.cross_encoder.feature_max_sessions
+        everything = [*train, *held]  # oldest first: the held-back sessions are the newest
+        run = _Run(
+            tenant, train, held, progress, should_stop, featured=everything[-cap:] if cap > 0 else everything
+        )
         if fine_tune:
             last = store.last_fine_tune(tenant)
             wait = sessions_until_fine_tune(last, mark, self.cfg.cross_encoder.finetune_growth)
@@ -317,6 +324,7 @@ class Trainer:
                 ),
                 lambda f, msg: progress(kind, "cross-fitting", f, msg),
                 scratch=self._scratch(),
+                scored={s.session_id for s in run.featured},
             )
             cross_fit.save(directory, oof)
             source += f" (the ranker learns their scores from {c.cross_fit_folds} fold models)"
@@ -330,12 +338,11 @@ class Trainer:
             # sessions with its scores as a feature, against one with the current version's
             # scores (or none). Alone, blended with the baseline, an in-domain fine-tune lost
             # to the general cross-encoder on LoCoMo, yet as a feature it lifted the ranker.
-            sessions = [*train, *held]
-            with_candidate = self._ce_features(candidate, sessions, run.ce_cache, progress, kind)
+            with_candidate = self._ce_features(candidate, run.featured, run.ce_cache, progress, kind)
             with_current = None
             caveat = " (as the ranker's feature; current: no cross-encoder)"
             if current is not None:
-                with_current = self._ce_features(current, sessions, run.ce_cache, progress, kind)
+                with_current = self._ce_features(current, run.featured, run.ce_cache, progress, kind)
                 caveat = " (as the ranker's feature)"
             cand_ndcg = self._probe_ranker(train, held, with_candidate)
             current_ndcg: float | None = self._probe_ranker(train, held, with_current)
@@ -365,9 +372,10 @@ class Trainer:
         progress: Progress,
         kind: ModelKind = ModelKind.RANKER,
     ) -> dict[str, dict[str, float]]:
-        """Per session, the cross-encoder's scores for the head of its candidates (what the
-        ranker gets as a feature when serving), kept in the run's cache by model version;
-        for the sessions it was fine-tuned on, its fold models' scores (cross_fit)."""
+        """Per session of `sessions`, the cross-encoder's scores for the head of its
+        candidates (what the ranker gets as a feature when serving), kept in the run's cache
+        by model version; for the sessions it was fine-tuned on, its fold models' scores
+        (cross_fit)."""
         cached = cache.setdefault(ce.version, {})
         if not cached:
             cached.update(cross_fit.load(ce))
@@ -378,7 +386,9 @@ class Trainer:
             )
             if n % 20 == 0 or n == len(todo):
                 progress(kind, "cross-encoder features", n / len(todo), f"{n}/{len(todo)} sessions")
-        return cached
+        # Those sessions only, though the cache (fold scores of an earlier run) may hold more:
+        # cross-encoders compared with each other are compared on the same sessions.
+        return {s.session_id: cached[s.session_id] for s in sessions}
 
     def _too_slow(self, run: _Run, ce: CrossEncoderRuntime) -> str:
         """Why this cross-encoder cannot be the ranker's feature here ("" if it can): Score
@@ -415,7 +425,7 @@ class Trainer:
         if too_slow:
             ce = None  # the ranker learns without it
         ce_version = ce.version if ce is not None else None
-        ce_scores = self._ce_features(ce, [*train, *held], run.ce_cache, progress) if ce is not None else None
+        ce_scores = self._ce_features(ce, run.featured, run.ce_cache, progress) if ce is not None else None
         version, directory = self.engine.registry.new_version(tenant, kind)
         started = time.perf_counter()
         progress(kind, "training", 0.0, f"lambdarank on {len(train)} sessions")

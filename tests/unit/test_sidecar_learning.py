@@ -273,6 +273,15 @@ def test_registry_keeps_a_bounded_kind_to_its_most_recently_served_tenants(tmp_p
     assert reg.unloaded_version("d", CE) == ""  # nothing promoted
 
 
+def test_registry_drops_nothing_while_a_bounded_kind_has_room(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path, resident={CE: 5})
+    for n, tenant in enumerate("abcd", 1):
+        _promote(reg, tenant)
+        assert len(_in_memory(reg)) == n
+    fresh = ModelRegistry(tmp_path, resident={CE: 5})
+    assert fresh.warm_up({CE: lambda d: "from disk"}) == 4 and _in_memory(fresh) == set("abcd")
+
+
 def test_registry_serving_loads_a_model_not_in_memory_in_the_background(tmp_path: Path) -> None:
     reg = ModelRegistry(tmp_path, resident={CE: 1})
     version_a = _promote(reg, "a")

@@ -174,7 +174,7 @@ class ModelRegistry:
         if bound is None:
             return
         same_kind = [k for k in self._loaded if k[1] == key[1]]
-        for old in same_kind[: len(same_kind) - bound]:
+        for old in same_kind[: max(0, len(same_kind) - bound)]:
             del self._loaded[old]
             log.info("dropped the %s of tenant %r from memory (at most %d stay)", old[1].value, old[0], bound)
 

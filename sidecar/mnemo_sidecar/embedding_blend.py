@@ -35,6 +35,9 @@ class EmbeddingBlend:
     def version(self) -> str:
         return "embedding-blend:all-MiniLM-L6-v2"
 
+    def warm_up(self) -> None:
+        self._model()
+
     def _model(self) -> Embedder:
         with self._lock:
             if self._embedder is None:

@@ -131,9 +131,12 @@ class RankingEngine:
         self.registry.refresh(tenant, kind, self._loaders()[kind])
 
     def warm_up(self) -> None:
-        """The configured cross-encoder and every tenant's promoted models, loaded now rather
-        than by the first calls, which would overrun their deadlines."""
-        self.base_cross_encoder()
+        """The configured cross-encoder (else the embedding blend, then the fallback of every
+        Rerank without one) and every tenant's promoted models, loaded now rather than by the
+        first calls, which would overrun their deadlines: the blend's embedder takes ~9 s to
+        prepare in a new data directory (~0.3 s after), and a load is no deadline check."""
+        if self.base_cross_encoder() is None:
+            self.blend.warm_up()
         self.registry.warm_up(self._loaders())
 
     # --- scoring -----------------------------------------------------------------------

@@ -160,3 +160,16 @@ def test_a_starting_sidecar_clears_what_a_killed_training_process_left_in_its_sc
     side = start_sidecar(data_dir=tmp_path / "side")
     assert side.cfg.training_scratch == tmp_path / "side" / "training-scratch"
     assert not side.cfg.training_scratch.exists()
+
+
+def test_a_sidecar_without_a_cross_encoder_prepares_the_embedding_blend_before_it_serves(
+    start_sidecar: Callable[..., Any],
+) -> None:
+    """The blend answers every Rerank without a cross-encoder; preparing its embedder in a
+    new data directory took ~9 s, which the first such Rerank spent past its deadline."""
+    side = start_sidecar()
+    assert side.engine.blend._embedder is not None  # loaded before the port opened
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+    candidates = [rpb.Candidate(id=f"m{i}", text=f"memory {i}", baseline_score=0.5) for i in range(3)]
+    answer = stub.Rerank(rpb.RerankRequest(tenant_id="acme", query="q", candidates=candidates), timeout=10)
+    assert answer.method == rpb.RERANK_METHOD_EMBEDDING_BLEND and len(answer.scores) == 3

@@ -157,12 +157,12 @@ def start_sidecar(tmp_path: Path, model_cache: Path) -> Iterator[Callable[..., A
             "server": {"port": 0, "shutdown_grace_s": 0.5},
             "storage": {"data_dir": str(data_dir or tmp_path / f"sidecar{len(started)}")},
             "training": {"auto": False},
+            # The sidecar's embedding blend shares the session's ONNX export too.
+            "inference": {"embedder_cache_dir": str(model_cache)},
         }
         for name, values in sections.items():
             base.setdefault(name, {}).update(values)
         side = SidecarServer(SidecarConfig().replace(**base))
-        # The sidecar's embedding blend shares the session's ONNX export too.
-        side.engine.blend._cache_dir = model_cache
         side.start()
         started.append(side)
         return side

@@ -24,6 +24,11 @@ class SidecarServerConfig:
     auth_token: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    # glibc malloc thresholds for `mnemo-sidecar serve`, as the server's (process_memory.py;
+    # 0: glibc's dynamic ones): a cross-encoder dropped from memory (cross_encoder.max_resident)
+    # gives its ~100 MiB back to the system instead of leaving it in malloc's heap.
+    malloc_mmap_threshold_kb: int = 128
+    malloc_trim_threshold_kb: int = 1024
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,9 @@ class InferenceConfig:
     max_candidates: int = 100
     # Margin kept from the caller's deadline for the reply to travel back.
     deadline_margin_ms: float = 3.0
+    # Where the embedding blend's model is prepared (~9 s the first time, at start-up, then
+    # kept); empty: <data_dir>/embedder. Test runs point every sidecar they start at one.
+    embedder_cache_dir: str = ""
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,11 @@ class RankingEngine:
         self.registry = registry
         self.health = health
         self.onnx_cache = cfg.data_path / "onnx-cache"
-        self.blend = EmbeddingBlend(cfg.data_path / "embedder", threads=cfg.inference.intra_op_threads)
+        inf = cfg.inference
+        self.blend = EmbeddingBlend(
+            Path(inf.embedder_cache_dir) if inf.embedder_cache_dir else cfg.data_path / "embedder",
+            threads=inf.intra_op_threads,
+        )
         self._base_ce: CrossEncoderRuntime | None = None
         self._base_ce_lock = threading.Lock()
         # Set by the app: starts a background training run for a tenant (returns False if busy).

@@ -18,7 +18,14 @@ Proc = LaunchedProcess
 
 def base_env(model_cache: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MNEMO_")}
-    env.update({"MNEMO_EMBEDDING__CACHE_DIR": str(model_cache), "HF_HUB_OFFLINE": "1"})
+    env.update(
+        {
+            "MNEMO_EMBEDDING__CACHE_DIR": str(model_cache),
+            # The sidecar's embedding blend, prepared at its start-up: once per test run.
+            "MNEMO_SIDECAR_INFERENCE__EMBEDDER_CACHE_DIR": str(model_cache),
+            "HF_HUB_OFFLINE": "1",
+        }
+    )
     env.update(extra)
     return env
 

@@ -162,7 +162,7 @@ def test_acknowledged_sessions_and_their_feedback_survive_kill9_under_load(
     side_launcher = Launcher(root=tmp_path / "side", keep=True)
     side_launcher.root.mkdir()
     try:
-        side = side_launcher.start_sidecar()
+        side = side_launcher.start_sidecar(_sidecar_env(model_cache))
         proc2 = spawn(
             _serve_args(data),
             env=base_env(
@@ -269,14 +269,14 @@ def _children(pid: int) -> dict[int, str]:
     return found
 
 
-def test_a_training_process_stops_when_its_sidecar_is_killed(tmp_path: Path) -> None:
+def test_a_training_process_stops_when_its_sidecar_is_killed(tmp_path: Path, model_cache: Path) -> None:
     """Training runs in a child of the sidecar; killed with SIGKILL, the sidecar cannot stop
     it, so the child notices it has lost its parent and stops, rather than spend minutes of
     the cores on a fine-tune nobody will serve."""
     launcher = Launcher(root=tmp_path / "side", keep=True)
     launcher.root.mkdir()
     try:
-        side = launcher.start_sidecar({"MNEMO_SIDECAR_TRAINING__AUTO": "false"})
+        side = launcher.start_sidecar({**_sidecar_env(model_cache), "MNEMO_SIDECAR_TRAINING__AUTO": "false"})
         stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(side.address))
         topics = ["the billing service", "the staging database", "the release train", "the mobile app"]
         for i in range(200):  # ~2,000 pairs: a fine-tune of minutes here
@@ -327,3 +327,8 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+def _sidecar_env(model_cache: Path) -> dict[str, str]:
+    """The embedding blend a sidecar prepares at start-up, from the test run's one export."""
+    return {"MNEMO_SIDECAR_INFERENCE__EMBEDDER_CACHE_DIR": str(model_cache)}

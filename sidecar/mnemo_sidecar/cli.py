@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -15,6 +16,7 @@ import click
 
 from mnemo_server.errors import MnemoError
 from mnemo_server.launcher import watch_parent
+from mnemo_server.process_memory import fix_malloc_thresholds
 from mnemo_sidecar import __version__
 from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
 
@@ -70,6 +72,8 @@ def serve(
         overrides["cross_encoder"] = {"path": str(cross_encoder)}
     if overrides:
         cfg = cfg.replace(**overrides)
+    s = cfg.server
+    fix_malloc_thresholds(s.malloc_mmap_threshold_kb, s.malloc_trim_threshold_kb)  # before any model loads
     app = SidecarServer(cfg)
     stop = threading.Event()
 
@@ -171,6 +175,55 @@ def bench_score(
         figures = f"{s['count']:>8}{s['p50_ms']:>10}{s['p99_ms']:>10}{s['max_ms']:>10}"
         click.echo(f"{phase:<16}{figures}  {s['failures'] or '-'}")
     click.echo(f"the ranker's training took {result['training']['seconds']} s")
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+@cli.command("bench-residency")
+@click.option(
+    "--model",
+    "model_dir",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="A fine-tuned cross-encoder (e.g. from finetune-cross-encoder), promoted for every tenant.",
+)
+@click.option("--tenants", default=12, show_default=True)
+@click.option("--max-resident", default=8, show_default=True, help="cross_encoder.max_resident (0: all).")
+@click.option("--seconds", default=30.0, show_default=True, help="Reranks, each tenant in turn.")
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path))
+def bench_residency(
+    model_dir: Path, tenants: int, max_resident: int, seconds: float, json_out: Path | None
+) -> None:
+    """The sidecar's memory holding TENANTS tenants' fine-tunes with MAX_RESIDENT kept in
+    memory, while one client calls Rerank on each tenant in turn (a fresh sidecar process)."""
+    from mnemo_server.launcher import Launcher, stopped_after
+    from mnemo_sidecar.residency_bench import promote_for_tenants, rerank_in_turn
+
+    launcher = Launcher()
+    with stopped_after(launcher, click.echo):
+        data = launcher.root / "sidecar"
+        names = promote_for_tenants(data, model_dir, tenants)
+        env = {
+            "MNEMO_SIDECAR_TRAINING__AUTO": "false",
+            "MNEMO_SIDECAR_CROSS_ENCODER__MAX_RESIDENT": str(max_resident),
+        }
+        started = time.monotonic()
+        side = launcher.start_sidecar(env, data_dir=data)
+        ready_s = round(time.monotonic() - started, 1)
+        result = {
+            "tenants": tenants,
+            "max_resident": max_resident,
+            "ready_s": ready_s,
+            **rerank_in_turn(side.address, side.popen.pid, names, seconds),
+        }
+    rss, calls = result["rss_mb"], result["reranks"]
+    click.echo(f"{tenants} tenants' fine-tunes, max_resident {max_resident}, ready in {ready_s} s")
+    click.echo(f"RSS MB: after start {rss['after_start']}, peak {rss['peak']}, end {rss['end']}")
+    click.echo(
+        f"Reranks: {calls['count']} ({calls['by']['cross_encoder']} by the fine-tune, "
+        f"{calls['by']['embedding_blend']} by the blend), p50 {calls['p50_ms']} ms, "
+        f"p99 {calls['p99_ms']} ms, failures {calls['failures'] or '-'}"
+    )
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -918,3 +918,33 @@ def test_a_sidecar_keeps_the_bound_of_fine_tunes_in_memory_and_loads_a_dropped_o
     assert status("a").cross_encoder.source == "fine-tuned for a"
     # b, loaded before c at start-up (older promotion), was the least recently served.
     assert not status("b").cross_encoder.ready and status("c").cross_encoder.ready
+
+
+def test_bench_residency_measures_a_sidecar_holding_more_fine_tunes_than_it_keeps(
+    tiny_model: Path, tmp_path: Path, model_cache: Path
+) -> None:
+    """Three tenants' fine-tunes, room for two, Reranks on each in turn: the first call (the
+    oldest promotion, not loaded at start-up) and every later one that finds its tenant's
+    fine-tune dropped are answered by the blend, the others by the fine-tune; none fails."""
+    from mnemo_sidecar.cli import cli
+
+    out = tmp_path / "residency.json"
+    result = CliRunner().invoke(
+        cli,
+        [
+            *("bench-residency", "--model", str(tiny_model), "--tenants", "3", "--max-resident", "2"),
+            *("--seconds", "3", "--json-out", str(out)),
+        ],
+        env={"MNEMO_SIDECAR_INFERENCE__EMBEDDER_CACHE_DIR": str(model_cache)},
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())
+    assert (figures["tenants"], figures["max_resident"]) == (3, 2)
+    calls = figures["reranks"]
+    assert calls["failures"] == {} and calls["count"] == sum(calls["by"].values()) > 3
+    assert calls["by"]["cross_encoder"] > 0 and calls["by"]["embedding_blend"] > 0
+    assert 0 < calls["p50_ms"] <= calls["p99_ms"] <= calls["max_ms"]
+    rss = figures["rss_mb"]
+    assert 0 < rss["after_start"] <= rss["peak"] and rss["end"] <= rss["peak"]
+    assert "by the fine-tune" in result.output and "RSS MB: after start" in result.output

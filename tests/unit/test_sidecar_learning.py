@@ -310,6 +310,33 @@ def test_registry_serving_loads_a_model_not_in_memory_in_the_background(tmp_path
     assert reg.serving("d", CE, slow_loader) is None and loads == [version_a]  # nothing to load
 
 
+def test_registry_loads_in_the_background_one_model_at_a_time_on_one_thread(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path, resident={CE: 1})
+    for tenant in "abcd":
+        _promote(reg, tenant)
+    running, most, threads = 0, 0, set()
+    lock = threading.Lock()
+
+    def loader(d: Path) -> str:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+            threads.add(threading.current_thread().name)
+        time.sleep(0.05)  # long enough for the loads to overlap, were they on threads of their own
+        with lock:
+            running -= 1
+        return d.parent.parent.name
+
+    for tenant in "abc":  # d is in memory; a, b and c are not
+        assert reg.serving(tenant, CE, loader) is None
+    deadline = time.monotonic() + 10
+    while reg.unloaded_version("c", CE) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert most == 1 and threads == {"model-load"}
+    assert _in_memory(reg) == {"c"}  # loaded in the order asked, each dropping the one before
+
+
 def test_registry_warm_up_loads_the_newest_promotions_of_a_bounded_kind(tmp_path: Path) -> None:
     reg = ModelRegistry(tmp_path)
     for tenant in "abc":

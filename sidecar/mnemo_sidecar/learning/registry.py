@@ -13,13 +13,14 @@ start) rather than tried again on every call; the next promotion replaces it.
 
 A kind may be bounded to a number of tenants' models in memory (a fine-tuned cross-encoder
 holds ~100 MiB): loading one more drops the least recently served. Serving callers never
-wait for a load (`serving`): a model not in memory is loaded by a background thread while
+wait for a load (`serving`): a model not in memory is loaded by one background thread while
 they go on without it."""
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import shutil
 import threading
 import time
@@ -58,7 +59,9 @@ class ModelRegistry:
         self._loaded: OrderedDict[Key, Promoted[Any]] = OrderedDict()  # least recently served first
         self._broken: dict[Key, str] = {}
         self._loading: dict[Key, threading.Lock] = {}
-        self._background: set[Key] = set()
+        self._background: set[Key] = set()  # queued for, or in, a background load
+        self._to_load: queue.SimpleQueue[tuple[str, ModelKind, Callable[[Path], Any]]] = queue.SimpleQueue()
+        self._loader: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def _kind_dir(self, tenant: str, kind: ModelKind) -> Path:
@@ -126,17 +129,24 @@ class ModelRegistry:
             if not (self._kind_dir(tenant, kind) / "current.json").exists():
                 return None  # nothing promoted: nothing to load
             self._background.add(key)
-        threading.Thread(
-            target=self._load_in_background, args=(tenant, kind, loader), name="model-load", daemon=True
-        ).start()
+            if self._loader is None:
+                self._loader = threading.Thread(target=self._load_queued, name="model-load", daemon=True)
+                self._loader.start()
+            self._to_load.put((tenant, kind, loader))
         return None
 
-    def _load_in_background(self, tenant: str, kind: ModelKind, loader: Callable[[Path], Any]) -> None:
-        try:
-            self.current(tenant, kind, loader)
-        finally:
-            with self._lock:
-                self._background.discard((tenant, kind))
+    def _load_queued(self) -> None:
+        """The background loads, one at a time on this one thread: a burst of tenants whose
+        models are not in memory is not a burst of loads competing with serving for the
+        cores, and their memory comes from one malloc arena (glibc gives each thread that
+        allocates its own, and what is freed in one is not reused by another)."""
+        while True:
+            tenant, kind, loader = self._to_load.get()
+            try:
+                self.current(tenant, kind, loader)  # a model that does not load is recorded there
+            finally:
+                with self._lock:
+                    self._background.discard((tenant, kind))
 
     def resident(self, tenant: str, kind: ModelKind) -> Promoted[Any] | None:
         """The promoted model if it is in memory now; loads nothing and counts as no use."""

@@ -1,0 +1,95 @@
+"""`mnemo-sidecar bench-residency`: the sidecar's memory with many tenants' fine-tuned
+cross-encoders, and what bounding them (cross_encoder.max_resident) costs its Reranks.
+
+A fresh sidecar process gets T tenants' promoted fine-tunes (one model directory, linked
+into each tenant's version, its ONNX exported beforehand as a training process leaves it),
+then one client calls Rerank on each tenant in turn: the worst case for a bound below T,
+where every call finds its tenant's fine-tune dropped. It reports the sidecar's resident
+memory after start-up, at its peak and at the end, which model answered the calls, and
+their latency."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+from mnemo_sidecar.engine import RankingEngine
+from mnemo_sidecar.learning.model import ModelKind
+from mnemo_sidecar.learning.registry import ModelRegistry
+
+QUERY = "what did we decide about the release schedule"
+
+
+def promote_for_tenants(data_dir: Path, model_dir: Path, tenants: int) -> list[str]:
+    """What training runs would leave: each tenant's promoted version holding `model_dir`
+    (linked, not copied), and its ONNX export in the sidecar's cache."""
+    from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
+
+    CrossEncoderRuntime(model_dir, data_dir / "onnx-cache")  # exported here, once for all
+    registry = ModelRegistry(data_dir / "models")
+    names = [f"t{i}" for i in range(tenants)]
+    for name in names:
+        version, directory = registry.new_version(name, ModelKind.CROSS_ENCODER)
+        RankingEngine.fine_tuned_model_dir(directory).symlink_to(
+            model_dir.resolve(), target_is_directory=True
+        )
+        registry.promote(name, ModelKind.CROSS_ENCODER, version, None, f"fine-tune of {name}")
+    return names
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def rerank_in_turn(address: str, pid: int, tenants: list[str], seconds: float) -> dict[str, Any]:
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(address))
+    candidates = [
+        rpb.Candidate(id=f"m{i}", text=f"note {i}: the release moves to week {i}", baseline_score=1 - i / 20)
+        for i in range(20)
+    ]
+    after_start = peak = rss_mb(pid)
+    methods = {"cross_encoder": 0, "embedding_blend": 0}
+    latencies: list[float] = []
+    failures: dict[str, int] = {}
+    ends = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < ends:
+        tenant = tenants[n % len(tenants)]
+        n += 1
+        started = time.perf_counter()
+        try:
+            answer = stub.Rerank(
+                rpb.RerankRequest(tenant_id=tenant, query=QUERY, candidates=candidates), timeout=2
+            )
+        except grpc.RpcError as exc:
+            code = exc.code().name
+            failures[code] = failures.get(code, 0) + 1
+            continue
+        latencies.append((time.perf_counter() - started) * 1000)
+        cross = answer.method == rpb.RERANK_METHOD_CROSS_ENCODER
+        methods["cross_encoder" if cross else "embedding_blend"] += 1
+        if n % 10 == 0:
+            peak = max(peak, rss_mb(pid))
+    latencies.sort()
+
+    def at(q: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1) if latencies else 0.0
+
+    end = rss_mb(pid)
+    return {
+        "rss_mb": {"after_start": round(after_start), "peak": round(max(peak, end)), "end": round(end)},
+        "reranks": {
+            "count": len(latencies),
+            "by": methods,
+            "p50_ms": at(0.5),
+            "p99_ms": at(0.99),
+            "max_ms": at(1.0),
+            "failures": failures,
+        },
+    }

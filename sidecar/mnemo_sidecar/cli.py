@@ -197,12 +197,14 @@ def bench_residency(
     """The sidecar's memory holding TENANTS tenants' fine-tunes with MAX_RESIDENT kept in
     memory, while one client calls Rerank on each tenant in turn (a fresh sidecar process)."""
     from mnemo_server.launcher import Launcher, stopped_after
+    from mnemo_sidecar.config import load_sidecar_config
     from mnemo_sidecar.residency_bench import promote_for_tenants, rerank_in_turn
 
+    precision = load_sidecar_config().cross_encoder.fine_tune_precision  # as the sidecar will read it
     launcher = Launcher()
     with stopped_after(launcher, click.echo):
         data = launcher.root / "sidecar"
-        names = promote_for_tenants(data, model_dir, tenants)
+        names = promote_for_tenants(data, model_dir, tenants, precision)
         env = {
             "MNEMO_SIDECAR_TRAINING__AUTO": "false",
             "MNEMO_SIDECAR_CROSS_ENCODER__MAX_RESIDENT": str(max_resident),
@@ -213,11 +215,14 @@ def bench_residency(
         result = {
             "tenants": tenants,
             "max_resident": max_resident,
+            "precision": precision,
             "ready_s": ready_s,
             **rerank_in_turn(side.address, side.popen.pid, names, seconds),
         }
     rss, calls = result["rss_mb"], result["reranks"]
-    click.echo(f"{tenants} tenants' fine-tunes, max_resident {max_resident}, ready in {ready_s} s")
+    click.echo(
+        f"{tenants} tenants' fine-tunes ({precision}), max_resident {max_resident}, ready in {ready_s} s"
+    )
     click.echo(f"RSS MB: after start {rss['after_start']}, peak {rss['peak']}, end {rss['end']}")
     click.echo(
         f"Reranks: {calls['count']} ({calls['by']['cross_encoder']} by the fine-tune, "

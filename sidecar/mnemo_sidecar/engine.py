@@ -68,12 +68,16 @@ class RankingEngine:
 
     # --- models ------------------------------------------------------------------------
 
-    def load_cross_encoder(self, directory: Path, onnx_cache: Path | None = None) -> CrossEncoderRuntime:
+    def load_cross_encoder(
+        self, directory: Path, onnx_cache: Path | None = None, *, fine_tuned: bool = False
+    ) -> CrossEncoderRuntime:
+        """The configured cross-encoder, or with `fine_tuned` one of the sidecar's own
+        fine-tunes (served in cross_encoder.fine_tune_precision)."""
         c = self.cfg.cross_encoder
         return CrossEncoderRuntime(
             directory,
             onnx_cache or self.onnx_cache,
-            precision=c.precision,
+            precision=c.fine_tune_precision if fine_tuned else c.precision,
             intra_op_threads=self.cfg.inference.intra_op_threads,
             max_candidates=self.cfg.inference.max_candidates,
         )
@@ -87,7 +91,7 @@ class RankingEngine:
 
     def load_fine_tuned(self, version_dir: Path) -> CrossEncoderRuntime:
         """The registry's loader for a tenant's promoted cross-encoder."""
-        return self.load_cross_encoder(self.fine_tuned_model_dir(version_dir))
+        return self.load_cross_encoder(self.fine_tuned_model_dir(version_dir), fine_tuned=True)
 
     def base_cross_encoder(self) -> CrossEncoderRuntime | None:
         """The configured cross-encoder (shared by all tenants), if any."""

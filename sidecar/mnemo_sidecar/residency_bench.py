@@ -25,12 +25,13 @@ from mnemo_sidecar.learning.registry import ModelRegistry
 QUERY = "what did we decide about the release schedule"
 
 
-def promote_for_tenants(data_dir: Path, model_dir: Path, tenants: int) -> list[str]:
+def promote_for_tenants(data_dir: Path, model_dir: Path, tenants: int, precision: str) -> list[str]:
     """What training runs would leave: each tenant's promoted version holding `model_dir`
-    (linked, not copied), and its ONNX export in the sidecar's cache."""
+    (linked, not copied), and its ONNX export, in the precision fine-tunes are served in, in
+    the sidecar's cache."""
     from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
 
-    CrossEncoderRuntime(model_dir, data_dir / "onnx-cache")  # exported here, once for all
+    CrossEncoderRuntime(model_dir, data_dir / "onnx-cache", precision=precision)  # once for all
     registry = ModelRegistry(data_dir / "models")
     names = [f"t{i}" for i in range(tenants)]
     for name in names:

@@ -641,6 +641,8 @@ def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp
     assert all(features[i] == pytest.approx(own[i]) for i in own if i not in oof)
     served = engine.ranker("t")
     assert served_ce is not None and served_ce.version != configured.version
+    # The fine-tune is judged and served in int8, the configured model in fp32 (the defaults).
+    assert (served_ce.precision, configured.precision) == ("int8", "fp32")
     assert ranker_out.promoted and served is not None
     assert served.model.uses_ce and served.model.ce_version == served_ce.version
     # More sessions, another fine-tune (from the configured model again, on all of them)
@@ -940,7 +942,7 @@ def test_bench_residency_measures_a_sidecar_holding_more_fine_tunes_than_it_keep
     )
     assert result.exit_code == 0, result.output
     figures = json.loads(out.read_text())
-    assert (figures["tenants"], figures["max_resident"]) == (3, 2)
+    assert (figures["tenants"], figures["max_resident"], figures["precision"]) == (3, 2, "int8")
     calls = figures["reranks"]
     assert calls["failures"] == {} and calls["count"] == sum(calls["by"].values()) > 3
     assert calls["by"]["cross_encoder"] > 0 and calls["by"]["embedding_blend"] > 0

@@ -318,7 +318,7 @@ class Trainer:
                 train,
                 c.cross_fit_folds,
                 fit_fold,
-                self.engine.load_cross_encoder,
+                lambda model_dir, onnx: self.engine.load_cross_encoder(model_dir, onnx, fine_tuned=True),
                 lambda ce, s: self.engine.ce_head_scores(
                     ce, s.query, [x.candidate for x in s.candidates], Deadline.none()
                 ),

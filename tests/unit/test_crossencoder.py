@@ -911,6 +911,8 @@ def test_a_sidecar_keeps_the_bound_of_fine_tunes_in_memory_and_loads_a_dropped_o
         )
     dropped = status("a")
     assert not dropped.cross_encoder.ready and "is not in memory" in dropped.note, dropped.note
+    resident = dropped.resident_cross_encoders
+    assert (resident.in_memory, resident.max_resident, resident.loads, resident.drops) == (2, 2, 2, 0)
     assert not status("a").cross_encoder.ready  # a status call loads nothing
     assert rerank("a").method == rpb.RERANK_METHOD_EMBEDDING_BLEND  # answered while it loads
     deadline = time.monotonic() + 60
@@ -920,6 +922,8 @@ def test_a_sidecar_keeps_the_bound_of_fine_tunes_in_memory_and_loads_a_dropped_o
     assert status("a").cross_encoder.source == "fine-tuned for a"
     # b, loaded before c at start-up (older promotion), was the least recently served.
     assert not status("b").cross_encoder.ready and status("c").cross_encoder.ready
+    resident = status("c").resident_cross_encoders
+    assert (resident.in_memory, resident.loads, resident.drops) == (2, 3, 1)
 
 
 def test_bench_residency_measures_a_sidecar_holding_more_fine_tunes_than_it_keeps(

@@ -29,7 +29,7 @@ from mnemo_sidecar.learning.model import (
 )
 from mnemo_sidecar.learning.ndcg import ndcg_at
 from mnemo_sidecar.learning.pair_store import PairStore, split_heldout
-from mnemo_sidecar.learning.registry import ModelRegistry
+from mnemo_sidecar.learning.registry import ModelRegistry, Residency
 from mnemo_sidecar.learning.trainer import Trainer, baseline_ndcg, ranker_ndcg
 from mnemo_sidecar.ranker.model import CE_FEATURE, feature_row, session_matrix, train_ranker
 
@@ -269,6 +269,9 @@ def test_registry_keeps_a_bounded_kind_to_its_most_recently_served_tenants(tmp_p
     again = reg.current("b", CE, lambda d: f"reloaded {d.parent.parent.name}")
     assert again is not None and again.model == "reloaded b"
     assert _in_memory(reg) == {"b", "c"}
+    # Promotions here put models in memory without loading them from disk.
+    assert reg.residency(CE) == Residency(in_memory=2, bound=2, loads=1, drops=2)
+    assert reg.residency(ModelKind.RANKER) == Residency(in_memory=3, bound=0, loads=0, drops=0)
     assert reg.unloaded_version("a", CE) != "" and reg.unloaded_version("b", CE) == ""
     assert reg.unloaded_version("d", CE) == ""  # nothing promoted
 

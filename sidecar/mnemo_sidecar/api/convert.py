@@ -19,6 +19,7 @@ from mnemo_sidecar.learning.model import (
     ModelKind,
     TrainingOutcome,
 )
+from mnemo_sidecar.learning.registry import Residency
 
 _TENANT = re.compile(r"[a-z0-9_][a-z0-9_-]{0,63}")
 KINDS = {rpb.MODEL_KIND_CROSS_ENCODER: ModelKind.CROSS_ENCODER, rpb.MODEL_KIND_RANKER: ModelKind.RANKER}
@@ -105,6 +106,10 @@ def health_pb(h: Health) -> rpb.HealthSnapshot:
         window_predictor_ndcg=h.window_predictor_ndcg,
         window_baseline_ndcg=h.window_baseline_ndcg,
     )
+
+
+def residency_pb(r: Residency) -> rpb.ResidentModels:
+    return rpb.ResidentModels(in_memory=r.in_memory, max_resident=r.bound, loads=r.loads, drops=r.drops)
 
 
 def outcome_pb(o: TrainingOutcome) -> rpb.TrainingOutcome:

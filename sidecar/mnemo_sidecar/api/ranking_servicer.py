@@ -167,6 +167,9 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
                 self.engine.store.session_mark(tenant),
                 self.engine.cfg.cross_encoder.finetune_growth,
             ),
+            resident_cross_encoders=convert.residency_pb(
+                self.engine.registry.residency(ModelKind.CROSS_ENCODER)
+            ),
         )
         if ranker is not None:
             ts = timestamp_pb2.Timestamp()

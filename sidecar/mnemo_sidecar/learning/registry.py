@@ -25,7 +25,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,17 @@ from mnemo_sidecar.learning.model import ModelKind
 M = TypeVar("M")
 KEEP_VERSIONS = 4
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Residency:
+    """A kind's models in memory now, its bound (0: none), and since this registry opened
+    how many were loaded from disk and dropped to keep to the bound."""
+
+    in_memory: int
+    bound: int
+    loads: int
+    drops: int
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,8 @@ class ModelRegistry:
         self._loaded: OrderedDict[Key, Promoted[Any]] = OrderedDict()  # least recently served first
         self._broken: dict[Key, str] = {}
         self._loading: dict[Key, threading.Lock] = {}
+        self._loads: Counter[ModelKind] = Counter()
+        self._drops: Counter[ModelKind] = Counter()
         self._background: set[Key] = set()  # queued for, or in, a background load
         self._to_load: queue.SimpleQueue[tuple[str, ModelKind, Callable[[Path], Any]]] = queue.SimpleQueue()
         self._loader: threading.Thread | None = None
@@ -153,6 +166,11 @@ class ModelRegistry:
         with self._lock:
             return self._loaded.get((tenant, kind))
 
+    def residency(self, kind: ModelKind) -> Residency:
+        with self._lock:
+            in_memory = sum(1 for _, k in self._loaded if k == kind)
+            return Residency(in_memory, self._resident.get(kind, 0), self._loads[kind], self._drops[kind])
+
     def unloaded_version(self, tenant: str, kind: ModelKind) -> str:
         """The version of the promoted model when it is not in memory and not known to be
         broken (so the next `serving` call loads it); "" otherwise."""
@@ -186,6 +204,7 @@ class ModelRegistry:
         same_kind = [k for k in self._loaded if k[1] == key[1]]
         for old in same_kind[: max(0, len(same_kind) - bound)]:
             del self._loaded[old]
+            self._drops[old[1]] += 1
             log.info("dropped the %s of tenant %r from memory (at most %d stay)", old[1].value, old[0], bound)
 
     def refresh(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> None:
@@ -202,6 +221,7 @@ class ModelRegistry:
                 return
             if loaded is not None:
                 with self._lock:
+                    self._loads[kind] += 1
                     self._keep(key, loaded)
 
     def _from_pointer(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> Promoted[M] | None:
@@ -240,6 +260,7 @@ class ModelRegistry:
             time.perf_counter() - started,
         )
         with self._lock:
+            self._loads[kind] += 1
             if key not in self._loaded:  # else a promotion came meanwhile: it stands
                 self._keep(key, loaded)
             return self._touch(key)

@@ -243,7 +243,7 @@ class LatencyStats(_message.Message):
     def __init__(self, calls: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., deadline_exceeded: _Optional[int] = ..., shed: _Optional[int] = ...) -> None: ...
 
 class GetModelStatusResponse(_message.Message):
-    __slots__ = ("cross_encoder", "ranker", "health", "stored_sessions", "stored_pairs", "training", "recent_outcomes", "latency", "cold_start", "note", "sessions_until_fine_tune")
+    __slots__ = ("cross_encoder", "ranker", "health", "stored_sessions", "stored_pairs", "training", "recent_outcomes", "latency", "cold_start", "note", "sessions_until_fine_tune", "resident_cross_encoders")
     class LatencyEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +262,7 @@ class GetModelStatusResponse(_message.Message):
     COLD_START_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_UNTIL_FINE_TUNE_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_CROSS_ENCODERS_FIELD_NUMBER: _ClassVar[int]
     cross_encoder: ModelInfo
     ranker: ModelInfo
     health: HealthSnapshot
@@ -273,4 +274,17 @@ class GetModelStatusResponse(_message.Message):
     cold_start: bool
     note: str
     sessions_until_fine_tune: int
-    def __init__(self, cross_encoder: _Optional[_Union[ModelInfo, _Mapping]] = ..., ranker: _Optional[_Union[ModelInfo, _Mapping]] = ..., health: _Optional[_Union[HealthSnapshot, _Mapping]] = ..., stored_sessions: _Optional[int] = ..., stored_pairs: _Optional[int] = ..., training: _Optional[bool] = ..., recent_outcomes: _Optional[_Iterable[_Union[TrainingOutcome, _Mapping]]] = ..., latency: _Optional[_Mapping[str, LatencyStats]] = ..., cold_start: _Optional[bool] = ..., note: _Optional[str] = ..., sessions_until_fine_tune: _Optional[int] = ...) -> None: ...
+    resident_cross_encoders: ResidentModels
+    def __init__(self, cross_encoder: _Optional[_Union[ModelInfo, _Mapping]] = ..., ranker: _Optional[_Union[ModelInfo, _Mapping]] = ..., health: _Optional[_Union[HealthSnapshot, _Mapping]] = ..., stored_sessions: _Optional[int] = ..., stored_pairs: _Optional[int] = ..., training: _Optional[bool] = ..., recent_outcomes: _Optional[_Iterable[_Union[TrainingOutcome, _Mapping]]] = ..., latency: _Optional[_Mapping[str, LatencyStats]] = ..., cold_start: _Optional[bool] = ..., note: _Optional[str] = ..., sessions_until_fine_tune: _Optional[int] = ..., resident_cross_encoders: _Optional[_Union[ResidentModels, _Mapping]] = ...) -> None: ...
+
+class ResidentModels(_message.Message):
+    __slots__ = ("in_memory", "max_resident", "loads", "drops")
+    IN_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESIDENT_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
+    in_memory: int
+    max_resident: int
+    loads: int
+    drops: int
+    def __init__(self, in_memory: _Optional[int] = ..., max_resident: _Optional[int] = ..., loads: _Optional[int] = ..., drops: _Optional[int] = ...) -> None: ...

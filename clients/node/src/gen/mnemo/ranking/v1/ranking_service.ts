@@ -290,11 +290,28 @@ export interface GetModelStatusResponse {
    * training is switched off. A Train call fine-tunes whenever asked.
    */
   sessionsUntilFineTune: number;
+  /** The sidecar's fine-tuned cross-encoders in memory, all tenants'. */
+  residentCrossEncoders?: ResidentModels | undefined;
 }
 
 export interface GetModelStatusResponse_LatencyEntry {
   key: string;
   value?: LatencyStats | undefined;
+}
+
+/**
+ * Models kept in memory up to a bound (cross_encoder.max_resident), the most recently
+ * served: loading one more drops the least recently served, and a call that finds its
+ * tenant's model dropped is served without it while it loads again. Loads far above the
+ * tenants that have models mean more tenants are served at once than the bound keeps.
+ */
+export interface ResidentModels {
+  inMemory: number;
+  /** 0: no bound. */
+  maxResident: number;
+  /** Since the sidecar started (its start-up loads included). */
+  loads: number;
+  drops: number;
 }
 
 function createBaseCandidate(): Candidate {
@@ -2585,6 +2602,7 @@ function createBaseGetModelStatusResponse(): GetModelStatusResponse {
     coldStart: false,
     note: "",
     sessionsUntilFineTune: 0,
+    residentCrossEncoders: undefined,
   };
 }
 
@@ -2622,6 +2640,9 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
     }
     if (message.sessionsUntilFineTune !== 0) {
       writer.uint32(88).int64(message.sessionsUntilFineTune);
+    }
+    if (message.residentCrossEncoders !== undefined) {
+      ResidentModels.encode(message.residentCrossEncoders, writer.uint32(98).fork()).join();
     }
     return writer;
   },
@@ -2730,6 +2751,14 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
             message.sessionsUntilFineTune = longToNumber(reader.int64());
             continue;
           }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.residentCrossEncoders = ResidentModels.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2792,6 +2821,11 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
         : isSet(object.sessions_until_fine_tune)
         ? globalThis.Number(object.sessions_until_fine_tune)
         : 0,
+      residentCrossEncoders: isSet(object.residentCrossEncoders)
+        ? ResidentModels.fromJSON(object.residentCrossEncoders)
+        : isSet(object.resident_cross_encoders)
+        ? ResidentModels.fromJSON(object.resident_cross_encoders)
+        : undefined,
     };
   },
 
@@ -2836,6 +2870,9 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
     if (message.sessionsUntilFineTune !== 0) {
       obj.sessionsUntilFineTune = Math.round(message.sessionsUntilFineTune);
     }
+    if (message.residentCrossEncoders !== undefined) {
+      obj.residentCrossEncoders = ResidentModels.toJSON(message.residentCrossEncoders);
+    }
     return obj;
   },
 
@@ -2869,6 +2906,10 @@ export const GetModelStatusResponse: MessageFns<GetModelStatusResponse> = {
     message.coldStart = object.coldStart ?? false;
     message.note = object.note ?? "";
     message.sessionsUntilFineTune = object.sessionsUntilFineTune ?? 0;
+    message.residentCrossEncoders =
+      (object.residentCrossEncoders !== undefined && object.residentCrossEncoders !== null)
+        ? ResidentModels.fromPartial(object.residentCrossEncoders)
+        : undefined;
     return message;
   },
 };
@@ -2960,6 +3001,131 @@ export const GetModelStatusResponse_LatencyEntry: MessageFns<GetModelStatusRespo
     message.value = (object.value !== undefined && object.value !== null)
       ? LatencyStats.fromPartial(object.value)
       : undefined;
+    return message;
+  },
+};
+
+function createBaseResidentModels(): ResidentModels {
+  return { inMemory: 0, maxResident: 0, loads: 0, drops: 0 };
+}
+
+export const ResidentModels: MessageFns<ResidentModels> = {
+  encode(message: ResidentModels, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.inMemory !== 0) {
+      writer.uint32(8).int32(message.inMemory);
+    }
+    if (message.maxResident !== 0) {
+      writer.uint32(16).int32(message.maxResident);
+    }
+    if (message.loads !== 0) {
+      writer.uint32(24).int64(message.loads);
+    }
+    if (message.drops !== 0) {
+      writer.uint32(32).int64(message.drops);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResidentModels {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResidentModels();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.inMemory = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.maxResident = reader.int32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.loads = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.drops = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResidentModels {
+    return {
+      inMemory: isSet(object.inMemory)
+        ? globalThis.Number(object.inMemory)
+        : isSet(object.in_memory)
+        ? globalThis.Number(object.in_memory)
+        : 0,
+      maxResident: isSet(object.maxResident)
+        ? globalThis.Number(object.maxResident)
+        : isSet(object.max_resident)
+        ? globalThis.Number(object.max_resident)
+        : 0,
+      loads: isSet(object.loads) ? globalThis.Number(object.loads) : 0,
+      drops: isSet(object.drops) ? globalThis.Number(object.drops) : 0,
+    };
+  },
+
+  toJSON(message: ResidentModels): unknown {
+    const obj: any = {};
+    if (message.inMemory !== 0) {
+      obj.inMemory = Math.round(message.inMemory);
+    }
+    if (message.maxResident !== 0) {
+      obj.maxResident = Math.round(message.maxResident);
+    }
+    if (message.loads !== 0) {
+      obj.loads = Math.round(message.loads);
+    }
+    if (message.drops !== 0) {
+      obj.drops = Math.round(message.drops);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResidentModels>, I>>(base?: I): ResidentModels {
+    return ResidentModels.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResidentModels>, I>>(object: I): ResidentModels {
+    const message = createBaseResidentModels();
+    message.inMemory = object.inMemory ?? 0;
+    message.maxResident = object.maxResident ?? 0;
+    message.loads = object.loads ?? 0;
+    message.drops = object.drops ?? 0;
     return message;
   },
 };

@@ -12,7 +12,7 @@ pointer to a pruned version) is remembered with its error and served as no model
 start) rather than tried again on every call; the next promotion replaces it.
 
 A kind may be bounded to a number of tenants' models in memory (a fine-tuned cross-encoder
-holds ~100 MiB): loading one more drops the least recently served. Serving callers never
+holds ~65 MB in int8): loading one more drops the least recently served. Serving callers never
 wait for a load (`serving`): a model not in memory is loaded by one background thread while
 they go on without it."""
 

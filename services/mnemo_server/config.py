@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from mnemo_server.errors import FailedPrecondition
 
@@ -355,6 +355,14 @@ _C = TypeVar("_C")
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
+    if get_origin(typ) is Literal:  # one of a few words: anything else is refused at start-up
+        allowed = get_args(typ)
+        if value in allowed:
+            return value
+        raise FailedPrecondition(
+            f"config {where}: expected one of {', '.join(map(repr, allowed))}, got {value!r}",
+            reason="BAD_CONFIG",
+        )
     if typ is bool:
         if isinstance(value, bool):
             return value

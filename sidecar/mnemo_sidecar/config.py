@@ -7,11 +7,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mnemo_server.config import apply_sections, read_toml, sections_from_env
 
 ENV_PREFIX = "MNEMO_SIDECAR_"
+Precision = Literal["fp32", "int8"]
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,14 @@ class CrossEncoderConfig:
     # sidecar serves no cross-encoder until one is trained from session feedback, and
     # fine-tunes from the bundled all-MiniLM-L6-v2.
     path: str = ""
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     # The precision the sidecar's own fine-tunes (of the bundled MiniLM or of `path`) are
     # judged and served in. int8 measured as good as fp32 and faster, at a quarter of the
     # memory: on ../shared/rerank validation MRR@10 0.9055 vs 0.9047; on LoCoMo sessions,
     # judged alone on 43 held-back ones, NDCG@10 0.5664 vs 0.5628, scoring a head of 24 in
     # 219 vs 380 ms (different runs); a sidecar holding 12 tenants' fine-tunes: 1,002 vs
     # 1,359 MB after start-up, Rerank p50 51 vs 101 ms (mnemo-sidecar bench-residency).
-    fine_tune_precision: str = "int8"
+    fine_tune_precision: Precision = "int8"
     # Candidates (best baseline first) the cross-encoder scores inside Score; the rest get
     # no cross-encoder feature (the ranker handles missing values).
     score_head: int = 24

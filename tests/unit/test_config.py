@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,17 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("[server\n")
     with pytest.raises(FailedPrecondition, match=r"bad\.toml"):
         load_config(bad, env={})
+
+
+def test_a_word_outside_a_settings_choices_is_refused_at_start_up() -> None:
+    """The sidecar's precisions: a typo would otherwise surface as every fine-tune failing
+    to load, long after start-up."""
+    from mnemo_sidecar.config import load_sidecar_config
+
+    key = "MNEMO_SIDECAR_CROSS_ENCODER__FINE_TUNE_PRECISION"
+    assert load_sidecar_config(env={key: "fp32"}).cross_encoder.fine_tune_precision == "fp32"
+    expected = "cross_encoder.fine_tune_precision: expected one of 'fp32', 'int8', got 'int4'"
+    with pytest.raises(FailedPrecondition, match=re.escape(expected)):
+        load_sidecar_config(env={key: "int4"})
+    with pytest.raises(FailedPrecondition, match=r"cross_encoder\.precision"):
+        load_sidecar_config(env={"MNEMO_SIDECAR_CROSS_ENCODER__PRECISION": "FP16"})

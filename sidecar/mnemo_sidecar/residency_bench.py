@@ -18,6 +18,8 @@ import grpc
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
+from mnemo_server.diagnostics import rss_bytes
+from mnemo_server.evaluation.bench import OpStats
 from mnemo_sidecar.engine import RankingEngine
 from mnemo_sidecar.learning.model import ModelKind
 from mnemo_sidecar.learning.registry import ModelRegistry
@@ -44,8 +46,7 @@ def promote_for_tenants(data_dir: Path, model_dir: Path, tenants: int, precision
 
 
 def rss_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+    return rss_bytes(pid) / 2**20
 
 
 def rerank_in_turn(address: str, pid: int, tenants: list[str], seconds: float) -> dict[str, Any]:
@@ -56,8 +57,7 @@ def rerank_in_turn(address: str, pid: int, tenants: list[str], seconds: float) -
     ]
     after_start = peak = rss_mb(pid)
     methods = {"cross_encoder": 0, "embedding_blend": 0}
-    latencies: list[float] = []
-    failures: dict[str, int] = {}
+    stats = OpStats()
     ends = time.monotonic() + seconds
     n = 0
     while time.monotonic() < ends:
@@ -69,28 +69,23 @@ def rerank_in_turn(address: str, pid: int, tenants: list[str], seconds: float) -
                 rpb.RerankRequest(tenant_id=tenant, query=QUERY, candidates=candidates), timeout=2
             )
         except grpc.RpcError as exc:
-            code = exc.code().name
-            failures[code] = failures.get(code, 0) + 1
+            stats.errors[exc.code().name] += 1
             continue
-        latencies.append((time.perf_counter() - started) * 1000)
+        stats.latencies_ms.append((time.perf_counter() - started) * 1000)
         cross = answer.method == rpb.RERANK_METHOD_CROSS_ENCODER
         methods["cross_encoder" if cross else "embedding_blend"] += 1
         if n % 10 == 0:
             peak = max(peak, rss_mb(pid))
-    latencies.sort()
-
-    def at(q: float) -> float:
-        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1) if latencies else 0.0
-
     end = rss_mb(pid)
+    calls = stats.summary(seconds)
     return {
         "rss_mb": {"after_start": round(after_start), "peak": round(max(peak, end)), "end": round(end)},
         "reranks": {
-            "count": len(latencies),
+            "count": calls["count"],
             "by": methods,
-            "p50_ms": at(0.5),
-            "p99_ms": at(0.99),
-            "max_ms": at(1.0),
-            "failures": failures,
+            "p50_ms": calls["p50_ms"],
+            "p99_ms": calls["p99_ms"],
+            "max_ms": calls["max_ms"],
+            "failures": calls["errors"],
         },
     }

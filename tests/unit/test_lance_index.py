@@ -954,3 +954,19 @@ def test_searches_filtered_without_scopes_keep_the_best_hits_that_pass(tmp_path:
             # Broad filters never asked LanceDB which rows pass; selective ones did.
             assert (h.last_matching is None) == broad, (f, qi)
     index.close()
+
+
+def test_a_graph_built_at_warm_up_finds_every_row_by_its_own_vector(tmp_path: Path) -> None:
+    """Built on one thread: usearch's add on several threads leaves some rows stored yet
+    unreachable (usearch issue #735; ~9 of 2,000 here on two threads)."""
+    rng = np.random.default_rng(21)
+    vectors = [_unit(rng) for _ in range(2000)]
+    writer = LanceIndex(tmp_path / "lance", DIM, IndexConfig())
+    writer.upsert(TENANT, [_row(i, v, word=f"w{i}") for i, v in enumerate(vectors)])
+    writer.close()
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=None)  # built afresh
+    index.load_scope_vectors(TENANT)
+    assert index.load_vector_graph(TENANT) == 2000
+    missed = [i for i, v in enumerate(vectors) if index.vector_search(TENANT, v, 1, ANY)[0].id != f"m{i}"]
+    assert missed == []
+    index.close()

@@ -271,7 +271,7 @@ class LanceIndex:
                     handle.graph.build([])
                 self._feeder.watch(
                     handle.graph,
-                    lambda: self._build_graph(handle, threads=1),
+                    lambda: self._build_graph(handle),
                     (lambda: self._save_graph(name, handle)) if self.graph_dir is not None else None,
                 )
             indices = self._index_names(table)
@@ -1041,22 +1041,21 @@ class LanceIndex:
     def load_vector_graph(self, tenant_id: str) -> int:
         """Read the tenant's saved vector graph and put right what changed since it was saved,
         or build it from its scope vectors (at start-up, after load_scope_vectors, before
-        serving: a build takes 11-18 s on two cores per 100k rows). Returns the rows in the graph."""
+        serving: a build takes ~40 s per 100k rows). Returns the rows in the graph."""
         h = self._handle(tenant_id, create=False)
         if h is None or h.graph is None:
             return 0
-        threads = os.cpu_count() or 1
         saved = None
         if self.graph_dir is not None:
             saved = graph_files.load(
                 self.graph_dir, self.table_name(tenant_id), self.dimension, self._graph_params
             )
-        if saved is None or not self._adopt_graph(h, saved, threads):
-            self._build_graph(h, threads)
+        if saved is None or not self._adopt_graph(h, saved):
+            self._build_graph(h)
         return h.graph.rows()
 
     @staticmethod
-    def _adopt_graph(h: _Handle, saved: HnswGraph, threads: int) -> bool:
+    def _adopt_graph(h: _Handle, saved: HnswGraph) -> bool:
         """Make a saved graph hold exactly the rows of a snapshot of the scope vectors taken
         under the table lock (later writes are queued for it); False if it differs from them
         too much to be worth repairing (graph_files.MAX_STALE_SHARE)."""
@@ -1081,7 +1080,7 @@ class LanceIndex:
             return False
         saved.remove(stale)
         graph.unsaved += len(stale)  # (fill counts the additions)
-        if not graph.fill(started, adds, threads):
+        if not graph.fill(started, adds):
             return False
         log.info(
             "vector graph of %s loaded: %d rows, %d removed and %d added to it in %.2f s",
@@ -1094,7 +1093,7 @@ class LanceIndex:
         return True
 
     @staticmethod
-    def _build_graph(h: _Handle, threads: int) -> None:
+    def _build_graph(h: _Handle) -> None:
         """Build the graph from a snapshot of the scope vectors taken under the table lock:
         the writes after it are queued for the new graph, so it misses none."""
         graph = h.graph
@@ -1107,7 +1106,7 @@ class LanceIndex:
             chunks = h.vectors.snapshot()
             started = graph.begin_build()
         began = time.monotonic()
-        if graph.fill(started, chunks, threads):
+        if graph.fill(started, chunks):
             log.info(
                 "vector graph of %s built: %d rows in %.1f s", h.uri, graph.rows(), time.monotonic() - began
             )

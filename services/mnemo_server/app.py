@@ -32,7 +32,6 @@ from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import LanceIndex
 from mnemo_server.latency_histogram import CallTimes
 from mnemo_server.learning.service import LearningService
-from mnemo_server.memory.model import MemoryFilter
 from mnemo_server.memory.service import MemoryService
 from mnemo_server.memory.validation import Validator
 from mnemo_server.ranking.client import RankingClient
@@ -131,6 +130,7 @@ class Core:
                 graph_dir=self.paths.vector_graphs if config.index.graph_saved else None,
             )
             self.indexer = IndexWorker(self.db, self.index, self.index_embedder, config.index)
+            self.index.on_load = self._index_loaded
             self.validator = Validator(config.limits)
             self.memories = MemoryService(
                 self.db,
@@ -177,26 +177,37 @@ class Core:
             raise
 
     def warm_up(self) -> None:
-        """Pay one-time costs (onnxruntime's first run, opening each tenant's LanceDB table,
-        loading its attribute cache, scope vectors and full-text postings, filling the row
-        cache) before SERVING, so the first real call is as fast as the rest."""
-        vector = self.query_embedder.embed_one("warm-up query")
+        """Pay one-time costs (onnxruntime's first run, loading the in-memory indices of the
+        most recently written tenants while the residency bounds allow, filling the row
+        cache) before SERVING, so the first real call is as fast as the rest. The other
+        tenants' indices are loaded by their first search."""
+        self.query_embedder.embed_one("warm-up query")
         started = time.monotonic()
         rows = memory_repo.preload(self.db.reader(), self.db.rows, self.db.rows.max_rows)
         log.info("row cache: %d rows read in %.2f s", rows, time.monotonic() - started)
-        for tenant_id in self.index.tenants():
-            self.index.load_attrs(tenant_id)
-            self.index.load_scope_vectors(tenant_id)
-            self.index.load_text_postings(tenant_id)
-            self.index.load_vector_graph(tenant_id)
-            self.index.vector_search(tenant_id, vector, 1, MemoryFilter())
-            self.index.text_search(tenant_id, "warm", 1, MemoryFilter())
-            # Rows the last run wrote after its last optimize make every vector search scan
-            # them flat in LanceDB (~2x its CPU at 100k rows), and only a write would have
-            # scheduled their fold: a tenant that is only read would pay that until then.
-            behind = self.index.rows_to_fold(tenant_id)
-            if behind:
-                self.indexer.maintenance.wrote(tenant_id, behind)
+        started = time.monotonic()
+        tenants = self.index.tenants_newest_first()
+        warmed = 0
+        for tenant_id in tenants:
+            if not self.index.has_room():
+                break
+            self.index.warm(tenant_id)
+            warmed += 1
+        self.index.trim()  # the tables opened at start-up and not loaded
+        log.info(
+            "indices of %d of %d tenants loaded in %.2f s (index.max_resident_*: others at first search)",
+            warmed,
+            len(tenants),
+            time.monotonic() - started,
+        )
+
+    def _index_loaded(self, tenant_id: str) -> None:
+        # Rows the last run wrote after its last optimize make every vector search scan them
+        # flat in LanceDB (~2x its CPU at 100k rows), and only a write would have scheduled
+        # their fold: a tenant that is only read would pay that until then.
+        behind = self.index.rows_to_fold(tenant_id)
+        if behind:
+            self.indexer.maintenance.wrote(tenant_id, behind)
 
     def optimize_dirty(self, *, force: bool = False) -> list[str]:
         """Compact tenants with many small fragments; fold new rows into the indices of
@@ -358,6 +369,7 @@ class MnemoServer:
         cfg = self.config
         self.scheduler.add("reconcile", cfg.index.reconcile_interval_s, core.indexer.reconcile)
         self.scheduler.add("optimize", cfg.index.optimize_interval_s, core.optimize_dirty)
+        self.scheduler.add("index_residency", cfg.index.optimize_interval_s, core.index.trim)
         self.scheduler.add("retention", cfg.retention.interval_s, core.retention.sweep)
         self.scheduler.add("access_counts", cfg.ranking.access_flush_interval_s, core.access_counts.flush)
         self.scheduler.start()

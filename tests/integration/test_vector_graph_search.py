@@ -4,10 +4,12 @@ warm-up after a restart. Real DuckDB, LanceDB and embedding model."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 from mnemo_server.app import Core
+from mnemo_server.index.lance_index import LanceIndex
 from mnemo_server.memory.model import MemoryDraft, MemoryFilter
 from tests.conftest import make_config
 
@@ -61,9 +63,16 @@ def test_the_graph_answers_follows_writes_and_is_rebuilt_after_a_restart(
         core.close()
 
     core = Core(cfg)
+    # LanceDB's own exact search of the same table, with no in-memory index: the reference.
+    lance_only = LanceIndex(
+        core.paths.lance,
+        core.embedder.dimension,
+        dataclasses.replace(cfg.index, vector_graph=False, exact_scope_search_max_rows=0),
+    )
     try:
-        assert core.index.stats("t")["graph_rows"] is None  # not built: LanceDB answers
-        lance_top = _top(core, texts[5])
+        assert core.index.stats("t")["graph_rows"] is None  # not built before warm-up
+        vector = core.recall.embedder.embed_one(texts[5])
+        lance_top = [(h.id, h.score) for h in lance_only.vector_search("t", vector, 5, MemoryFilter())]
         core.warm_up()
         assert core.index.stats("t")["graph_rows"] == len(texts)
         graph_top = _top(core, texts[5])
@@ -71,4 +80,5 @@ def test_the_graph_answers_follows_writes_and_is_rebuilt_after_a_restart(
         assert {i for i, _ in graph_top} == {i for i, _ in lance_top}
         assert ids[texts[17]] not in dict(_top(core, texts[17], 20))
     finally:
+        lance_only.close()
         core.close()

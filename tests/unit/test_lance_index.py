@@ -391,10 +391,10 @@ def test_hit_attributes_follow_updates_deletes_and_restarts(tmp_path: Path, cach
         assert {h.id: h.attrs.seq for h in top} == {f"m{i}": i for i in range(8) if i != 5}
 
     check(index)
-    assert index.load_attrs(TENANT) == min(7, cache_rows)  # m5 left the cache with its row
+    assert index.warm(TENANT)["attrs"] == min(7, cache_rows)  # m5 left the cache with its row
     restarted = LanceIndex(tmp_path / "lance", DIM, cfg)
-    check(restarted)  # cold cache: attributes come from the table
-    assert restarted.load_attrs(TENANT) == min(7, cache_rows)
+    check(restarted)  # the first search loads the cache from the table
+    assert restarted.warm(TENANT)["attrs"] == min(7, cache_rows)
     check(restarted)
 
 
@@ -490,12 +490,12 @@ def test_scoped_vector_search_from_memory_agrees_with_an_exact_search(tmp_path: 
     assert index._exact_in_memory(h, large, [s.key for s in large.scopes])
 
     restarted = LanceIndex(tmp_path / "lance", DIM, cfg)
-    assert restarted.stats(TENANT)["scope_vector_rows"] is None  # until loaded: LanceDB answers
-    check(restarted)
-    assert restarted.load_scope_vectors(TENANT) == 698
+    assert restarted.stats(TENANT)["scope_vector_rows"] is None  # not loaded by a status read
+    check(restarted)  # the first search loads them
+    assert restarted.warm(TENANT)["scope_vectors"] == 698
     check(restarted)
     off = LanceIndex(tmp_path / "lance", DIM, dataclasses.replace(cfg, exact_scope_search_max_rows=0))
-    assert off.load_scope_vectors(TENANT) == 0
+    assert off.warm(TENANT)["scope_vectors"] == 0
     assert off.stats(TENANT)["scope_vector_rows"] is None
     check(off)
 
@@ -741,7 +741,8 @@ def test_indices_left_by_a_configuration_without_the_in_memory_ones_are_dropped(
     assert index.drop_outdated() == []
     assert not {"vector_idx", "text_idx"} & index.stats(TENANT)["indices"].keys()
     assert index.unindexed_rows(TENANT) == 0 and index.rows_to_fold(TENANT) == 0
-    assert index.load_scope_vectors(TENANT) == 300 and index.load_vector_graph(TENANT) == 300
+    warmed = index.warm(TENANT)
+    assert warmed["scope_vectors"] == 300 and warmed["vector_graph"] == 300
     for qi in (0, 150, 299):
         assert index.vector_search(TENANT, vectors[qi], 1, ANY)[0].id == f"m{qi}"
         assert index.vector_search(TENANT, vectors[qi], 1, _scope_filter("none")) == []
@@ -806,9 +807,8 @@ def _saved_graph_then(path: Path, rows: list[IndexRow], later: Callable[[LanceIn
 
 def _warmed_with_graph(path: Path, graphs: Path, caplog: pytest.LogCaptureFixture, rows: int) -> LanceIndex:
     index = LanceIndex(path / "lance", DIM, IndexConfig(), graph_dir=graphs)
-    index.load_scope_vectors(TENANT)
     with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
-        assert index.load_vector_graph(TENANT) == rows
+        assert index.warm(TENANT)["vector_graph"] == rows
     return index
 
 
@@ -867,9 +867,8 @@ def test_a_graph_is_saved_while_serving_once_writes_pause(
             assert time.monotonic() < deadline, "the feeder never saved the graph"
             time.sleep(0.05)
         restarted = LanceIndex(tmp_path / "lance", DIM, cfg, graph_dir=graphs)
-        restarted.load_scope_vectors(TENANT)
         with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
-            assert restarted.load_vector_graph(TENANT) == 20
+            assert restarted.warm(TENANT)["vector_graph"] == 20
         assert "loaded: 20 rows, 0 removed and 0 added" in caplog.text
         assert restarted.vector_search(TENANT, vectors[4], 1, ANY)[0].id == "m4"
         restarted.close()
@@ -931,8 +930,7 @@ def test_searches_filtered_without_scopes_keep_the_best_hits_that_pass(tmp_path:
     vectors = {i: _unit(rng) for i in range(400)}
     index = LanceIndex(tmp_path / "lance", DIM, IndexConfig())
     index.upsert(TENANT, [_varied_row(i, vectors[i]) for i in range(400)])
-    index.load_scope_vectors(TENANT)
-    index.load_vector_graph(TENANT)
+    _graph_drained(index)
     h = index._handle(TENANT, create=False)
     assert h is not None
     everything = [x.id for x in index.text_search(TENANT, "common rare memory", 400, ANY)]
@@ -956,7 +954,7 @@ def test_searches_filtered_without_scopes_keep_the_best_hits_that_pass(tmp_path:
     index.close()
 
 
-def test_a_graph_built_at_warm_up_finds_every_row_by_its_own_vector(tmp_path: Path) -> None:
+def test_a_graph_built_at_load_finds_every_row_by_its_own_vector(tmp_path: Path) -> None:
     """Built on one thread: usearch's add on several threads leaves some rows stored yet
     unreachable (usearch issue #735; ~9 of 2,000 here on two threads)."""
     rng = np.random.default_rng(21)
@@ -965,8 +963,7 @@ def test_a_graph_built_at_warm_up_finds_every_row_by_its_own_vector(tmp_path: Pa
     writer.upsert(TENANT, [_row(i, v, word=f"w{i}") for i, v in enumerate(vectors)])
     writer.close()
     index = LanceIndex(tmp_path / "lance", DIM, IndexConfig(), graph_dir=None)  # built afresh
-    index.load_scope_vectors(TENANT)
-    assert index.load_vector_graph(TENANT) == 2000
+    assert index.warm(TENANT)["vector_graph"] == 2000
     missed = [i for i, v in enumerate(vectors) if index.vector_search(TENANT, v, 1, ANY)[0].id != f"m{i}"]
     assert missed == []
     index.close()

@@ -80,7 +80,7 @@ def test_counts_add_up_across_scopes_are_cached_and_skip_unindexed_scopes(
             _memory(5, WORKSPACE, "no speaker here"),
         ],
     )
-    index.load_scope_vectors("t")
+    index.warm("t")
     asked: list[list[Scope]] = []
     real = memory_repo.speaker_counts_by_scope
 

@@ -166,7 +166,7 @@ def test_lance_index_answers_from_postings_as_lancedb_does(tmp_path: Path) -> No
     assert index.stats("t")["text_posting_rows"] == 238
     assert "text_idx" not in index.stats("t")["indices"]  # the postings answer every search
     off = LanceIndex(tmp_path / "lance", dim, dataclasses.replace(cfg, memory_text_search=False))
-    assert off.load_text_postings("t") == 0 and off.stats("t")["text_posting_rows"] is None
+    assert off.warm("t")["text_postings"] == 0 and off.stats("t")["text_posting_rows"] is None
     assert off.text_search("t", "zebra", 3, MemoryFilter()) == []  # no full-text index yet
     assert off.optimize("t")["text_index"]  # made for LanceDB's own search
     assert off.text_search("t", "zebra", 3, MemoryFilter())[0].id == "m5"  # LanceDB's own search
@@ -193,7 +193,7 @@ def test_lance_index_answers_from_postings_as_lancedb_does(tmp_path: Path) -> No
     check(index)
     restarted = LanceIndex(tmp_path / "lance", dim, cfg)
     assert restarted.stats("t")["text_posting_rows"] is None  # until loaded: LanceDB answers
-    assert restarted.load_text_postings("t") == 238
+    assert restarted.warm("t")["text_postings"] == 238
     check(restarted)
     typed = MemoryFilter(categories=("c",))  # more than scopes: LanceDB
     assert [h.id for h in restarted.text_search("t", "zebra", 3, typed)] == ["m5"]

@@ -1,7 +1,7 @@
 """Vector graphs saved at an orderly shutdown and loaded at start-up, so a restart skips the build.
 
-Building a tenant's graph at warm-up takes ~40 s per 100k rows (on one thread: HnswGraph.add),
-all of it before the server is SERVING (and per tenant); reading the one saved at the last shutdown takes well
+Building a tenant's graph takes ~40 s per 100k rows (on one thread: HnswGraph.add), all of it
+before its first search is answered; reading the one saved at the last shutdown takes well
 under a second. A saved graph is a cache, never the truth: at load every row of the table is
 compared with what the graph holds (its int8 codes, exactly), rows written after the save (a
 kill -9 since) are put right, and a graph that cannot be read, was made with other parameters,

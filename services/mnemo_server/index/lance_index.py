@@ -17,7 +17,8 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +33,7 @@ from mnemo_server.config import IndexConfig
 from mnemo_server.index import graph_files
 from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
 from mnemo_server.index.pending import PendingRows
+from mnemo_server.index.residency import ResidencyBounds, ResidencyStats, Resident, has_room, to_drop
 from mnemo_server.index.row_addresses import IdsByAddress
 from mnemo_server.index.scope_vectors import ScopeVectors
 from mnemo_server.index.text_postings import TextPostings
@@ -157,6 +159,13 @@ class _Handle:
     graph: VectorGraph | None = None
     # The last filter's matching ids, with the snapshot they were read from (_ids_matching).
     last_matching: tuple[Any, MemoryFilter, frozenset[str]] | None = None
+    # Residency (index/residency.py): when a search or write last used it; whether its
+    # in-memory indices are loaded (a new table's are: it is empty); whether it was dropped
+    # (under the table lock: a writer holding a dropped handle opens the table again).
+    last_used: float = 0.0
+    ready: bool = False
+    closed: bool = False
+    load_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def refresh(self) -> None:
         """Read the newest version. Through the same Lance session: its index cache is what
@@ -198,6 +207,14 @@ class LanceIndex:
         self._db = lancedb.connect(str(path))
         self._handles: dict[str, _Handle] = {}
         self._lock = threading.Lock()
+        self.bounds = ResidencyBounds(
+            cfg.max_resident_tenants, cfg.max_resident_rows, cfg.resident_min_idle_s
+        )
+        self._loads = 0
+        self._drops = 0
+        # Called with a tenant's id once its in-memory indices are loaded (Core: the rows the
+        # last run left outside LanceDB's indices are scheduled for folding in).
+        self.on_load: Callable[[str], None] | None = None
         self._graph_params = GraphParams(
             dtype=cfg.graph_dtype,
             expansion_search=cfg.graph_expansion_search,
@@ -234,7 +251,24 @@ class LanceIndex:
             raise ValueError(f"bad tenant id {tenant_id!r}")
         return f"t_{tenant_id}"
 
-    def _handle(self, tenant_id: str, *, create: bool) -> _Handle | None:
+    def _handle(self, tenant_id: str, *, create: bool = False, load: bool = True) -> _Handle | None:
+        """The tenant's table, opened if it is not kept (None if it has none and not
+        `create`). `load`: a search's, its in-memory indices loaded first if they are not
+        (by this call, or by another one it waits for). A search or a write marks it used;
+        maintenance and status reads do not."""
+        while True:
+            h = self._open(tenant_id, create=create)
+            if h is None:
+                return None
+            if load or create:
+                h.last_used = time.monotonic()
+            if load and not h.ready:
+                self._load(tenant_id, h)
+            if not h.closed:
+                return h
+            # Dropped between the open and the load (index/residency.py): open it again.
+
+    def _open(self, tenant_id: str, *, create: bool) -> _Handle | None:
         name = self.table_name(tenant_id)
         with self._lock:
             handle = self._handles.get(name)
@@ -265,6 +299,7 @@ class LanceIndex:
             # answers every search.
             handle.vectors.loaded = self._keeps_scope_vectors and name not in existing
             handle.texts.loaded = self.cfg.memory_text_search and name not in existing
+            handle.ready = name not in existing
             if self._keeps_graph:
                 handle.graph = VectorGraph(self.dimension, self._graph_params)
                 if name not in existing:
@@ -323,7 +358,7 @@ class LanceIndex:
         does not use is dropped from its table."""
         dropped = []
         for tenant_id in self.tenants():
-            h = self._handle(tenant_id, create=False)
+            h = self._handle(tenant_id, load=False)
             if h is None:
                 continue
             self._drop_unused_indices(tenant_id, h)
@@ -383,8 +418,6 @@ class LanceIndex:
     def upsert(self, tenant_id: str, rows: Sequence[IndexRow]) -> None:
         if not rows:
             return
-        h = self._handle(tenant_id, create=True)
-        assert h is not None
         data = pa.table(
             {
                 "id": [r.id for r in rows],
@@ -405,7 +438,8 @@ class LanceIndex:
             },
             schema=self.schema,
         )
-        with h.lock:
+        with self._writable(tenant_id, create=True) as h:
+            assert h is not None
             if h.pending is not None:
                 h.pending = h.pending.with_rows(rows)
             # A merge on id costs twice an append's CPU and keeps ~1.5 KB of native memory
@@ -446,10 +480,11 @@ class LanceIndex:
         return dict(zip(data.column("id").to_pylist(), data.column("scope").to_pylist(), strict=True))
 
     def delete(self, tenant_id: str, ids: Sequence[str]) -> None:
-        h = self._handle(tenant_id, create=False)
-        if h is None or not ids:
+        if not ids:
             return
-        with h.lock:
+        with self._writable(tenant_id, create=False) as h:
+            if h is None:
+                return
             for start in range(0, len(ids), 500):
                 part = list(ids[start : start + 500])
                 scopes = self._scopes_of(h, part) if h.vectors.loaded else {}
@@ -523,7 +558,7 @@ class LanceIndex:
         (Lance 14) left an ANN delta whose rows had since been rewritten unreadable, and
         every vector search of the table failed from then on, optimize or not. Measured at
         100k rows, compacting a few writes' fragments costs the same either way (~10 ms)."""
-        h = self._handle(tenant_id, create=False)
+        h = self._handle(tenant_id, load=False)
         if h is None or not self._needs_compaction(h):
             return 0
         metrics = self._compact_files(h)
@@ -571,7 +606,7 @@ class LanceIndex:
         unless given). Returns what was done."""
         from lancedb.index import FTS, Bitmap, BTree, HnswSq
 
-        h = self._handle(tenant_id, create=False)
+        h = self._handle(tenant_id, load=False)
         if h is None:
             return {}
         done: dict[str, Any] = {}
@@ -742,12 +777,14 @@ class LanceIndex:
         return count
 
     def vector_deltas(self, tenant_id: str) -> int:
-        h = self._handle(tenant_id, create=False)
+        h = self._handle(tenant_id, load=False)
         return 0 if h is None else len(self._vector_segments(h))
 
     def cache_use(self, tenant_id: str) -> CacheUse:
-        """What this tenant's searches keep in memory (zeros for a tenant with no table)."""
-        h = self._handle(tenant_id, create=False)
+        """What this tenant's searches keep in memory (zeros for a tenant with no table, or
+        whose table is not kept: this opens nothing)."""
+        with self._lock:
+            h = self._handles.get(self.table_name(tenant_id))
         if h is None:
             return NO_CACHE_USE
         return CacheUse(
@@ -760,7 +797,7 @@ class LanceIndex:
         )
 
     def stats(self, tenant_id: str) -> dict[str, Any]:
-        h = self._handle(tenant_id, create=False)
+        h = self._handle(tenant_id, load=False)
         if h is None:
             return {"rows": 0, "indices": {}}
         return {
@@ -785,7 +822,7 @@ class LanceIndex:
     def unindexed_rows(self, tenant_id: str) -> int:
         """Rows the full-text index does not cover yet (searched flat until optimize); none
         without one: the in-memory postings take every row as it is written."""
-        h = self._handle(tenant_id, create=False)
+        h = self._handle(tenant_id, load=False)
         if h is None or not self._wants_text_index:
             return 0
         if not h.has_text_index:
@@ -797,7 +834,7 @@ class LanceIndex:
         index does not cover, or the ANN index's while the rows outside it are not known
         (searches then scan them flat in LanceDB). After a restart both are what the last
         run wrote after its last optimize."""
-        h = self._handle(tenant_id, create=False)
+        h = self._handle(tenant_id, load=False)
         if h is None:
             return 0
         outside_ann = (self._outside(h, "vector_idx") or 0) if h.pending is None else 0
@@ -806,12 +843,12 @@ class LanceIndex:
     # --- reads -----------------------------------------------------------------------
 
     def count(self, tenant_id: str) -> int:
-        h = self._handle(tenant_id, create=False)
+        h = self._handle(tenant_id, load=False)
         return 0 if h is None else int(h.reader.count_rows())
 
     def revisions(self, tenant_id: str) -> dict[str, int]:
         """id -> indexed revision, for reconciliation."""
-        h = self._handle(tenant_id, create=False)
+        h = self._handle(tenant_id, load=False)
         if h is None:
             return {}
         data = h.reader.to_table(columns=["id", "revision"])
@@ -933,8 +970,6 @@ class LanceIndex:
         if h is None or not query.strip():
             return []
         if not self._wants_text_index:
-            if not h.texts.loaded:
-                self.load_text_postings(tenant_id)  # not warmed up (in-process use): once
             if not f.scopes and not f.is_empty:
                 # Exactly the filtered search's answer: BM25 scores do not depend on the filter.
                 kept = self._then_filter(h, k, f, lambda wanted: h.texts.search(query, wanted))
@@ -983,15 +1018,140 @@ class LanceIndex:
                 return None
         return None
 
+    # --- residency (index/residency.py) -----------------------------------------------
+
+    def _load(self, tenant_id: str, h: _Handle) -> None:
+        """Load a kept table's in-memory indices, once: a search that finds another one
+        loading waits for it. Writes go on meanwhile (each load reads under the table lock)."""
+        with h.load_lock:
+            if h.ready or h.closed:
+                return
+            began = time.monotonic()
+            self._load_attrs(h, self.cfg.attrs_cache_rows)
+            rows = self._load_scope_vectors(h)
+            rows = max(rows, self._load_text_postings(h))
+            self._load_vector_graph(tenant_id, h)
+            h.ready = True
+            with self._lock:
+                self._loads += 1
+        log.info("index of tenant %s loaded: %d rows in %.2f s", tenant_id, rows, time.monotonic() - began)
+        if self.on_load is not None:
+            self.on_load(tenant_id)
+
+    def warm(self, tenant_id: str) -> dict[str, int]:
+        """Load the tenant's in-memory indices and run a search of each kind (start-up pays
+        what the first searches would). Returns the rows each holds."""
+        h = self._handle(tenant_id)
+        if h is None:
+            return {}
+        self.vector_search(tenant_id, np.ones(self.dimension, dtype=np.float32), 1, MemoryFilter())
+        self.text_search(tenant_id, "warm", 1, MemoryFilter())
+        return {
+            "attrs": len(h.attrs),
+            "scope_vectors": h.vectors.rows() if h.vectors.loaded else 0,
+            "text_postings": h.texts.rows() if h.texts.loaded else 0,
+            "vector_graph": h.graph.rows() if h.graph is not None else 0,
+        }
+
+    def tenants_newest_first(self) -> list[str]:
+        """Every tenant with a table, the most recently written first (each write commits a
+        new version file into the table's _versions directory)."""
+
+        def written(tenant_id: str) -> float:
+            try:
+                return (self.path / f"{self.table_name(tenant_id)}.lance" / "_versions").stat().st_mtime
+            except OSError:
+                return 0.0
+
+        return sorted(self.tenants(), key=written, reverse=True)
+
+    @staticmethod
+    def _rows_in_memory(h: _Handle) -> int:
+        if not h.ready:
+            return 0
+        return max(h.vectors.rows() if h.vectors.loaded else 0, h.texts.rows() if h.texts.loaded else 0)
+
+    def _kept(self) -> list[Resident]:
+        with self._lock:
+            handles = list(self._handles.items())
+        return [Resident(name, h.last_used, self._rows_in_memory(h)) for name, h in handles]
+
+    def has_room(self) -> bool:
+        """Whether the loaded tenants leave room to load one more (start-up's warm-up; the
+        tables it opened without loading them do not count)."""
+        with self._lock:
+            loaded = [h for h in self._handles.values() if h.ready]
+        return has_room(len(loaded), sum(self._rows_in_memory(h) for h in loaded), self.bounds)
+
+    def residency(self) -> ResidencyStats:
+        kept = self._kept()
+        with self._lock:
+            loads, drops = self._loads, self._drops
+        return ResidencyStats(
+            tenants=len(kept),
+            rows=sum(r.rows for r in kept),
+            max_tenants=self.bounds.max_tenants,
+            max_rows=self.bounds.max_rows,
+            loads=loads,
+            drops=drops,
+        )
+
+    def is_kept(self, tenant_id: str) -> bool:
+        with self._lock:
+            h = self._handles.get(self.table_name(tenant_id))
+        return h is not None and h.ready
+
+    def trim(self) -> list[str]:
+        """Drop the least recently used tenants past the residency bounds (the maintenance
+        schedule's call). Returns the tenants dropped."""
+        return [name[2:] for name in to_drop(self._kept(), self.bounds, time.monotonic()) if self._drop(name)]
+
+    def _drop(self, name: str) -> bool:
+        """Forget a kept table: its vector graph saved first (with every write queued for
+        it), so that its next load reads it instead of building it. Not one being loaded."""
+        with self._lock:
+            h = self._handles.get(name)
+        if h is None or not h.load_lock.acquire(blocking=False):
+            return False
+        try:
+            if h.graph is not None:
+                self._feeder.forget(h.graph, wait=True)  # then nothing else changes the graph
+            with h.lock:
+                if h.graph is not None and self.graph_dir is not None:
+                    h.graph.drain()
+                    if h.graph.unsaved:
+                        self._save_graph(name, h)
+                h.closed = True
+                with self._lock:
+                    if self._handles.get(name) is h:
+                        del self._handles[name]
+                    self._drops += 1
+        finally:
+            h.load_lock.release()
+        log.info("index of tenant %s dropped from memory (index.max_resident_*)", name[2:])
+        return True
+
+    @contextmanager
+    def _writable(self, tenant_id: str, *, create: bool) -> Iterator[_Handle | None]:
+        """The tenant's table with its lock held, for a write that must reach the in-memory
+        indices of the handle searches use: one dropped meanwhile is opened again."""
+        while True:
+            h = self._handle(tenant_id, create=create, load=False)
+            if h is None:
+                yield None
+                return
+            with h.lock:
+                if not h.closed:
+                    yield h
+                    return
+
     # --- hit attributes -----------------------------------------------------------------
 
-    def load_attrs(self, tenant_id: str) -> int:
-        """Fill the attribute cache from the table (at start-up: ~0.7 s per 100k rows, paid
-        before serving instead of by the first searches). Returns the entries cached."""
-        h = self._handle(tenant_id, create=False)
-        if h is None:
-            return 0
-        data = h.reader.to_table(columns=["id", *ATTR_COLUMNS], limit=self.cfg.attrs_cache_rows)
+    @staticmethod
+    def _load_attrs(h: _Handle, most: int) -> int:
+        """Fill the attribute cache from the table (~0.7 s per 100k rows, paid by the load
+        instead of by the first searches). Returns the entries cached."""
+        data = h.reader.to_table(columns=["id", *ATTR_COLUMNS], limit=most)
         h.attrs.remember(read_attrs(data), overwrite=False)
         return len(h.attrs)
 
@@ -999,12 +1159,11 @@ class LanceIndex:
     def _keeps_scope_vectors(self) -> bool:
         return self.cfg.exact_scope_search_max_rows > 0
 
-    def load_scope_vectors(self, tenant_id: str) -> int:
-        """Read every row's vector into the scope vectors (at start-up, 0.5–0.9 s per 100k
-        rows, in batches to bound the memory it takes). Under the table lock, so no write is missed
+    def _load_scope_vectors(self, h: _Handle) -> int:
+        """Read every row's vector into the scope vectors (0.5–0.9 s per 100k rows, in
+        batches to bound the memory it takes). Under the table lock, so no write is missed
         between the read and the writes that follow. Returns the rows loaded."""
-        h = self._handle(tenant_id, create=False)
-        if h is None or not self._keeps_scope_vectors:
+        if not self._keeps_scope_vectors:
             return 0
         with h.lock:
             batches = h.reader.to_batches(columns=["id", "scope", "vector"], batch_size=8192)
@@ -1018,11 +1177,10 @@ class LanceIndex:
             )
             return h.vectors.rows()
 
-    def load_text_postings(self, tenant_id: str) -> int:
-        """Read every row's text into the in-memory full-text postings (at start-up). Under
-        the table lock, like load_scope_vectors. Returns the rows loaded."""
-        h = self._handle(tenant_id, create=False)
-        if h is None or not self.cfg.memory_text_search:
+    def _load_text_postings(self, h: _Handle) -> int:
+        """Read every row's text into the in-memory full-text postings. Under the table
+        lock, like _load_scope_vectors. Returns the rows loaded."""
+        if not self.cfg.memory_text_search:
             return 0
         with h.lock:
             batches = h.reader.to_batches(columns=["id", "scope", "text"], batch_size=8192)
@@ -1038,12 +1196,11 @@ class LanceIndex:
             )
             return h.texts.rows()
 
-    def load_vector_graph(self, tenant_id: str) -> int:
+    def _load_vector_graph(self, tenant_id: str, h: _Handle) -> int:
         """Read the tenant's saved vector graph and put right what changed since it was saved,
-        or build it from its scope vectors (at start-up, after load_scope_vectors, before
-        serving: a build takes ~40 s per 100k rows). Returns the rows in the graph."""
-        h = self._handle(tenant_id, create=False)
-        if h is None or h.graph is None:
+        or build it from its scope vectors (after _load_scope_vectors: a build takes ~40 s per
+        100k rows, a saved graph's read ~0.1 s). Returns the rows in the graph."""
+        if h.graph is None:
             return 0
         saved = None
         if self.graph_dir is not None:

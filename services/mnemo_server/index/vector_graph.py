@@ -347,6 +347,8 @@ class GraphFeeder:
         self._wake = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
+        # The graph the feeder is working on outside the lock (forget(wait=True) waits it out).
+        self._working_on: VectorGraph | None = None
 
     def watch(
         self, graph: VectorGraph, rebuild: Callable[[], object], save: Callable[[], object] | None = None
@@ -357,9 +359,13 @@ class GraphFeeder:
                 self._thread = threading.Thread(target=self._run, name="graph-feeder", daemon=True)
                 self._thread.start()
 
-    def forget(self, graph: VectorGraph) -> None:
+    def forget(self, graph: VectorGraph, *, wait: bool = False) -> None:
+        """Stop feeding a graph; with `wait`, return only once the feeder is not working on
+        it any more, so that the caller is then the only thread changing it."""
         with self._wake:
             self._graphs.pop(graph, None)
+            while wait and self._working_on is graph:
+                self._wake.wait()
 
     def poke(self) -> None:
         with self._wake:
@@ -392,6 +398,10 @@ class GraphFeeder:
                     return
                 graphs = list(self._graphs.items())
             for graph, (rebuild, save) in graphs:
+                with self._wake:
+                    if graph not in self._graphs:
+                        continue  # forgotten since the list was taken
+                    self._working_on = graph
                 try:
                     if graph.wants_build(self.quiet_s):
                         rebuild()
@@ -403,3 +413,7 @@ class GraphFeeder:
                     log.exception("feeding a vector graph failed")
                     with self._wake:
                         self._wake.wait(timeout=1.0)
+                finally:
+                    with self._wake:
+                        self._working_on = None
+                        self._wake.notify_all()

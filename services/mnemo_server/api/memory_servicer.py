@@ -14,6 +14,7 @@ from mnemo_server.api import convert, session_convert
 from mnemo_server.api.interceptor import current_principal
 from mnemo_server.diagnostics import DataDirSize, peak_rss_bytes, rss_bytes
 from mnemo_server.errors import InvalidArgument
+from mnemo_server.index.residency import ResidencyStats
 from mnemo_server.latency_histogram import BUCKET_UPPER_MS, CallTimes
 from mnemo_server.memory.model import DEFAULT_CONFIDENCE, DEFAULT_IMPORTANCE
 from mnemo_server.memory.service import MemoryPatch, MemoryService
@@ -297,6 +298,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 recent_id_fills_skipped=recent.fills_skipped,
             ),
             access_counts_pending=self.sessions.access.pending(),
+            index_residency=_residency_pb(s.index_residency, s.index_loaded),
             create_group_commit=pb.GroupCommitStats(
                 calls=groups.requests, groups=groups.groups, largest_group=groups.largest
             ),
@@ -368,3 +370,17 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         return pb.GetSessionResponse(
             session=session_convert.session_pb(self.sessions.get(_tenant(), request.session_id))
         )
+
+
+def _residency_pb(stats: ResidencyStats | None, loaded: bool) -> pb.IndexResidency | None:
+    if stats is None:
+        return None
+    return pb.IndexResidency(
+        tenants=stats.tenants,
+        rows=stats.rows,
+        max_tenants=stats.max_tenants,
+        max_rows=stats.max_rows,
+        loads=stats.loads,
+        drops=stats.drops,
+        tenant_loaded=loaded,
+    )

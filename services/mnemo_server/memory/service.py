@@ -17,6 +17,7 @@ from mnemo_server.config import CapsConfig, IndexConfig
 from mnemo_server.errors import AlreadyExists, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import NO_CACHE_USE, CacheUse
+from mnemo_server.index.residency import ResidencyStats
 from mnemo_server.memory.creates import CreateRequest, CreateWriter, counted_write, require_same_memory
 from mnemo_server.memory.live_counts import LiveCounts
 from mnemo_server.memory.model import (
@@ -69,6 +70,9 @@ class TenantStatus:
     index_failed_batches: int = 0
     index_last_failure_reason: str = ""
     index_last_failure_ns: int = 0
+    # The server's tenants with indices in memory (all tenants), and whether this one's are.
+    index_residency: ResidencyStats | None = None
+    index_loaded: bool = False
 
 
 def _is_seq(position: Any) -> bool:
@@ -527,4 +531,6 @@ class MemoryService:
             index_failed_batches=self.indexer.stats.failed_batches,
             index_last_failure_reason=self.indexer.stats.last_failure_reason,
             index_last_failure_ns=self.indexer.stats.last_failure_ns,
+            index_residency=self.indexer.index.residency(),
+            index_loaded=self.indexer.index.is_kept(tenant_id),
         )

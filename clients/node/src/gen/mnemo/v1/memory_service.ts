@@ -522,7 +522,14 @@ export interface GetStatusResponse {
    * has the details); empty when none has failed. And when.
    */
   indexLastFailureReason: string;
-  indexLastFailureTime?: Date | undefined;
+  indexLastFailureTime?:
+    | Date
+    | undefined;
+  /**
+   * The tenants whose search indices the server keeps in memory (all tenants), and whether
+   * this tenant's are among them.
+   */
+  indexResidency?: IndexResidency | undefined;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -533,6 +540,33 @@ export interface GetStatusResponse_MemoryCountByTypeEntry {
 export interface GetStatusResponse_RankingFallbacksEntry {
   key: string;
   value: number;
+}
+
+/**
+ * The server keeps the search indices (vectors, graph, full-text postings, attributes) of
+ * the most recently used tenants in memory, within index.max_resident_tenants and
+ * index.max_resident_rows; another tenant's are loaded by its next search, which waits for
+ * that (tens of milliseconds for 1k memories, seconds for 100k). A tenant used within
+ * index.resident_min_idle_s is kept even past the bounds.
+ */
+export interface IndexResidency {
+  /** Tenants whose tables are open (loaded or not) and the rows loaded in memory. */
+  tenants: number;
+  rows: number;
+  /** The bounds (0: none). */
+  maxTenants: number;
+  maxRows: number;
+  /**
+   * Since the server started: tenants' indices loaded (at start-up and by searches) and
+   * tenants dropped. Loads far above the tenants in use mean the bounds are below them.
+   */
+  loads: number;
+  drops: number;
+  /**
+   * Whether this tenant's indices are loaded now (its next search is answered without
+   * loading them first).
+   */
+  tenantLoaded: boolean;
 }
 
 /** One method's server-side time (see GetStatusResponse.method_latencies). */
@@ -3344,6 +3378,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     indexFailedBatches: 0,
     indexLastFailureReason: "",
     indexLastFailureTime: undefined,
+    indexResidency: undefined,
   };
 }
 
@@ -3433,6 +3468,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.indexLastFailureTime !== undefined) {
       Timestamp.encode(toTimestamp(message.indexLastFailureTime), writer.uint32(218).fork()).join();
+    }
+    if (message.indexResidency !== undefined) {
+      IndexResidency.encode(message.indexResidency, writer.uint32(226).fork()).join();
     }
     return writer;
   },
@@ -3682,6 +3720,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.indexLastFailureTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 28: {
+            if (tag !== 226) {
+              break;
+            }
+
+            message.indexResidency = IndexResidency.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3875,6 +3921,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.index_last_failure_time)
         ? fromJsonTimestamp(object.index_last_failure_time)
         : undefined,
+      indexResidency: isSet(object.indexResidency)
+        ? IndexResidency.fromJSON(object.indexResidency)
+        : isSet(object.index_residency)
+        ? IndexResidency.fromJSON(object.index_residency)
+        : undefined,
     };
   },
 
@@ -3973,6 +4024,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.indexLastFailureTime !== undefined) {
       obj.indexLastFailureTime = message.indexLastFailureTime.toISOString();
     }
+    if (message.indexResidency !== undefined) {
+      obj.indexResidency = IndexResidency.toJSON(message.indexResidency);
+    }
     return obj;
   },
 
@@ -4028,6 +4082,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.indexFailedBatches = object.indexFailedBatches ?? 0;
     message.indexLastFailureReason = object.indexLastFailureReason ?? "";
     message.indexLastFailureTime = object.indexLastFailureTime ?? undefined;
+    message.indexResidency = (object.indexResidency !== undefined && object.indexResidency !== null)
+      ? IndexResidency.fromPartial(object.indexResidency)
+      : undefined;
     return message;
   },
 };
@@ -4206,6 +4263,183 @@ export const GetStatusResponse_RankingFallbacksEntry: MessageFns<GetStatusRespon
     const message = createBaseGetStatusResponse_RankingFallbacksEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? 0;
+    return message;
+  },
+};
+
+function createBaseIndexResidency(): IndexResidency {
+  return { tenants: 0, rows: 0, maxTenants: 0, maxRows: 0, loads: 0, drops: 0, tenantLoaded: false };
+}
+
+export const IndexResidency: MessageFns<IndexResidency> = {
+  encode(message: IndexResidency, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.tenants !== 0) {
+      writer.uint32(8).int64(message.tenants);
+    }
+    if (message.rows !== 0) {
+      writer.uint32(16).int64(message.rows);
+    }
+    if (message.maxTenants !== 0) {
+      writer.uint32(24).int64(message.maxTenants);
+    }
+    if (message.maxRows !== 0) {
+      writer.uint32(32).int64(message.maxRows);
+    }
+    if (message.loads !== 0) {
+      writer.uint32(40).int64(message.loads);
+    }
+    if (message.drops !== 0) {
+      writer.uint32(48).int64(message.drops);
+    }
+    if (message.tenantLoaded !== false) {
+      writer.uint32(56).bool(message.tenantLoaded);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): IndexResidency {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseIndexResidency();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.tenants = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.rows = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.maxTenants = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.maxRows = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.loads = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.drops = longToNumber(reader.int64());
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.tenantLoaded = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): IndexResidency {
+    return {
+      tenants: isSet(object.tenants) ? globalThis.Number(object.tenants) : 0,
+      rows: isSet(object.rows) ? globalThis.Number(object.rows) : 0,
+      maxTenants: isSet(object.maxTenants)
+        ? globalThis.Number(object.maxTenants)
+        : isSet(object.max_tenants)
+        ? globalThis.Number(object.max_tenants)
+        : 0,
+      maxRows: isSet(object.maxRows)
+        ? globalThis.Number(object.maxRows)
+        : isSet(object.max_rows)
+        ? globalThis.Number(object.max_rows)
+        : 0,
+      loads: isSet(object.loads) ? globalThis.Number(object.loads) : 0,
+      drops: isSet(object.drops) ? globalThis.Number(object.drops) : 0,
+      tenantLoaded: isSet(object.tenantLoaded)
+        ? globalThis.Boolean(object.tenantLoaded)
+        : isSet(object.tenant_loaded)
+        ? globalThis.Boolean(object.tenant_loaded)
+        : false,
+    };
+  },
+
+  toJSON(message: IndexResidency): unknown {
+    const obj: any = {};
+    if (message.tenants !== 0) {
+      obj.tenants = Math.round(message.tenants);
+    }
+    if (message.rows !== 0) {
+      obj.rows = Math.round(message.rows);
+    }
+    if (message.maxTenants !== 0) {
+      obj.maxTenants = Math.round(message.maxTenants);
+    }
+    if (message.maxRows !== 0) {
+      obj.maxRows = Math.round(message.maxRows);
+    }
+    if (message.loads !== 0) {
+      obj.loads = Math.round(message.loads);
+    }
+    if (message.drops !== 0) {
+      obj.drops = Math.round(message.drops);
+    }
+    if (message.tenantLoaded !== false) {
+      obj.tenantLoaded = message.tenantLoaded;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<IndexResidency>, I>>(base?: I): IndexResidency {
+    return IndexResidency.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<IndexResidency>, I>>(object: I): IndexResidency {
+    const message = createBaseIndexResidency();
+    message.tenants = object.tenants ?? 0;
+    message.rows = object.rows ?? 0;
+    message.maxTenants = object.maxTenants ?? 0;
+    message.maxRows = object.maxRows ?? 0;
+    message.loads = object.loads ?? 0;
+    message.drops = object.drops ?? 0;
+    message.tenantLoaded = object.tenantLoaded ?? false;
     return message;
   },
 };

@@ -18,26 +18,15 @@ from mnemo_server.config import IndexConfig
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
 from mnemo_server.index.residency import ResidencyBounds, Resident, has_room, to_drop
 from mnemo_server.memory.model import MemoryFilter
+from tests.unit.test_lance_index import _row as lance_row
 
 DIM = 32
 ANY = MemoryFilter()
 
 
 def _row(i: int, vector: np.ndarray, *, revision: int = 1) -> IndexRow:
-    return IndexRow(
-        id=f"m{i}",
-        scope="s",
-        type="semantic",
-        category="c",
-        session="",
-        pinned=False,
-        event_time_ns=0,
-        create_time_ns=0,
-        revision=revision,
-        text=f"memory number {i} about w{i}",
-        vector=vector,
-        seq=i,
-    )
+    """Row m{i}, its text holding the word w{i}."""
+    return lance_row(i, vector, word=f"w{i}", revision=revision)
 
 
 def _units(seed: int, n: int) -> list[np.ndarray]:

@@ -822,8 +822,10 @@ class LanceIndex:
     def unindexed_rows(self, tenant_id: str) -> int:
         """Rows the full-text index does not cover yet (searched flat until optimize); none
         without one: the in-memory postings take every row as it is written."""
+        if not self._wants_text_index:
+            return 0  # opening nothing: GetStatus asks
         h = self._handle(tenant_id, load=False)
-        if h is None or not self._wants_text_index:
+        if h is None:
             return 0
         if not h.has_text_index:
             return int(h.reader.count_rows())

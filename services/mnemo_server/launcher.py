@@ -133,6 +133,14 @@ class Launcher:
             env,
         )
 
+    def end(self, proc: LaunchedProcess, timeout_s: float = 60.0) -> int:
+        """Stop one process with an orderly shutdown (SIGTERM), so that it can be started
+        again with the same data; returns its exit code."""
+        code = proc.terminate(timeout_s)
+        self.processes.remove(proc)
+        (self.root / f"{proc.name}.port").unlink(missing_ok=True)
+        return code
+
     def stop(self) -> None:
         for proc in reversed(self.processes):
             if proc.popen.poll() is None:

@@ -9,6 +9,7 @@ import click
 
 from mnemo_server import __version__
 from mnemo_server.cli.bench import bench
+from mnemo_server.cli.bench_tenants import bench_tenants
 from mnemo_server.cli.evaluate import eval_group
 from mnemo_server.cli.offline import reembed, reindex
 from mnemo_server.cli.remote import health, key, memory, status, tenant
@@ -27,7 +28,20 @@ def cli(verbose: bool) -> None:
     )
 
 
-for command in (up, serve, tenant, key, memory, status, health, reembed, reindex, eval_group, bench):
+for command in (
+    up,
+    serve,
+    tenant,
+    key,
+    memory,
+    status,
+    health,
+    reembed,
+    reindex,
+    eval_group,
+    bench,
+    bench_tenants,
+):
     cli.add_command(command)
 
 

@@ -244,12 +244,17 @@ class IndexConfig:
     # The tenants whose indices (above: vectors, graph, postings, attributes, Lance session)
     # stay in memory, the most recently used first (index/residency.py): at most this many
     # tenants and rows (0: no bound), checked every optimize_interval_s. Others are loaded
-    # by their next search (1k rows: ~55 ms; 100k: 5-7 s) and at start-up only the most
-    # recently written are loaded. A tenant used within resident_min_idle_s is kept even
+    # when a search asks (1k rows: ~55 ms; 100k: 5-7 s; see load_wait_s) and at start-up
+    # only the most recently written are loaded. A tenant used within resident_min_idle_s is kept even
     # past the bounds. ~4 KB a row at 100k rows, ~1.9 MB for a tenant of 1k rows.
     max_resident_tenants: int = 1_000
     max_resident_rows: int = 1_000_000
     resident_min_idle_s: float = 30.0
+    # A search of a tenant whose indices are not in memory waits this long for their load
+    # (on one background thread, never inside the call: a call's compute slot held for a
+    # 100k-row tenant's 5-7 s would hold back every tenant's searches), then fails
+    # UNAVAILABLE with reason INDEX_LOADING, which the shipped clients retry.
+    load_wait_s: float = 2.0
     # Background scan for anything DuckDB has that LanceDB lacks.
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mnemo_server.config import IndexConfig
+from mnemo_server.errors import Unavailable
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
 from mnemo_server.index.residency import ResidencyBounds, Resident, has_room, to_drop
 from mnemo_server.memory.model import MemoryFilter
@@ -39,7 +40,8 @@ def _units(seed: int, n: int) -> list[np.ndarray]:
 
 
 def _bounded(path: Path, **bounds: float) -> LanceIndex:
-    cfg = dataclasses.replace(IndexConfig(), resident_min_idle_s=0.0, **bounds)  # type: ignore[arg-type]
+    # Searches wait as long as a load takes on a busy machine (load_wait_s has its own test).
+    cfg = dataclasses.replace(IndexConfig(), resident_min_idle_s=0.0, load_wait_s=60.0, **bounds)  # type: ignore[arg-type]
     return LanceIndex(path / "lance", DIM, cfg, graph_dir=path / "graphs")
 
 
@@ -198,4 +200,29 @@ def test_tenants_come_most_recently_written_first(tmp_path: Path) -> None:
     versions = tmp_path / "lance" / "t_b.lance" / "_versions"
     os.utime(versions, (time.time() + 60, time.time() + 60))  # "b" written last
     assert index.tenants_newest_first()[0] == "b"
+    index.close()
+
+
+def test_a_search_waits_for_a_load_at_most_load_wait_s_and_never_loads_in_its_thread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The load runs on the loading thread: a search that finds it unfinished after
+    load_wait_s fails UNAVAILABLE (INDEX_LOADING, which clients retry) instead of holding
+    its call's compute slot through a large tenant's load."""
+    vectors = _units(4, 50)
+    writer = LanceIndex(tmp_path / "lance", DIM, IndexConfig())
+    writer.upsert("a", [_row(i, v) for i, v in enumerate(vectors)])
+    writer.close()
+    index = LanceIndex(tmp_path / "lance", DIM, dataclasses.replace(IndexConfig(), load_wait_s=0.0))
+    with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
+        with pytest.raises(Unavailable) as raised:
+            index.vector_search("a", vectors[7], 1, ANY)
+        assert raised.value.reason == "INDEX_LOADING"
+        deadline = time.monotonic() + 30
+        while not index.is_kept("a"):
+            assert time.monotonic() < deadline, "the loading thread never loaded it"
+            time.sleep(0.02)
+    assert index.vector_search("a", vectors[7], 1, ANY)[0].id == "m7"
+    assert [r.threadName for r in caplog.records if "loaded: 50 rows" in r.getMessage()] == ["index-loader"]
+    assert index.residency().loads == 1
     index.close()

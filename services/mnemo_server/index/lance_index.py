@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import re
 import sys
 import threading
@@ -30,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mnemo_server.config import IndexConfig
+from mnemo_server.errors import Unavailable
 from mnemo_server.index import graph_files
 from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
 from mnemo_server.index.pending import PendingRows
@@ -166,6 +168,9 @@ class _Handle:
     ready: bool = False
     closed: bool = False
     load_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Queued for the loading thread (under LanceIndex._lock); set once loaded, or dropped.
+    load_queued: bool = False
+    settled: threading.Event = field(default_factory=threading.Event)
 
     def refresh(self) -> None:
         """Read the newest version. Through the same Lance session: its index cache is what
@@ -212,6 +217,9 @@ class LanceIndex:
         )
         self._loads = 0
         self._drops = 0
+        # Loads asked for by searches run on one thread of their own (_await_load).
+        self._load_queue: queue.SimpleQueue[tuple[str, _Handle] | None] = queue.SimpleQueue()
+        self._loader: threading.Thread | None = None
         # Called with a tenant's id once its in-memory indices are loaded (Core: the rows the
         # last run left outside LanceDB's indices are scheduled for folding in).
         self.on_load: Callable[[str], None] | None = None
@@ -263,7 +271,7 @@ class LanceIndex:
             if load or create:
                 h.last_used = time.monotonic()
             if load and not h.ready:
-                self._load(tenant_id, h)
+                self._await_load(tenant_id, h)
             if not h.closed:
                 return h
             # Dropped between the open and the load (index/residency.py): open it again.
@@ -513,8 +521,11 @@ class LanceIndex:
             self._feeder.forget(h.graph)
 
     def close(self) -> None:
-        """Stop feeding the vector graphs (their queued writes are in the table already) and
-        save them, with those writes, for the next start."""
+        """Stop loading and feeding the vector graphs (their queued writes are in the table
+        already) and save them, with those writes, for the next start."""
+        if self._loader is not None:
+            self._load_queue.put(None)
+            self._loader.join(timeout=30)
         self._feeder.stop()
         if self.graph_dir is None:
             return
@@ -1034,18 +1045,50 @@ class LanceIndex:
             rows = max(rows, self._load_text_postings(h))
             self._load_vector_graph(tenant_id, h)
             h.ready = True
+            h.settled.set()
             with self._lock:
                 self._loads += 1
         log.info("index of tenant %s loaded: %d rows in %.2f s", tenant_id, rows, time.monotonic() - began)
         if self.on_load is not None:
             self.on_load(tenant_id)
 
+    def _await_load(self, tenant_id: str, h: _Handle) -> None:
+        """A search's wait for the tenant's indices: their load is queued (once) for the
+        loading thread, and waited for at most index.load_wait_s; then UNAVAILABLE, which
+        clients retry. Never loaded inside the call: a compute slot held for a large
+        tenant's load (5-7 s for 100k rows) would hold back every tenant's searches."""
+        with self._lock:
+            queued, h.load_queued = h.load_queued, True
+            if self._loader is None:
+                self._loader = threading.Thread(target=self._load_queued, name="index-loader", daemon=True)
+                self._loader.start()
+        if not queued:
+            self._load_queue.put((tenant_id, h))
+        if not h.settled.wait(self.cfg.load_wait_s) and not h.closed:
+            raise Unavailable(
+                f"the search index of tenant {tenant_id} is being loaded into memory; retry shortly",
+                reason="INDEX_LOADING",
+            )
+
+    def _load_queued(self) -> None:
+        while (item := self._load_queue.get()) is not None:
+            tenant_id, h = item
+            try:
+                self._load(tenant_id, h)
+            except Exception:  # the tenant's next search queues it again
+                log.exception("loading the index of tenant %s failed", tenant_id)
+            finally:
+                with self._lock:
+                    h.load_queued = False
+
     def warm(self, tenant_id: str) -> dict[str, int]:
-        """Load the tenant's in-memory indices and run a search of each kind (start-up pays
-        what the first searches would). Returns the rows each holds."""
-        h = self._handle(tenant_id)
+        """Load the tenant's in-memory indices in this thread and run a search of each kind
+        (start-up pays what the first searches would). Returns the rows each holds."""
+        h = self._handle(tenant_id, load=False)
         if h is None:
             return {}
+        h.last_used = time.monotonic()
+        self._load(tenant_id, h)
         self.vector_search(tenant_id, np.ones(self.dimension, dtype=np.float32), 1, MemoryFilter())
         self.text_search(tenant_id, "warm", 1, MemoryFilter())
         return {
@@ -1113,8 +1156,8 @@ class LanceIndex:
         it), so that its next load reads it instead of building it. Not one being loaded."""
         with self._lock:
             h = self._handles.get(name)
-        if h is None or not h.load_lock.acquire(blocking=False):
-            return False
+            if h is None or h.load_queued or not h.load_lock.acquire(blocking=False):
+                return False
         try:
             if h.graph is not None:
                 self._feeder.forget(h.graph, wait=True)  # then nothing else changes the graph
@@ -1124,6 +1167,7 @@ class LanceIndex:
                     if h.graph.unsaved:
                         self._save_graph(name, h)
                 h.closed = True
+                h.settled.set()  # a search waiting for its load opens the table again
                 with self._lock:
                     if self._handles.get(name) is h:
                         del self._handles[name]

@@ -6,8 +6,9 @@ vector graph), its full-text postings, its hit attributes and a Lance session. M
 process from 71 to 796 MB), 50-row tenants ~0.6 MB each. Kept for every tenant forever, a
 server with many tenants grows without bound, and starting it loads them all before it
 serves (those 300: 17 s). So the tenants kept are bounded, in count and in rows, to the
-most recently used; the others are opened and loaded again by their next search (1k rows:
-~55 ms; 100k: 5-7 s), which is why a tenant used within the last `min_idle_s` is never
+most recently used; the others are loaded again when a search asks for them (1k rows:
+~55 ms; 100k: 5-7 s; on a thread of their own, the search waiting at most
+index.load_wait_s), which is why a tenant used within the last `min_idle_s` is never
 dropped, even past the bounds: that would trade memory for reloading it again and again.
 Everything dropped is derived from the LanceDB table (and the saved vector graph, saved as
 it is dropped), so nothing is lost.

@@ -545,9 +545,10 @@ export interface GetStatusResponse_RankingFallbacksEntry {
 /**
  * The server keeps the search indices (vectors, graph, full-text postings, attributes) of
  * the most recently used tenants in memory, within index.max_resident_tenants and
- * index.max_resident_rows; another tenant's are loaded by its next search, which waits for
- * that (tens of milliseconds for 1k memories, seconds for 100k). A tenant used within
- * index.resident_min_idle_s is kept even past the bounds.
+ * index.max_resident_rows; another tenant's are loaded in the background when a search
+ * asks for them (~55 ms for 1k memories, 5-7 s for 100k), the search waiting at most
+ * index.load_wait_s (2 s) and then failing UNAVAILABLE with reason INDEX_LOADING, to be
+ * retried. A tenant used within index.resident_min_idle_s is kept even past the bounds.
  */
 export interface IndexResidency {
   /** Tenants whose tables are open (loaded or not) and the rows loaded in memory. */

@@ -181,9 +181,12 @@ def test_eval_with_training_sessions_runs_every_phase(tmp_path: Path, model_cach
 
 def test_bench_tenants_quick(tmp_path: Path, model_cache: Path) -> None:
     """Six tenants, two kept in memory: the restarted server loads the two most recently
-    written, Recalls on the others load them, and every Recall finds the memory it asks for."""
+    written, Recalls on the others load them (answered UNAVAILABLE at once, the server told
+    to wait 0 s for a load, and retried until the load is done), and every Recall finds the
+    memory it asks for."""
     out_json = tmp_path / "tenants.json"
-    _mnemo(["bench-tenants", "--quick", "--json-out", str(out_json)], base_env(model_cache), timeout=600)
+    env = base_env(model_cache, MNEMO_INDEX__LOAD_WAIT_S="0")
+    _mnemo(["bench-tenants", "--quick", "--json-out", str(out_json)], env, timeout=600)
     result = json.loads(out_json.read_text())
     assert (result["tenants"], result["memories_per_tenant"], result["max_resident_tenants"]) == (6, 40, 2)
     assert result["load"]["memories"] == 240 and result["load"]["searchable_after_s"] > 0
@@ -192,4 +195,5 @@ def test_bench_tenants_quick(tmp_path: Path, model_cache: Path) -> None:
     assert recalls["kept"]["count"] + recalls["loading"]["count"] == 30
     assert recalls["kept"]["errors"] == recalls["loading"]["errors"] == {}
     assert recalls["loading"]["count"] > 0 and recalls["top_hit_is_the_memory_asked"] == 1.0
+    assert recalls["loading"]["retried_unavailable"] > 0  # then answered: no errors above
     assert result["end"]["residency"]["loads"] > result["restart"]["residency"]["loads"]

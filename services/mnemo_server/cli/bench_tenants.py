@@ -18,7 +18,7 @@ from rich.table import Table
 
 def _table(result: dict[str, Any]) -> Table:
     table = Table(title=f"Recall on random tenants, concurrency {result['concurrency']}")
-    for col in ("tenant's indices", "count", "p50 ms", "p95 ms", "p99 ms", "max ms", "errors"):
+    for col in ("tenant's indices", "count", "p50 ms", "p95 ms", "p99 ms", "max ms", "retried", "errors"):
         table.add_column(col, justify="left" if col in ("tenant's indices", "errors") else "right")
     for name, label in (("kept", "in memory"), ("loading", "loaded by the Recall")):
         s = result["recalls"][name]
@@ -26,6 +26,7 @@ def _table(result: dict[str, Any]) -> Table:
             label,
             str(s["count"]),
             *(f"{s[k]:.1f}" for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")),
+            str(s["retried_unavailable"]),
             ", ".join(f"{k}:{v}" for k, v in s["errors"].items()) or "-",
         )
     return table

@@ -8,12 +8,16 @@ import json
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from grpc import aio
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from mnemo_server.evaluation.tenants_bench import TenantsBenchConfig
+    from mnemo_server.launcher import LaunchedProcess, Launcher
 
 
 def _table(result: dict[str, Any]) -> Table:
@@ -134,7 +138,12 @@ def bench_tenants(
 
 
 async def _run(
-    launcher: Any, server: Any, env: dict[str, str], admin_key: str, cfg: Any, console: Console
+    launcher: Launcher,
+    server: LaunchedProcess,
+    env: dict[str, str],
+    admin_key: str,
+    cfg: TenantsBenchConfig,
+    console: Console,
 ) -> dict[str, Any]:
     from mnemo_server.evaluation import tenants_bench as tb
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import re
 import sys
 import threading
@@ -41,6 +40,7 @@ from mnemo_server.index.scope_vectors import ScopeVectors
 from mnemo_server.index.text_postings import TextPostings
 from mnemo_server.index.vector_graph import GraphFeeder, GraphParams, HnswGraph, VectorGraph
 from mnemo_server.memory.model import MemoryFilter
+from mnemo_server.one_thread import OneThreadQueue
 
 log = logging.getLogger(__name__)
 
@@ -161,16 +161,19 @@ class _Handle:
     graph: VectorGraph | None = None
     # The last filter's matching ids, with the snapshot they were read from (_ids_matching).
     last_matching: tuple[Any, MemoryFilter, frozenset[str]] | None = None
-    # Residency (index/residency.py): when a search or write last used it; whether its
-    # in-memory indices are loaded (a new table's are: it is empty); whether it was dropped
-    # (under the table lock: a writer holding a dropped handle opens the table again).
+    # Residency (index/residency.py): when a search or write last used it; whether it was
+    # dropped (under the table lock: a writer holding a dropped handle opens the table
+    # again); set once its in-memory indices are loaded (a new table's at once: it is
+    # empty) or it was dropped, which wakes the searches waiting for its load.
     last_used: float = 0.0
-    ready: bool = False
     closed: bool = False
     load_lock: threading.Lock = field(default_factory=threading.Lock)
-    # Queued for the loading thread (under LanceIndex._lock); set once loaded, or dropped.
-    load_queued: bool = False
     settled: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def ready(self) -> bool:
+        """Its in-memory indices are loaded."""
+        return self.settled.is_set() and not self.closed
 
     def refresh(self) -> None:
         """Read the newest version. Through the same Lance session: its index cache is what
@@ -222,8 +225,7 @@ class LanceIndex:
         self._loads = 0
         self._drops = 0
         # Loads asked for by searches run on one thread of their own (_await_load).
-        self._load_queue: queue.SimpleQueue[tuple[str, _Handle] | None] = queue.SimpleQueue()
-        self._loader: threading.Thread | None = None
+        self._background_loads = OneThreadQueue("index-loader")
         # Called with a tenant's id once its in-memory indices are loaded (Core: the rows the
         # last run left outside LanceDB's indices are scheduled for folding in).
         self.on_load: Callable[[str], None] | None = None
@@ -321,7 +323,8 @@ class LanceIndex:
             # answers every search.
             handle.vectors.loaded = self._keeps_scope_vectors and not existed
             handle.texts.loaded = self.cfg.memory_text_search and not existed
-            handle.ready = not existed
+            if not existed:
+                handle.settled.set()
             if self._keeps_graph:
                 handle.graph = VectorGraph(self.dimension, self._graph_params)
                 if not existed:
@@ -537,9 +540,7 @@ class LanceIndex:
     def close(self) -> None:
         """Stop loading and feeding the vector graphs (their queued writes are in the table
         already) and save them, with those writes, for the next start."""
-        if self._loader is not None:
-            self._load_queue.put(None)
-            self._loader.join(timeout=30)
+        self._background_loads.stop()
         self._feeder.stop()
         if self.graph_dir is None:
             return
@@ -1048,17 +1049,17 @@ class LanceIndex:
     # --- residency (index/residency.py) -----------------------------------------------
 
     def _load(self, tenant_id: str, h: _Handle) -> None:
-        """Load a kept table's in-memory indices, once: a search that finds another one
-        loading waits for it. Writes go on meanwhile (each load reads under the table lock)."""
+        """Load a kept table's in-memory indices, once: the loading thread's work, or
+        warm-up's (a second caller waits under load_lock, then finds it done). Writes go on
+        meanwhile (each load reads under the table lock)."""
         with h.load_lock:
-            if h.ready or h.closed:
+            if h.settled.is_set():  # loaded, or dropped
                 return
             began = time.monotonic()
             self._load_attrs(h, self.cfg.attrs_cache_rows)
             rows = self._load_scope_vectors(h)
             rows = max(rows, self._load_text_postings(h))
             self._load_vector_graph(tenant_id, h)
-            h.ready = True
             h.settled.set()
             with self._lock:
                 self._loads += 1
@@ -1071,29 +1072,12 @@ class LanceIndex:
         loading thread, and waited for at most index.load_wait_s; then UNAVAILABLE, which
         clients retry. Never loaded inside the call: a compute slot held for a large
         tenant's load (5-7 s for 100k rows) would hold back every tenant's searches."""
-        with self._lock:
-            queued, h.load_queued = h.load_queued, True
-            if self._loader is None:
-                self._loader = threading.Thread(target=self._load_queued, name="index-loader", daemon=True)
-                self._loader.start()
-        if not queued:
-            self._load_queue.put((tenant_id, h))
+        self._background_loads.submit(id(h), lambda: self._load(tenant_id, h))  # once per handle
         if not h.settled.wait(self.cfg.load_wait_s) and not h.closed:
             raise Unavailable(
                 f"the search index of tenant {tenant_id} is being loaded into memory; retry shortly",
                 reason="INDEX_LOADING",
             )
-
-    def _load_queued(self) -> None:
-        while (item := self._load_queue.get()) is not None:
-            tenant_id, h = item
-            try:
-                self._load(tenant_id, h)
-            except Exception:  # the tenant's next search queues it again
-                log.exception("loading the index of tenant %s failed", tenant_id)
-            finally:
-                with self._lock:
-                    h.load_queued = False
 
     def warm(self, tenant_id: str) -> dict[str, int]:
         """Load the tenant's in-memory indices in this thread and run a search of each kind
@@ -1167,10 +1151,11 @@ class LanceIndex:
 
     def _drop(self, name: str) -> bool:
         """Forget a kept table: its vector graph saved first (with every write queued for
-        it), so that its next load reads it instead of building it. Not one being loaded."""
+        it), so that its next load reads it instead of building it. Not one queued for its
+        load or being loaded."""
         with self._lock:
             h = self._handles.get(name)
-            if h is None or h.load_queued or not h.load_lock.acquire(blocking=False):
+            if h is None or self._background_loads.pending(id(h)) or not h.load_lock.acquire(blocking=False):
                 return False
         try:
             if h.graph is not None:

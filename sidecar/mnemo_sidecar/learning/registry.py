@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import shutil
 import threading
 import time
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from mnemo_server.one_thread import OneThreadQueue
 from mnemo_server.store.durable import fsync_tree, write_text_durably
 from mnemo_sidecar.learning.model import ModelKind
 
@@ -72,9 +72,7 @@ class ModelRegistry:
         self._loading: dict[Key, threading.Lock] = {}
         self._loads: Counter[ModelKind] = Counter()
         self._drops: Counter[ModelKind] = Counter()
-        self._background: set[Key] = set()  # queued for, or in, a background load
-        self._to_load: queue.SimpleQueue[tuple[str, ModelKind, Callable[[Path], Any]]] = queue.SimpleQueue()
-        self._loader: threading.Thread | None = None
+        self._background = OneThreadQueue("model-load")
         self._lock = threading.Lock()
 
     def _kind_dir(self, tenant: str, kind: ModelKind) -> Path:
@@ -137,29 +135,14 @@ class ModelRegistry:
         with self._lock:
             if key in self._loaded or key in self._broken:
                 return self._touch(key)
-            if key in self._background:
+            if self._background.pending(key):
                 return None
             if not (self._kind_dir(tenant, kind) / "current.json").exists():
                 return None  # nothing promoted: nothing to load
-            self._background.add(key)
-            if self._loader is None:
-                self._loader = threading.Thread(target=self._load_queued, name="model-load", daemon=True)
-                self._loader.start()
-            self._to_load.put((tenant, kind, loader))
+        # One at a time on one thread (one_thread.py); a model that does not load is
+        # recorded by current().
+        self._background.submit(key, lambda: self.current(tenant, kind, loader))
         return None
-
-    def _load_queued(self) -> None:
-        """The background loads, one at a time on this one thread: a burst of tenants whose
-        models are not in memory is not a burst of loads competing with serving for the
-        cores, and their memory comes from one malloc arena (glibc gives each thread that
-        allocates its own, and what is freed in one is not reused by another)."""
-        while True:
-            tenant, kind, loader = self._to_load.get()
-            try:
-                self.current(tenant, kind, loader)  # a model that does not load is recorded there
-            finally:
-                with self._lock:
-                    self._background.discard((tenant, kind))
 
     def resident(self, tenant: str, kind: ModelKind) -> Promoted[Any] | None:
         """The promoted model if it is in memory now; loads nothing and counts as no use."""

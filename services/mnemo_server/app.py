@@ -28,6 +28,7 @@ from mnemo_server.diagnostics import DataDirSize
 from mnemo_server.embed.embedder import CachedQueryEmbedder, Embedder
 from mnemo_server.embed.factory import build_embedder
 from mnemo_server.errors import EmbeddingModelMismatch, FailedPrecondition
+from mnemo_server.index import in_step
 from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import LanceIndex
 from mnemo_server.latency_histogram import CallTimes
@@ -129,6 +130,10 @@ class Core:
                 config.index,
                 graph_dir=self.paths.vector_graphs if config.index.graph_saved else None,
             )
+            # Taken before anything writes, so that a crash from here on finds no seal.
+            self.tables_to_check = in_step.take_seal(self.db, self.index)
+            # What an orderly close may seal: not tables this run was to check and did not.
+            self._index_checked = self.tables_to_check == frozenset()
             self.indexer = IndexWorker(self.db, self.index, self.index_embedder, config.index)
             self.index.on_load = self._index_loaded
             self.validator = Validator(config.limits)
@@ -267,15 +272,38 @@ class Core:
                     progress(total - self.indexer.pending(), total)
             for tenant_id in self.index.tenants():
                 self.index.optimize(tenant_id)
+            self._index_checked = True  # every table written afresh from the store
         finally:
             self.indexer.stop()
         if progress:
             progress(total, total)
         return total
 
+    def check_index_at_start(self) -> None:
+        """Put the index in step with the store before serving: tables of an older layout
+        rebuilt, rows a crash left behind (or ahead) submitted or removed. Only the tables
+        the last shutdown's seal does not vouch for are opened (index/in_step.py)."""
+        check = self.tables_to_check
+        # Tables an older server wrote with another layout, or left with an ANN index that
+        # no longer reads, are rebuilt from DuckDB.
+        for tenant_id in self.index.drop_outdated(check):
+            log.info("index table dropped (older layout or unreadable): re-indexing tenant %s", tenant_id)
+            with self.db.transaction() as cur:
+                memory_repo.reset_index_marks(cur, tenant_id)
+        # Anything committed but not indexed before a crash (or indexed but since deleted).
+        queued = self.indexer.reconcile(full=True, tables=check)
+        log.info(
+            "index checked at start-up: %s; %d memories to (re)index or remove",
+            "every table (no seal of an orderly shutdown)"
+            if check is None
+            else f"{len(check)} table(s) written since the last orderly shutdown",
+            queued,
+        )
+        self._index_checked = True
+
     def close(self) -> None:
         self.delivery.stop()
-        self.indexer.stop()
+        indexer_stopped = self.indexer.stop()
         self.index_embedder.close()
         self.query_embedder.close()
         self.embedder.close()
@@ -285,6 +313,11 @@ class Core:
             self.access_counts.flush()
         except Exception:  # closing goes on: the counts are a feature, not acknowledged writes
             log.exception("access counts not written at close")
+        if indexer_stopped and self._index_checked:
+            try:
+                in_step.seal(self.db, self.index)
+            except Exception:  # the next start checks every table instead
+                log.exception("index not sealed at close")
         self.db.close()
 
 
@@ -353,16 +386,7 @@ class MnemoServer:
         core = self.core
         if not self.config.auth.enabled:
             core.tenants.ensure_tenant(self.config.auth.local_tenant)
-        # Tables an older server wrote with another layout, or left with an ANN index that
-        # no longer reads, are rebuilt from DuckDB.
-        for tenant_id in core.index.drop_outdated():
-            log.info("index table dropped (older layout or unreadable): re-indexing tenant %s", tenant_id)
-            with core.db.transaction() as cur:
-                memory_repo.reset_index_marks(cur, tenant_id)
-        # Anything committed but not indexed before a crash (or indexed but since deleted).
-        queued = core.indexer.reconcile(full=True)
-        if queued:
-            log.info("reconciler: %d memories to (re)index or remove", queued)
+        core.check_index_at_start()
         core.warm_up()
         core.indexer.start()
         core.delivery.start()

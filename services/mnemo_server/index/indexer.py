@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from mnemo_server.config import IndexConfig
@@ -124,12 +124,17 @@ class IndexWorker:
             self._thread = threading.Thread(target=self._run, name="mnemo-indexer", daemon=True)
             self._thread.start()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self._thread is not None:
-            self._stopping.set()
-            self._queue.put(None)
-            self._thread.join(timeout_s)
-            self._thread = None
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Stop the worker; False if it was still busy after timeout_s (it is abandoned: a
+        daemon thread, and what it wrote is put right by the next start's reconcile)."""
+        if self._thread is None:
+            return True
+        self._stopping.set()
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+        ended = not self._thread.is_alive()
+        self._thread = None
+        return ended
 
     def wait_idle(self, timeout_s: float) -> bool:
         """True once nothing is queued or in flight (used by commands and tests)."""
@@ -233,11 +238,15 @@ class IndexWorker:
 
     # --- reconciliation ----------------------------------------------------------------
 
-    def reconcile(self, *, full: bool = False) -> int:
+    def reconcile(self, *, full: bool = False, tables: Collection[str] | None = None) -> int:
         """Submit every row DuckDB says is behind; with full=True also remove LanceDB rows
-        DuckDB does not hold as live (e.g. after a crash or a restored data directory).
-        Returns how many rows were submitted or removed."""
+        DuckDB does not hold as live and redo rows LanceDB holds at another revision (e.g.
+        after a crash or a restored data directory), in `tables` (None: every tenant's; the
+        others are known to be in step, index/in_step.py), and index again the rows of
+        tenants whose table is gone. Returns how many rows were submitted or removed."""
         n = 0
+        if full:
+            self._forget_missing_tables()
         after = ("", "")
         while True:
             tasks = memory_repo.needing_index(self.db.reader(), self.embedder.model_id, 5000, after)
@@ -251,12 +260,22 @@ class IndexWorker:
             n += len(tasks)
             after = (tasks[-1].tenant_id, tasks[-1].id)
         if full:
-            n += self._remove_orphans()
+            n += self._remove_orphans(self.index.tenants() if tables is None else sorted(tables))
         return n
 
-    def _remove_orphans(self) -> int:
+    def _forget_missing_tables(self) -> None:
+        """Rows DuckDB marks as indexed in a table that does not exist (deleted, or a LanceDB
+        directory put back from before the tenant's first write) are marked unindexed."""
+        marked = set(memory_repo.tenants_with_index_marks(self.db.reader()))
+        missing = sorted(marked - set(self.index.tenants()))
+        for tenant_id in missing:
+            log.warning("tenant %s has no index table: its memories are indexed again", tenant_id)
+            with self.db.transaction() as cur:
+                memory_repo.reset_index_marks(cur, tenant_id)
+
+    def _remove_orphans(self, tenants: Iterable[str]) -> int:
         removed = 0
-        for tenant_id in self.index.tenants():
+        for tenant_id in tenants:
             indexed = self.index.revisions(tenant_id)
             if not indexed:
                 continue

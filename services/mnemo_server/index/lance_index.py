@@ -11,13 +11,15 @@ row's vector is kept in memory by scope for exact searches within a few small sc
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -353,6 +355,26 @@ class LanceIndex:
     def tenants(self) -> list[str]:
         return [n[2:] for n in self._db.list_tables().tables if n.startswith("t_")]
 
+    def layout(self) -> str:
+        """The tables this configuration writes: their columns and which LanceDB indices
+        they carry (index/in_step.py: a table sealed under another layout is checked)."""
+        layout = {"schema": str(self.schema), "ann": self._wants_ann_index, "text": self._wants_text_index}
+        return json.dumps(layout, sort_keys=True)
+
+    def table_versions(self) -> dict[str, str]:
+        """Per tenant with a table, a digest of its version manifests' names. Every LanceDB
+        commit adds a manifest, so any write since (or a copy of the table put back) changes
+        it; read from the directory, no table opened (~20 us a table)."""
+        versions: dict[str, str] = {}
+        for tenant_id in self.tenants():
+            folder = self.path / f"{self.table_name(tenant_id)}.lance" / "_versions"
+            try:
+                names = sorted(p.name for p in folder.iterdir() if p.suffix == ".manifest")
+            except OSError:
+                names = []
+            versions[tenant_id] = hashlib.blake2b("\n".join(names).encode(), digest_size=16).hexdigest()
+        return versions
+
     @property
     def _keeps_graph(self) -> bool:
         """Whether each tenant has a vector graph: built from the scope vectors, so only
@@ -376,13 +398,14 @@ class LanceIndex:
         (~0.35 s and ~40 MB more of the compaction's transient memory)."""
         return not self.cfg.memory_text_search
 
-    def drop_outdated(self) -> list[str]:
+    def drop_outdated(self, tenants: Iterable[str] | None = None) -> list[str]:
         """Drop tables written with another schema (an older server) or whose ANN index no
         longer reads; returns their tenants, whose memories must be indexed again. The
         index is derived, so nothing is lost. An ANN or full-text index this configuration
-        does not use is dropped from its table."""
+        does not use is dropped from its table. `tenants`: the tables to look at (None:
+        every one)."""
         dropped = []
-        for tenant_id in self.tenants():
+        for tenant_id in self.tenants() if tenants is None else sorted(tenants):
             h = self._handle(tenant_id, load=False)
             if h is None:
                 continue
@@ -1157,6 +1180,7 @@ class LanceIndex:
             h = self._handles.get(name)
             if h is None or self._background_loads.pending(id(h)) or not h.load_lock.acquire(blocking=False):
                 return False
+        loaded = h.ready
         try:
             if h.graph is not None:
                 self._feeder.forget(h.graph, wait=True)  # then nothing else changes the graph
@@ -1173,7 +1197,12 @@ class LanceIndex:
                     self._drops += 1
         finally:
             h.load_lock.release()
-        log.info("index of tenant %s dropped from memory (index.max_resident_*)", name[2:])
+        # A table only opened (by start-up's checks, a write, a status call) held nothing to speak of.
+        log.log(
+            logging.INFO if loaded else logging.DEBUG,
+            "index of tenant %s dropped from memory (index.max_resident_*)",
+            name[2:],
+        )
         return True
 
     @contextmanager

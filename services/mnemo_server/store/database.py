@@ -390,6 +390,9 @@ class Database:
     def set_meta(self, cur: Cursor, key: str, value: str) -> None:
         cur.execute("INSERT OR REPLACE INTO store_meta VALUES (?, ?)", [key, value])
 
+    def delete_meta(self, cur: Cursor, key: str) -> None:
+        cur.execute("DELETE FROM store_meta WHERE key = ?", [key])
+
     def checkpoint(self) -> None:
         with self._holding(ALL_DOMAINS):
             self._conn.execute("CHECKPOINT")

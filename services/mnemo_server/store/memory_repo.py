@@ -764,6 +764,14 @@ def forget_index_marks(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> None:
         )
 
 
+def tenants_with_index_marks(cur: Cursor) -> list[str]:
+    """Tenants with a row marked as indexed (live or tombstoned)."""
+    rows = cur.execute(
+        "SELECT DISTINCT tenant_id FROM memories WHERE indexed_revision IS NOT NULL"
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
 def reset_index_marks(cur: Cursor, tenant_id: str | None = None) -> None:
     """Forget what LanceDB holds (for one tenant, or all): those rows are indexed again."""
     if tenant_id is None:

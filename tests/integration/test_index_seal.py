@@ -181,3 +181,21 @@ def test_a_seal_made_under_another_layout_checks_every_table(tmp_path: Path, mod
         assert core.tables_to_check is None
     finally:
         core.close()
+
+
+def test_a_table_emptied_since_the_shutdown_is_indexed_again(tmp_path: Path, model_cache: Path) -> None:
+    """An empty table used to be passed over by the check: the rows DuckDB marks as indexed
+    in it stayed unsearchable."""
+    cfg = make_config(tmp_path / "data", model_cache)
+    ids = _indexed_and_closed(cfg)
+    stray = LanceIndex(tmp_path / "data" / "lance", 384, cfg.index)
+    stray.delete("b", ids["b"])
+    assert stray.count("b") == 0
+    stray.close()
+    core = _started(cfg)
+    try:
+        assert core.tables_to_check == {"b"}
+        assert core.index.count("b") == len(TOPICS["b"])
+        assert _top_hit(core, "b", TOPICS["b"][0]) == TOPICS["b"][0]
+    finally:
+        core.close()

@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (tenant_id, memory_id)
 
+# Start-up's check after a crash reads DuckDB's rows for this many tenants, or rows, at a time.
+_CHECK_BATCH_TENANTS = 256
+_CHECK_BATCH_ROWS = 50_000
+
 
 @dataclass
 class IndexerStats:
@@ -274,26 +278,35 @@ class IndexWorker:
                 memory_repo.reset_index_marks(cur, tenant_id)
 
     def _remove_orphans(self, tenants: Iterable[str]) -> int:
+        """Compare each table's ids and revisions with DuckDB's live rows. DuckDB is asked for
+        a batch of tenants at a time: one query per tenant took ~1 ms of the ~7 ms a tenant
+        cost start-up after a crash."""
         removed = 0
+        batch: list[tuple[str, dict[str, int]]] = []
+        rows = 0
         for tenant_id in tenants:
             indexed = self.index.revisions(tenant_id)
-            if not indexed:
-                continue
-            rows = (
-                self.db.reader()
-                .execute(
-                    "SELECT id, revision, indexed_revision FROM memories WHERE tenant_id = ? "
-                    "AND delete_time_ns IS NULL",
-                    [tenant_id],
-                )
-                .fetchall()
-            )
-            live = {r[0]: (r[1], r[2]) for r in rows}
+            batch.append((tenant_id, indexed))
+            rows += len(indexed)
+            if len(batch) >= _CHECK_BATCH_TENANTS or rows >= _CHECK_BATCH_ROWS:
+                removed += self._put_right(batch)
+                batch, rows = [], 0
+        return removed + self._put_right(batch)
+
+    def _put_right(self, tables: list[tuple[str, dict[str, int]]]) -> int:
+        """tables: (tenant, id -> revision LanceDB holds). Rows DuckDB does not hold as live
+        are removed from LanceDB; rows DuckDB marks as indexed that LanceDB lacks or holds at
+        another revision are indexed again."""
+        if not tables:
+            return 0
+        marks = memory_repo.live_index_marks(self.db.reader(), [t for t, _ in tables])
+        removed = 0
+        for tenant_id, indexed in tables:
+            live = marks.get(tenant_id, {})
             orphans = [i for i in indexed if i not in live]
             if orphans:
                 self.index.delete(tenant_id, orphans)
                 removed += len(orphans)
-            # Marked indexed but LanceDB lost the row or holds another revision: redo.
             stale = [
                 i for i, (rev, idx_rev) in live.items() if idx_rev is not None and indexed.get(i) != idx_rev
             ]

@@ -310,7 +310,9 @@ class LanceIndex:
             import lance
 
             session = self._new_session()
-            uri = table.to_lance().uri
+            # The table's folder, as LanceDB names it: asking the table (to_lance) opens the
+            # dataset once more, ~1 ms of a ~5 ms open.
+            uri = str(self.path / f"{name}.lance")
             handle = _Handle(
                 table,
                 uri,
@@ -336,7 +338,7 @@ class LanceIndex:
                     lambda: self._build_graph(handle),
                     (lambda: self._save_graph(name, handle)) if self.graph_dir is not None else None,
                 )
-            indices = self._index_names(table)
+            indices = self._reader_index_names(handle)
             handle.has_text_index = "text_idx" in indices
             if "vector_idx" in indices:
                 self._settle_pending(handle)
@@ -410,7 +412,7 @@ class LanceIndex:
             if h is None:
                 continue
             self._drop_unused_indices(tenant_id, h)
-            if h.table.schema.names != self.schema.names or not self._ann_reads(tenant_id, h):
+            if h.reader.schema.names != self.schema.names or not self._ann_reads(tenant_id, h):
                 name = self.table_name(tenant_id)
                 with self._lock:
                     self._forget(self._handles.pop(name, None))
@@ -421,7 +423,7 @@ class LanceIndex:
         return dropped
 
     def _drop_unused_indices(self, tenant_id: str, h: _Handle) -> None:
-        present = self._index_names(h.table)
+        present = self._reader_index_names(h)
         wanted = {"vector_idx": self._wants_ann_index, "text_idx": self._wants_text_index}
         unused = [name for name, wants in wanted.items() if name in present and not wants]
         if not unused:
@@ -441,7 +443,7 @@ class LanceIndex:
         every search that reaches it ("HNSW graph has N nodes but its vector storage has
         M rows"). Once at start-up: ~1 s at 100k rows, nearly all of it loading the index
         into the session cache, which the first searches would pay otherwise."""
-        if "vector_idx" not in self._index_names(h.table):
+        if "vector_idx" not in self._reader_index_names(h):
             return True
         try:
             self._read_whole_ann_index(h.reader)
@@ -596,6 +598,12 @@ class LanceIndex:
     @staticmethod
     def _index_names(table: Any) -> dict[str, Any]:
         return {ix.name: ix for ix in table.list_indices()}
+
+    @staticmethod
+    def _reader_index_names(h: _Handle) -> set[str]:
+        """The indices of the version the handle reads: from the open dataset, ~0.02 ms,
+        where LanceDB's table.list_indices takes ~0.5 ms (through its event loop)."""
+        return {ix.name for ix in h.reader.describe_indices()}
 
     def compact(self, tenant_id: str) -> int:
         """Merge the small fragments that appends leave behind (one per index batch); many

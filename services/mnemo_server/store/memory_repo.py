@@ -764,6 +764,20 @@ def forget_index_marks(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> None:
         )
 
 
+def live_index_marks(cur: Cursor, tenant_ids: Sequence[str]) -> dict[str, dict[str, tuple[int, int | None]]]:
+    """Per tenant, each live row's id -> (revision, indexed revision)."""
+    marks: dict[str, dict[str, tuple[int, int | None]]] = {t: {} for t in tenant_ids}
+    if not tenant_ids:
+        return marks
+    rows = cur.execute(
+        f"SELECT tenant_id, id, revision, indexed_revision FROM memories "
+        f"WHERE tenant_id IN ({id_list(tenant_ids)}) AND delete_time_ns IS NULL"
+    ).fetchall()
+    for tenant_id, memory_id, revision, indexed_revision in rows:
+        marks[tenant_id][memory_id] = (revision, indexed_revision)
+    return marks
+
+
 def tenants_with_index_marks(cur: Cursor) -> list[str]:
     """Tenants with a row marked as indexed (live or tombstoned)."""
     rows = cur.execute(

@@ -291,7 +291,7 @@ class Core:
             with self.db.transaction() as cur:
                 memory_repo.reset_index_marks(cur, tenant_id)
         # Anything committed but not indexed before a crash (or indexed but since deleted).
-        queued = self.indexer.reconcile(full=True, tables=check)
+        queued = self.indexer.reconcile(full=True, tenants=check)
         log.info(
             "index checked at start-up: %s; %d memories to (re)index or remove",
             "every table (no seal of an orderly shutdown)"

@@ -242,12 +242,12 @@ class IndexWorker:
 
     # --- reconciliation ----------------------------------------------------------------
 
-    def reconcile(self, *, full: bool = False, tables: Collection[str] | None = None) -> int:
-        """Submit every row DuckDB says is behind; with full=True also remove LanceDB rows
+    def reconcile(self, *, full: bool = False, tenants: Collection[str] | None = None) -> int:
+        """Submit every row DuckDB says is behind. With full=True also remove LanceDB rows
         DuckDB does not hold as live and redo rows LanceDB holds at another revision (e.g.
-        after a crash or a restored data directory), in `tables` (None: every tenant's; the
-        others are known to be in step, index/in_step.py), and index again the rows of
-        tenants whose table is gone. Returns how many rows were submitted or removed."""
+        after a crash or a restored data directory) in the tables of `tenants` (None: every
+        table; the others are known to be in step, index/in_step.py), and index again the
+        rows of tenants whose table is gone. Returns how many rows were submitted or removed."""
         n = 0
         if full:
             self._forget_missing_tables()
@@ -264,7 +264,7 @@ class IndexWorker:
             n += len(tasks)
             after = (tasks[-1].tenant_id, tasks[-1].id)
         if full:
-            n += self._remove_orphans(self.index.tenants() if tables is None else sorted(tables))
+            n += self._remove_orphans(self.index.tenants() if tenants is None else sorted(tenants))
         return n
 
     def _forget_missing_tables(self) -> None:

@@ -239,3 +239,23 @@ def test_a_tenant_searched_before_it_had_a_table_is_found_after_its_drop(tmp_pat
     assert index._drop("t_a") and not index.is_kept("a")
     assert index.vector_search("a", vectors[2], 1, ANY)[0].id == "m2"
     index.close()
+
+
+def test_a_trim_logs_one_line_naming_only_the_tenants_whose_indices_were_loaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start-up that opened 2,000 tables to check them logged a line for each it closed."""
+    writer = _bounded(tmp_path)
+    for seed, t in enumerate(("a", "b", "c", "d")):
+        writer.upsert(t, [_row(i, v) for i, v in enumerate(_units(seed, 5))])
+    writer.close()
+    index = _bounded(tmp_path, max_resident_tenants=1)
+    for t in ("a", "b"):
+        index.vector_search(t, _units(9, 1)[0], 1, ANY)  # loaded
+    assert index.count("c") == 5 and index.count("d") == 5  # opened, not loaded
+    assert not index.is_kept("c")
+    with caplog.at_level(logging.DEBUG, logger="mnemo_server.index.lance_index"):
+        assert sorted(index.trim()) == ["a", "c", "d"]
+    lines = [r.getMessage() for r in caplog.records if "dropped from memory" in r.getMessage()]
+    assert lines == ["indices of 1 tenant(s) dropped from memory (index.max_resident_*): a"]
+    index.close()

@@ -1179,7 +1179,22 @@ class LanceIndex:
     def trim(self) -> list[str]:
         """Drop the least recently used tenants past the residency bounds (the maintenance
         schedule's call). Returns the tenants dropped."""
-        return [name[2:] for name in to_drop(self._kept(), self.bounds, time.monotonic()) if self._drop(name)]
+        with self._lock:
+            ready = {name for name, h in self._handles.items() if h.ready}
+        dropped = [n for n in to_drop(self._kept(), self.bounds, time.monotonic()) if self._drop(n)]
+        # One line a pass (a busy bound drops hundreds of tenants an hour), naming only those
+        # whose indices were in memory: a table only opened (by start-up's checks, a write,
+        # a status call) held nothing to speak of.
+        unloaded = [n[2:] for n in dropped if n in ready]
+        if unloaded:
+            more = f" and {len(unloaded) - 10} more" if len(unloaded) > 10 else ""
+            log.info(
+                "indices of %d tenant(s) dropped from memory (index.max_resident_*): %s%s",
+                len(unloaded),
+                ", ".join(unloaded[:10]),
+                more,
+            )
+        return [n[2:] for n in dropped]
 
     def _drop(self, name: str) -> bool:
         """Forget a kept table: its vector graph saved first (with every write queued for
@@ -1189,7 +1204,6 @@ class LanceIndex:
             h = self._handles.get(name)
             if h is None or self._background_loads.pending(id(h)) or not h.load_lock.acquire(blocking=False):
                 return False
-        loaded = h.ready
         try:
             if h.graph is not None:
                 self._feeder.forget(h.graph, wait=True)  # then nothing else changes the graph
@@ -1206,12 +1220,6 @@ class LanceIndex:
                     self._drops += 1
         finally:
             h.load_lock.release()
-        # A table only opened (by start-up's checks, a write, a status call) held nothing to speak of.
-        log.log(
-            logging.INFO if loaded else logging.DEBUG,
-            "index of tenant %s dropped from memory (index.max_resident_*)",
-            name[2:],
-        )
         return True
 
     @contextmanager

@@ -137,8 +137,10 @@ class ModelRegistry:
                 return self._touch(key)
             if self._background.pending(key):
                 return None
-            if not (self._kind_dir(tenant, kind) / "current.json").exists():
-                return None  # nothing promoted: nothing to load
+        # Outside the lock: every Score of a tenant with nothing promoted looks, and a stat
+        # is a system call. A promotion landing meanwhile is found by the next call.
+        if not (self._kind_dir(tenant, kind) / "current.json").exists():
+            return None  # nothing promoted: nothing to load
         # One at a time on one thread (one_thread.py); a model that does not load is
         # recorded by current().
         self._background.submit(key, lambda: self.current(tenant, kind, loader))

@@ -30,10 +30,8 @@ from mnemo.v1 import admin_service_pb2_grpc as admin_grpc
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
-from mnemo_server.evaluation.bench import OpStats
+from mnemo_server.evaluation.bench import Metadata, OpStats
 from mnemo_server.evaluation.synth import memory_text
-
-Metadata = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)

@@ -131,9 +131,10 @@ class Core:
                 graph_dir=self.paths.vector_graphs if config.index.graph_saved else None,
             )
             # Taken before anything writes, so that a crash from here on finds no seal.
-            self.tables_to_check = in_step.take_seal(self.db, self.index)
+            self.start_check = in_step.take_seal(self.db, self.index)
             # What an orderly close may seal: not tables this run was to check and did not.
-            self._index_checked = self.tables_to_check == frozenset()
+            self._layout_checked = self.start_check.layout == frozenset()
+            self._rows_check_asked = self.start_check.rows == frozenset()
             self.indexer = IndexWorker(self.db, self.index, self.index_embedder, config.index)
             self.index.on_load = self._index_loaded
             self.validator = Validator(config.limits)
@@ -272,7 +273,8 @@ class Core:
                     progress(total - self.indexer.pending(), total)
             for tenant_id in self.index.tenants():
                 self.index.optimize(tenant_id)
-            self._index_checked = True  # every table written afresh from the store
+            # Every table written afresh from the store.
+            self._layout_checked = self._rows_check_asked = True
         finally:
             self.indexer.stop()
         if progress:
@@ -280,26 +282,39 @@ class Core:
         return total
 
     def check_index_at_start(self) -> None:
-        """Put the index in step with the store before serving: tables of an older layout
-        rebuilt, rows a crash left behind (or ahead) submitted or removed. Only the tables
-        the last shutdown's seal does not vouch for are opened (index/in_step.py)."""
-        check = self.tables_to_check
+        """Put the index in step with the store: before serving, tables of an older layout
+        rebuilt and rows a crash left behind submitted; once serving, rows a crash left
+        behind or ahead put right by the index worker. Only the tables the last shutdown's
+        seal does not vouch for are checked (index/in_step.py)."""
+        check = self.start_check
         # Tables an older server wrote with another layout, or left with an ANN index that
         # no longer reads, are rebuilt from DuckDB.
-        for tenant_id in self.index.drop_outdated(check):
+        for tenant_id in self.index.drop_outdated(check.layout):
             log.info("index table dropped (older layout or unreadable): re-indexing tenant %s", tenant_id)
             with self.db.transaction() as cur:
                 memory_repo.reset_index_marks(cur, tenant_id)
+        in_step.record_layout(self.index)  # what a start after a crash need not check again
+        self._layout_checked = True
+        self.indexer.forget_missing_tables()
+        tables = self.indexer.check_rows(check.rows) if check.rows != frozenset() else 0
+        self._rows_check_asked = True
         # Anything committed but not indexed before a crash (or indexed but since deleted).
-        queued = self.indexer.reconcile(full=True, tenants=check)
+        queued = self.indexer.reconcile()
         log.info(
-            "index checked at start-up: %s; %d memories to (re)index or remove",
-            "every table (no seal of an orderly shutdown)"
-            if check is None
-            else f"{len(check)} table(s) written since the last orderly shutdown",
+            "index checked at start-up: %s; %d memories to (re)index or remove; rows of %d table(s) "
+            "to compare with the store's once serving",
+            "every table's layout"
+            if check.layout is None
+            else f"layout of {len(check.layout)} table(s) written since the last orderly shutdown",
             queued,
+            tables,
         )
-        self._index_checked = True
+
+    @property
+    def index_in_step(self) -> bool:
+        """Whether every check start-up was to make of the index is done: only then may an
+        orderly close seal it."""
+        return self._layout_checked and self._rows_check_asked and self.indexer.rows_checked
 
     def close(self) -> None:
         self.delivery.stop()
@@ -313,7 +328,7 @@ class Core:
             self.access_counts.flush()
         except Exception:  # closing goes on: the counts are a feature, not acknowledged writes
             log.exception("access counts not written at close")
-        if indexer_stopped and self._index_checked:
+        if indexer_stopped and self.index_in_step:
             try:
                 in_step.seal(self.db, self.index)
             except Exception:  # the next start checks every table instead

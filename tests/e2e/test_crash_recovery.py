@@ -252,6 +252,13 @@ def test_the_vector_graph_saved_at_shutdown_is_put_right_after_a_kill9(
     assert _recall_ids(stub3, "who repaints the lighthouse lamp room")[0] == new
     assert _recall_ids(stub3, "pottery wheel sold to a ceramics studio")[0] == ids[8]
     assert ids[20] not in _recall_ids(stub3, "baking club meets at the old mill", 40)
+    # The crash left no seal: the table's rows are compared with the store's once serving.
+    assert "ended without an orderly shutdown: every table's rows are checked" in proc3.log.read_text()
+    deadline = time.monotonic() + 30
+    while stub3.GetStatus(pb.GetStatusRequest(), timeout=5).index_tables_to_check:
+        assert time.monotonic() < deadline, "the index check after the crash never ended"
+        time.sleep(0.1)
+    assert "index rows checked against the store" in proc3.log.read_text()
     assert proc3.terminate() == 0
 
 

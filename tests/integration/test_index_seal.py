@@ -1,11 +1,12 @@
-"""Start-up checks only the index tables an orderly shutdown's seal does not vouch for
-(index/in_step.py). Real DuckDB, LanceDB and embedding model, through Core: each case writes,
-shuts down, changes the data directory as a crash, a restore or a stray write would, and
-starts again."""
+"""Start-up checks only the index tables an orderly shutdown's seal does not vouch for, and
+after a crash every table's rows but not their layout (index/in_step.py). Real DuckDB, LanceDB
+and embedding model, through Core: each case writes, shuts down, changes the data directory as
+a crash, a restore or a stray write would, and starts again."""
 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from mnemo_server.app import Core
 from mnemo_server.config import Config
 from mnemo_server.index import in_step
+from mnemo_server.index.in_step import EVERY_TABLE, StartCheck
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
 from mnemo_server.memory.model import MemoryDraft
 from mnemo_server.retrieval.recall import RecallQuery
@@ -62,7 +64,7 @@ def test_after_an_orderly_shutdown_start_up_opens_no_table(tmp_path: Path, model
     _indexed_and_closed(cfg)
     core = Core(cfg)
     try:
-        assert core.tables_to_check == frozenset()
+        assert core.start_check == StartCheck(layout=frozenset(), rows=frozenset())
         core.check_index_at_start()
         assert core.index.residency().tenants == 0  # nothing opened
         _settle(core)
@@ -73,28 +75,106 @@ def test_after_an_orderly_shutdown_start_up_opens_no_table(tmp_path: Path, model
     # The seal is taken by the start that reads it: a crash from then on finds none.
     core = Core(cfg)
     try:
-        assert core.tables_to_check == frozenset()  # the orderly close above sealed again
-        assert in_step.take_seal(core.db, core.index) is None
+        assert core.start_check == StartCheck(layout=frozenset(), rows=frozenset())  # sealed again
+        assert in_step.take_seal(core.db, core.index) == EVERY_TABLE
     finally:
         core.close()
 
 
-def test_a_start_that_ends_without_an_orderly_shutdown_leaves_every_table_to_check(
+def _killed(core: Core) -> None:
+    """End it as a kill -9 does: nothing of close() runs."""
+    core.indexer.stop()
+    core.index.close()
+    core.db.close()
+    for embedder in (core.embedder, core.index_embedder, core.query_embedder):
+        embedder.close()
+
+
+def _ghost_row(cfg: Config, data: Path, tenant: str) -> None:
+    """A row LanceDB holds and the store does not, as a crash between a delete's commit and
+    its removal from the index leaves behind (or a stray writer)."""
+    stray = LanceIndex(data / "lance", 384, cfg.index)
+    vector = np.full(384, 384**-0.5, dtype=np.float32)
+    stray.upsert(tenant, [IndexRow("ghost", "", "semantic", "", "", False, 1, 1, 1, "a ghost row", vector)])
+    stray.close()
+
+
+def test_a_start_that_ends_before_its_check_leaves_every_table_to_check(
     tmp_path: Path, model_cache: Path
 ) -> None:
     cfg = make_config(tmp_path / "data", model_cache)
     _indexed_and_closed(cfg)
     crashed = Core(cfg)
-    assert crashed.tables_to_check == frozenset()
-    # Ended as a kill -9 ends it: nothing of close() runs.
-    crashed.indexer.stop()
-    crashed.index.close()
-    crashed.db.close()
-    for embedder in (crashed.embedder, crashed.index_embedder, crashed.query_embedder):
-        embedder.close()
+    assert crashed.start_check == StartCheck(layout=frozenset(), rows=frozenset())
+    _killed(crashed)
     core = Core(cfg)
     try:
-        assert core.tables_to_check is None
+        assert core.start_check == EVERY_TABLE
+    finally:
+        core.close()
+
+
+def test_after_a_crash_every_tables_rows_are_checked_once_serving_and_no_layout(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """A server that checked the index at start-up and then crashed: the next start opens no
+    table before serving; the index worker then compares every table's rows with the store's,
+    and an orderly close after that seals the index again."""
+    cfg = make_config(tmp_path / "data", model_cache)
+    ids = _indexed_and_closed(cfg)
+    later = "the new office opens in march near the river"
+    crashed = _started(cfg)
+    _write(crashed, "b", [later])
+    _settle(crashed)
+    _killed(crashed)
+    _ghost_row(cfg, tmp_path / "data", "a")
+
+    core = Core(cfg)
+    try:
+        assert core.start_check == StartCheck(layout=frozenset(), rows=None)
+        core.check_index_at_start()
+        assert core.index.residency().tenants == 0  # no table opened before serving
+        assert core.indexer.stats.tables_to_check == 2 and not core.index_in_step
+        _settle(core)
+        assert core.indexer.stats.tables_to_check == 0 and core.index_in_step
+        assert "ghost" not in core.index.revisions("a")
+        assert set(core.index.revisions("a")) == set(ids["a"])
+        assert _top_hit(core, "b", "when does the new office open") == later
+    finally:
+        core.close()
+    core = Core(cfg)
+    try:
+        assert core.start_check == StartCheck(layout=frozenset(), rows=frozenset())
+    finally:
+        core.close()
+
+
+def test_a_close_before_the_rows_check_is_done_seals_nothing(tmp_path: Path, model_cache: Path) -> None:
+    cfg = make_config(tmp_path / "data", model_cache)
+    _indexed_and_closed(cfg)
+    crashed = _started(cfg)
+    _killed(crashed)
+    core = Core(cfg)
+    try:
+        core.check_index_at_start()  # the index worker never runs: no table is compared
+        assert not core.index_in_step
+    finally:
+        core.close()
+    core = _started(cfg)
+    try:
+        assert core.start_check == StartCheck(layout=frozenset(), rows=None)
+    finally:
+        core.close()
+
+
+def test_a_crash_under_another_layout_checks_every_table(tmp_path: Path, model_cache: Path) -> None:
+    cfg = make_config(tmp_path / "data", model_cache)
+    _indexed_and_closed(cfg)
+    _killed(_started(cfg))
+    # Without the vector graph, tables carry LanceDB's ANN index: another layout.
+    core = Core(make_config(tmp_path / "data", model_cache, index={"vector_graph": False}))
+    try:
+        assert core.start_check == EVERY_TABLE
     finally:
         core.close()
 
@@ -106,18 +186,18 @@ def test_a_table_written_after_the_shutdown_is_checked_and_put_right(
     disappears from another: both tables are checked, the others are not."""
     cfg = make_config(tmp_path / "data", model_cache)
     ids = _indexed_and_closed(cfg)
+    _ghost_row(cfg, tmp_path / "data", "a")
     stray = LanceIndex(tmp_path / "data" / "lance", 384, cfg.index)
-    vector = np.full(384, 384**-0.5, dtype=np.float32)
-    stray.upsert("a", [IndexRow("ghost", "", "semantic", "", "", False, 1, 1, 1, "a ghost row", vector)])
     stray.delete("b", [ids["b"][1]])
     stray.close()
 
     core = Core(cfg)
     try:
-        assert core.tables_to_check == {"a", "b"}
+        assert core.start_check == StartCheck(layout=frozenset({"a", "b"}), rows=frozenset({"a", "b"}))
         core.check_index_at_start()
-        assert "ghost" not in core.index.revisions("a")
+        assert core.indexer.stats.tables_to_check == 2
         _settle(core)
+        assert "ghost" not in core.index.revisions("a")
         assert set(core.index.revisions("b")) == set(ids["b"])
         assert _top_hit(core, "b", TOPICS["b"][1]) == TOPICS["b"][1]
     finally:
@@ -128,7 +208,8 @@ def test_an_index_put_back_from_an_earlier_shutdown_is_checked_in_full(
     tmp_path: Path, model_cache: Path
 ) -> None:
     """A LanceDB directory and a DuckDB file from different orderly shutdowns: their seals do
-    not match, so every table is checked and what the older index lacks is indexed again."""
+    not match, so every table's rows are checked and what the older index lacks is indexed
+    again (the tables are as that older seal says: their layout is not checked)."""
     cfg = make_config(tmp_path / "data", model_cache)
     _indexed_and_closed(cfg)
     lance = tmp_path / "data" / "lance"
@@ -145,18 +226,18 @@ def test_an_index_put_back_from_an_earlier_shutdown_is_checked_in_full(
 
     core = Core(cfg)
     try:
-        assert core.tables_to_check is None
+        assert core.start_check == StartCheck(layout=frozenset(), rows=None)
     finally:
         core.close()  # before its check: an orderly close of an unchecked index seals nothing
     core = _started(cfg)
     try:
-        assert core.tables_to_check is None
+        assert core.start_check == EVERY_TABLE
         assert _top_hit(core, "a", later) == later
     finally:
         core.close()  # checked: sealed
     core = Core(cfg)
     try:
-        assert core.tables_to_check == frozenset()
+        assert core.start_check == StartCheck(layout=frozenset(), rows=frozenset())
     finally:
         core.close()
 
@@ -178,7 +259,7 @@ def test_a_seal_made_under_another_layout_checks_every_table(tmp_path: Path, mod
     # Without the vector graph, tables carry LanceDB's ANN index: another layout.
     core = Core(make_config(tmp_path / "data", model_cache, index={"vector_graph": False}))
     try:
-        assert core.tables_to_check is None
+        assert core.start_check == EVERY_TABLE
     finally:
         core.close()
 
@@ -194,8 +275,39 @@ def test_a_table_emptied_since_the_shutdown_is_indexed_again(tmp_path: Path, mod
     stray.close()
     core = _started(cfg)
     try:
-        assert core.tables_to_check == {"b"}
+        assert core.start_check == StartCheck(layout=frozenset({"b"}), rows=frozenset({"b"}))
         assert core.index.count("b") == len(TOPICS["b"])
         assert _top_hit(core, "b", TOPICS["b"][0]) == TOPICS["b"][0]
+    finally:
+        core.close()
+
+
+def test_a_table_that_does_not_read_holds_back_no_other_in_the_check(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """After a crash, one tenant's table whose data files are gone fails its comparison: the
+    other tables are still compared and put right, the failed one is tried again and counted,
+    and the index is not sealed while it stays unchecked."""
+    cfg = make_config(tmp_path / "data", model_cache)
+    _indexed_and_closed(cfg)
+    _killed(_started(cfg))
+    _ghost_row(cfg, tmp_path / "data", "a")
+    for data_file in (tmp_path / "data" / "lance" / "t_b.lance" / "data").iterdir():
+        data_file.unlink()
+
+    core = Core(cfg)
+    try:
+        core.check_index_at_start()
+        core.indexer.start()
+        deadline = time.monotonic() + 60
+        while "ghost" in core.index.revisions("a") or core.indexer.stats.failed_batches < 2:
+            assert time.monotonic() < deadline, "the check never put table a right or retried b"
+            time.sleep(0.05)
+        assert core.indexer.stats.tables_to_check == 1 and not core.index_in_step
+    finally:
+        core.close()
+    core = Core(cfg)
+    try:
+        assert core.start_check == StartCheck(layout=frozenset(), rows=None)  # not sealed
     finally:
         core.close()

@@ -278,6 +278,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             feedback_outbox_undeliverable=outbox_parked,
             index_failed_batches=s.index_failed_batches,
             index_last_failure_reason=s.index_last_failure_reason,
+            index_tables_to_check=s.index_tables_to_check,
             data_bytes=self.data_size.get(),
             write_lock=next(x for x in locks if x.domain == WriteDomain.MEMORIES.value),
             write_locks=locks,

@@ -9,15 +9,22 @@ the LanceDB upsert is keyed on id, so doing it twice is harmless. A batch that f
 full disk, an I/O error) is queued again after the worker's backoff (0.5 s, doubling to
 30 s), so its rows become searchable as soon as the cause is gone rather than at the next
 reconciliation (a minute apart).
+
+The same thread checks tables' rows against DuckDB's when start-up asks (check_rows: after a
+crash, or for tables written since the last orderly shutdown, index/in_step.py), a slice of
+tables between batches, once serving. On this thread no index write of its own runs beside
+the check: a row it finds missing or stale is submitted, one it finds deleted is removed, and
+the batches after it read DuckDB afresh.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +40,9 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (tenant_id, memory_id)
 
-# Start-up's check after a crash reads DuckDB's rows for this many tenants, or rows, at a time.
+# The rows check reads DuckDB's rows for this many tenants, or rows, at a time: one query per
+# tenant took ~1 ms of the ~7 ms a tenant cost start-up after a crash. A slice of the check
+# (between two index batches) is that many tenants.
 _CHECK_BATCH_TENANTS = 256
 _CHECK_BATCH_ROWS = 50_000
 
@@ -49,6 +58,8 @@ class IndexerStats:
     # (it names files, other tenants' tables among them).
     last_failure_reason: str = ""  # STORAGE_FULL or INTERNAL
     last_failure_ns: int = 0
+    # Tables whose rows are still to be checked against DuckDB's (check_rows).
+    tables_to_check: int = 0
 
 
 def _by_tenant(batch: Sequence[Key]) -> dict[str, list[str]]:
@@ -74,6 +85,9 @@ class IndexWorker:
         self._busy = 0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._to_check: deque[str] = deque()
+        self._check_started = 0.0
+        self._checked_rows = 0
         self.maintenance = MaintenanceSchedule(cfg)
 
     # --- producer side -----------------------------------------------------------------
@@ -144,15 +158,19 @@ class IndexWorker:
         """True once nothing is queued or in flight (used by commands and tests)."""
         deadline = time.monotonic() + timeout_s
         with self._idle:
-            while self.pending() or self._busy:
+            while self.pending() or self._busy or self._to_check:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._idle.wait(min(remaining, 0.05))
         return True
 
-    def _take_batch(self) -> list[Key]:
-        first = self._queue.get()
+    def _take_batch(self, *, wait: bool) -> list[Key]:
+        """The next batch; with nothing queued, an empty one at once unless `wait`."""
+        try:
+            first = self._queue.get(block=wait)
+        except queue.Empty:
+            return []
         if first is None:
             return []
         batch = [first]
@@ -171,7 +189,9 @@ class IndexWorker:
     def _run(self) -> None:
         backoff = 0.0
         while not self._stopping.is_set():
-            batch = self._take_batch()
+            if self._to_check:
+                backoff = 0.0 if self._check_slice() else self._back_off(backoff)
+            batch = self._take_batch(wait=not self._to_check)
             if not batch:
                 continue
             with self._idle:
@@ -182,19 +202,28 @@ class IndexWorker:
                 self.process(batch)
                 backoff = 0.0
             except Exception as exc:  # keep serving; the rows are tried again after the backoff
-                self.stats.failed_batches += 1
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                self.stats.last_failure_reason = "STORAGE_FULL" if is_storage_full(exc) else "INTERNAL"
-                self.stats.last_failure_ns = time.time_ns()
+                self._failed(exc)
                 log.exception("index batch of %d failed", len(batch))
-                backoff = min(max(backoff * 2, 0.5), 30.0)
-                if not self._stopping.wait(backoff):
+                backoff = self._back_off(backoff)
+                if not self._stopping.is_set():
                     for tenant_id, ids in _by_tenant(batch).items():
                         self.submit(tenant_id, ids)
             finally:
                 with self._idle:
                     self._busy -= 1
                     self._idle.notify_all()
+
+    def _failed(self, exc: Exception) -> None:
+        self.stats.failed_batches += 1
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"
+        self.stats.last_failure_reason = "STORAGE_FULL" if is_storage_full(exc) else "INTERNAL"
+        self.stats.last_failure_ns = time.time_ns()
+
+    def _back_off(self, backoff: float) -> float:
+        """Wait after a failure (0.5 s, doubling to 30 s; a stop ends the wait)."""
+        backoff = min(max(backoff * 2, 0.5), 30.0)
+        self._stopping.wait(backoff)
+        return backoff
 
     def process(self, batch: Sequence[Key]) -> None:
         for tenant_id, ids in _by_tenant(batch).items():
@@ -242,15 +271,10 @@ class IndexWorker:
 
     # --- reconciliation ----------------------------------------------------------------
 
-    def reconcile(self, *, full: bool = False, tenants: Collection[str] | None = None) -> int:
-        """Submit every row DuckDB says is behind. With full=True also remove LanceDB rows
-        DuckDB does not hold as live and redo rows LanceDB holds at another revision (e.g.
-        after a crash or a restored data directory) in the tables of `tenants` (None: every
-        table; the others are known to be in step, index/in_step.py), and index again the
-        rows of tenants whose table is gone. Returns how many rows were submitted or removed."""
+    def reconcile(self) -> int:
+        """Submit every row DuckDB says is behind (at start-up and periodically). Returns how
+        many rows were submitted."""
         n = 0
-        if full:
-            self._forget_missing_tables()
         after = ("", "")
         while True:
             tasks = memory_repo.needing_index(self.db.reader(), self.embedder.model_id, 5000, after)
@@ -263,11 +287,67 @@ class IndexWorker:
                 self.submit(tenant_id, ids)
             n += len(tasks)
             after = (tasks[-1].tenant_id, tasks[-1].id)
-        if full:
-            n += self._remove_orphans(self.index.tenants() if tenants is None else sorted(tenants))
         return n
 
-    def _forget_missing_tables(self) -> None:
+    def check_rows(self, tenants: Collection[str] | None = None) -> int:
+        """Have the worker thread compare tables' rows with DuckDB's (after a crash or a
+        restored data directory), a slice between batches once it runs: LanceDB rows DuckDB
+        does not hold as live are removed, rows LanceDB lacks or holds at another revision
+        are indexed again. The tables of `tenants` (None: every table; the others are known
+        to be in step, index/in_step.py). Returns how many tables are to be compared."""
+        tables = self.index.tenants() if tenants is None else sorted(tenants)
+        with self._idle:
+            self._to_check.extend(tables)
+            self._check_started = time.monotonic()
+            self._checked_rows = 0
+            self.stats.tables_to_check = len(self._to_check)
+        return len(tables)
+
+    @property
+    def rows_checked(self) -> bool:
+        """Whether every table check_rows was asked for has been compared."""
+        return not self._to_check
+
+    def _check_slice(self) -> bool:
+        """Compare the next slice of tables. False if a table failed: it is compared again
+        after the backoff, at the end of the queue."""
+        tenants = list(itertools.islice(self._to_check, _CHECK_BATCH_TENANTS))
+        failed: list[str] = []
+        with self._idle:
+            self._busy += 1
+        try:
+            try:
+                self._checked_rows += self._remove_orphans(tenants)
+            except Exception:  # one table that does not read holds back no other
+                for tenant_id in tenants:
+                    try:
+                        self._checked_rows += self._remove_orphans([tenant_id])
+                    except Exception as exc:
+                        self._failed(exc)
+                        log.exception("index check of tenant %s's table failed", tenant_id)
+                        failed.append(tenant_id)
+            # Tables opened only to be compared are not kept past the residency bounds.
+            self.index.trim()
+        except Exception as exc:
+            self._failed(exc)
+            log.exception("index trim after a check failed")
+        finally:
+            with self._idle:
+                for _ in tenants:
+                    self._to_check.popleft()
+                self._to_check.extend(failed)
+                if not self._to_check:
+                    log.info(
+                        "index rows checked against the store in %.1f s: %d memories (re)indexed or removed",
+                        time.monotonic() - self._check_started,
+                        self._checked_rows,
+                    )
+                self.stats.tables_to_check = len(self._to_check)
+                self._busy -= 1
+                self._idle.notify_all()
+        return not failed
+
+    def forget_missing_tables(self) -> None:
         """Rows DuckDB marks as indexed in a table that does not exist (deleted, or a LanceDB
         directory put back from before the tenant's first write) are marked unindexed."""
         marked = set(memory_repo.tenants_with_index_marks(self.db.reader()))
@@ -278,9 +358,8 @@ class IndexWorker:
                 memory_repo.reset_index_marks(cur, tenant_id)
 
     def _remove_orphans(self, tenants: Iterable[str]) -> int:
-        """Compare each table's ids and revisions with DuckDB's live rows. DuckDB is asked for
-        a batch of tenants at a time: one query per tenant took ~1 ms of the ~7 ms a tenant
-        cost start-up after a crash."""
+        """Compare each table's ids and revisions with DuckDB's live rows, a batch of tenants
+        at a time."""
         removed = 0
         batch: list[tuple[str, dict[str, int]]] = []
         rows = 0

@@ -70,6 +70,8 @@ class TenantStatus:
     index_failed_batches: int = 0
     index_last_failure_reason: str = ""
     index_last_failure_ns: int = 0
+    # Tables whose rows are still to be compared with the store's since start-up (all tenants).
+    index_tables_to_check: int = 0
     # The server's tenants with indices in memory (all tenants), and whether this one's are.
     index_residency: ResidencyStats | None = None
     index_loaded: bool = False
@@ -531,6 +533,7 @@ class MemoryService:
             index_failed_batches=self.indexer.stats.failed_batches,
             index_last_failure_reason=self.indexer.stats.last_failure_reason,
             index_last_failure_ns=self.indexer.stats.last_failure_ns,
+            index_tables_to_check=self.indexer.stats.tables_to_check,
             index_residency=self.indexer.index.residency(),
             index_loaded=self.indexer.index.is_kept(tenant_id),
         )

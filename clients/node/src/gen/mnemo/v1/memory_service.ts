@@ -514,7 +514,8 @@ export interface GetStatusResponse {
   /**
    * Search-index batches that failed since the server started (all tenants). Their memories
    * stay pending (pending_index_count) and are retried, at most 30 s apart, until they are
-   * searchable.
+   * searchable. Counted with them: slices of index_tables_to_check's comparison that
+   * failed, tried again the same way.
    */
   indexFailedBatches: number;
   /**
@@ -529,7 +530,17 @@ export interface GetStatusResponse {
    * The tenants whose search indices the server keeps in memory (all tenants), and whether
    * this tenant's are among them.
    */
-  indexResidency?: IndexResidency | undefined;
+  indexResidency?:
+    | IndexResidency
+    | undefined;
+  /**
+   * Search-index tables (all tenants) whose rows the server has still to compare with the
+   * store's since it started: after a crash every table's, after an orderly shutdown only
+   * those written since. The server serves meanwhile: Recall leaves out any hit the store no
+   * longer holds, and a memory the comparison finds missing from the index is indexed again
+   * (pending_index_count) as a new one is.
+   */
+  indexTablesToCheck: number;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -3380,6 +3391,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     indexLastFailureReason: "",
     indexLastFailureTime: undefined,
     indexResidency: undefined,
+    indexTablesToCheck: 0,
   };
 }
 
@@ -3472,6 +3484,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.indexResidency !== undefined) {
       IndexResidency.encode(message.indexResidency, writer.uint32(226).fork()).join();
+    }
+    if (message.indexTablesToCheck !== 0) {
+      writer.uint32(232).int64(message.indexTablesToCheck);
     }
     return writer;
   },
@@ -3729,6 +3744,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.indexResidency = IndexResidency.decode(reader, reader.uint32());
             continue;
           }
+          case 29: {
+            if (tag !== 232) {
+              break;
+            }
+
+            message.indexTablesToCheck = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3927,6 +3950,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.index_residency)
         ? IndexResidency.fromJSON(object.index_residency)
         : undefined,
+      indexTablesToCheck: isSet(object.indexTablesToCheck)
+        ? globalThis.Number(object.indexTablesToCheck)
+        : isSet(object.index_tables_to_check)
+        ? globalThis.Number(object.index_tables_to_check)
+        : 0,
     };
   },
 
@@ -4028,6 +4056,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.indexResidency !== undefined) {
       obj.indexResidency = IndexResidency.toJSON(message.indexResidency);
     }
+    if (message.indexTablesToCheck !== 0) {
+      obj.indexTablesToCheck = Math.round(message.indexTablesToCheck);
+    }
     return obj;
   },
 
@@ -4086,6 +4117,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.indexResidency = (object.indexResidency !== undefined && object.indexResidency !== null)
       ? IndexResidency.fromPartial(object.indexResidency)
       : undefined;
+    message.indexTablesToCheck = object.indexTablesToCheck ?? 0;
     return message;
   },
 };

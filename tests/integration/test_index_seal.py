@@ -59,6 +59,16 @@ def _started(cfg: Config) -> Core:
     return core
 
 
+def _start_check(cfg: Config) -> StartCheck:
+    """What a start would check, by a Core opened and closed without checking anything: its
+    close seals again only an index that needed no check."""
+    core = Core(cfg)
+    try:
+        return core.start_check
+    finally:
+        core.close()
+
+
 def test_after_an_orderly_shutdown_start_up_opens_no_table(tmp_path: Path, model_cache: Path) -> None:
     cfg = make_config(tmp_path / "data", model_cache)
     _indexed_and_closed(cfg)
@@ -107,11 +117,7 @@ def test_a_start_that_ends_before_its_check_leaves_every_table_to_check(
     crashed = Core(cfg)
     assert crashed.start_check == StartCheck(layout=frozenset(), rows=frozenset())
     _killed(crashed)
-    core = Core(cfg)
-    try:
-        assert core.start_check == EVERY_TABLE
-    finally:
-        core.close()
+    assert _start_check(cfg) == EVERY_TABLE
 
 
 def test_after_a_crash_every_tables_rows_are_checked_once_serving_and_no_layout(
@@ -142,11 +148,7 @@ def test_after_a_crash_every_tables_rows_are_checked_once_serving_and_no_layout(
         assert _top_hit(core, "b", "when does the new office open") == later
     finally:
         core.close()
-    core = Core(cfg)
-    try:
-        assert core.start_check == StartCheck(layout=frozenset(), rows=frozenset())
-    finally:
-        core.close()
+    assert _start_check(cfg) == StartCheck(layout=frozenset(), rows=frozenset())
 
 
 def test_a_close_before_the_rows_check_is_done_seals_nothing(tmp_path: Path, model_cache: Path) -> None:
@@ -172,11 +174,9 @@ def test_a_crash_under_another_layout_checks_every_table(tmp_path: Path, model_c
     _indexed_and_closed(cfg)
     _killed(_started(cfg))
     # Without the vector graph, tables carry LanceDB's ANN index: another layout.
-    core = Core(make_config(tmp_path / "data", model_cache, index={"vector_graph": False}))
-    try:
-        assert core.start_check == EVERY_TABLE
-    finally:
-        core.close()
+    assert _start_check(make_config(tmp_path / "data", model_cache, index={"vector_graph": False})) == (
+        EVERY_TABLE
+    )
 
 
 def test_a_table_written_after_the_shutdown_is_checked_and_put_right(
@@ -224,22 +224,15 @@ def test_an_index_put_back_from_an_earlier_shutdown_is_checked_in_full(
     shutil.rmtree(lance)
     shutil.copytree(tmp_path / "lance-then", lance)
 
-    core = Core(cfg)
-    try:
-        assert core.start_check == StartCheck(layout=frozenset(), rows=None)
-    finally:
-        core.close()  # before its check: an orderly close of an unchecked index seals nothing
+    # Closed before its check: an orderly close of an unchecked index seals nothing.
+    assert _start_check(cfg) == StartCheck(layout=frozenset(), rows=None)
     core = _started(cfg)
     try:
         assert core.start_check == EVERY_TABLE
         assert _top_hit(core, "a", later) == later
     finally:
         core.close()  # checked: sealed
-    core = Core(cfg)
-    try:
-        assert core.start_check == StartCheck(layout=frozenset(), rows=frozenset())
-    finally:
-        core.close()
+    assert _start_check(cfg) == StartCheck(layout=frozenset(), rows=frozenset())
 
 
 def test_a_table_gone_since_the_shutdown_is_indexed_again(tmp_path: Path, model_cache: Path) -> None:
@@ -257,11 +250,9 @@ def test_a_table_gone_since_the_shutdown_is_indexed_again(tmp_path: Path, model_
 def test_a_seal_made_under_another_layout_checks_every_table(tmp_path: Path, model_cache: Path) -> None:
     _indexed_and_closed(make_config(tmp_path / "data", model_cache))
     # Without the vector graph, tables carry LanceDB's ANN index: another layout.
-    core = Core(make_config(tmp_path / "data", model_cache, index={"vector_graph": False}))
-    try:
-        assert core.start_check == EVERY_TABLE
-    finally:
-        core.close()
+    assert _start_check(make_config(tmp_path / "data", model_cache, index={"vector_graph": False})) == (
+        EVERY_TABLE
+    )
 
 
 def test_a_table_emptied_since_the_shutdown_is_indexed_again(tmp_path: Path, model_cache: Path) -> None:
@@ -306,8 +297,4 @@ def test_a_table_that_does_not_read_holds_back_no_other_in_the_check(
         assert core.indexer.stats.tables_to_check == 1 and not core.index_in_step
     finally:
         core.close()
-    core = Core(cfg)
-    try:
-        assert core.start_check == StartCheck(layout=frozenset(), rows=None)  # not sealed
-    finally:
-        core.close()
+    assert _start_check(cfg) == StartCheck(layout=frozenset(), rows=None)  # not sealed

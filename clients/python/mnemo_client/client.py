@@ -209,6 +209,17 @@ class MnemoClient:
     def get_memory(self, memory_id: str) -> memory_pb2.Memory:
         return self.call(self.memory.GetMemory, pb.GetMemoryRequest(id=memory_id)).memory
 
+    def memory_history(self, memory_id: str, *, page_size: int = 100) -> Iterator[pb.MemoryHistoryEntry]:
+        """What happened to a memory, oldest first, across pages (also a deleted one's)."""
+        token = ""
+        while True:
+            req = pb.GetMemoryHistoryRequest(id=memory_id, page_size=page_size, page_token=token)
+            page = self.call(self.memory.GetMemoryHistory, req)
+            yield from page.entries
+            token = page.next_page_token
+            if not token:
+                return
+
     def list_memories(
         self,
         filter: memory_pb2.MemoryFilter | None = None,

@@ -109,6 +109,27 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     def GetMemory(self, request: pb.GetMemoryRequest, context: grpc.ServicerContext) -> pb.GetMemoryResponse:
         return pb.GetMemoryResponse(memory=convert.memory_to_pb(self.memories.get(_tenant(), request.id)))
 
+    def GetMemoryHistory(
+        self, request: pb.GetMemoryHistoryRequest, context: grpc.ServicerContext
+    ) -> pb.GetMemoryHistoryResponse:
+        memory_id, entries, token = self.memories.history(
+            _tenant(), request.id, page_size=request.page_size, page_token=request.page_token
+        )
+        return pb.GetMemoryHistoryResponse(
+            memory_id=memory_id,
+            entries=[
+                pb.MemoryHistoryEntry(
+                    action=e.action,
+                    actor=e.actor,
+                    reason=e.reason,
+                    details=convert.dict_to_struct(e.details),
+                    time=convert.ns_to_ts(e.time_ns),
+                )
+                for e in entries
+            ],
+            next_page_token=token,
+        )
+
     def ListMemories(
         self, request: pb.ListMemoriesRequest, context: grpc.ServicerContext
     ) -> pb.ListMemoriesResponse:

@@ -171,6 +171,17 @@ class CreateResult:
 
 
 @dataclass(frozen=True)
+class HistoryEntry:
+    """One decision about a memory, from its audit history (memory_history)."""
+
+    action: str  # create, import, update, delete, prune
+    actor: str
+    reason: str
+    details: dict[str, Any]
+    time_ns: int
+
+
+@dataclass(frozen=True)
 class IdempotencyKey:
     """A caller's request_id plus a fingerprint of the request it came with."""
 

@@ -24,6 +24,7 @@ from mnemo_server.memory.model import (
     DEFAULT_CONFIDENCE,
     DEFAULT_IMPORTANCE,
     CreateResult,
+    HistoryEntry,
     IdempotencyKey,
     Memory,
     MemoryDraft,
@@ -79,6 +80,11 @@ class TenantStatus:
 
 def _is_seq(position: Any) -> bool:
     return type(position) is int and 0 <= position < 2**63
+
+
+def _is_history_position(position: Any) -> bool:
+    """[time_ns, entries at that instant already returned]."""
+    return isinstance(position, list) and len(position) == 2 and all(_is_seq(p) for p in position)
 
 
 def _is_canonical_uuid(text: str) -> bool:
@@ -230,9 +236,32 @@ class MemoryService:
         next_token = encode_token(rows[size - 1].seq, fingerprint) if len(rows) > size else ""
         return rows[:size], next_token
 
-    def history(self, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
-        self.get(tenant_id, memory_id)
-        return memory_repo.history(self.db.reader(), tenant_id, memory_id)
+    def history(
+        self, tenant_id: str, ident: str, *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[str, list[HistoryEntry], str]:
+        """A memory's audit history, oldest first, a page at a time: (its id, the entries, the
+        next page's token or ""). Also a deleted memory's, and by id a purged one's while its
+        history is kept."""
+        size = self.validator.page_size(page_size)
+        cur = self.db.reader()
+        try:
+            memory_id = self.get(tenant_id, ident).id
+        except NotFound:
+            if ident.startswith(EXTERNAL_PREFIX) or not memory_repo.has_history(cur, tenant_id, ident):
+                raise
+            memory_id = ident
+        fingerprint = query_fingerprint("history", memory_id)
+        position = decode_token(page_token, fingerprint, _is_history_position)
+        from_ns, skip = position if position is not None else (0, 0)
+        entries = memory_repo.history(cur, tenant_id, memory_id, from_ns=from_ns, skip=skip, limit=size + 1)
+        page = entries[:size]
+        if len(entries) <= size:
+            return memory_id, page, ""
+        # The next page starts past this one's entries at its last instant, and past those
+        # earlier pages returned at that instant too when this page began there.
+        last_ns = page[-1].time_ns
+        at_last = sum(1 for e in page if e.time_ns == last_ns) + (skip if last_ns == from_ns else 0)
+        return memory_id, page, encode_token([last_ns, at_last], fingerprint)
 
     # --- update / delete ---------------------------------------------------------------
 

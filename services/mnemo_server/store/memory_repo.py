@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from mnemo_server.memory.model import (
+    HistoryEntry,
     Memory,
     MemoryFilter,
     MemoryType,
@@ -611,16 +612,27 @@ def record_history(
         insert_rows(cur, "memory_history", values)
 
 
-def history(cur: Cursor, tenant_id: str, memory_id: str) -> list[dict[str, Any]]:
+def history(
+    cur: Cursor, tenant_id: str, memory_id: str, *, from_ns: int = 0, skip: int = 0, limit: int = 1000
+) -> list[HistoryEntry]:
+    """A memory's audit history, oldest first: `limit` entries from time `from_ns` on, past the
+    first `skip` of those at exactly `from_ns` (a page's position: entries carry no id, and
+    retention removes the oldest, so an offset from the start would move). Entries of one
+    instant are ordered by their content."""
     rows = cur.execute(
         "SELECT action, actor, reason, details, time_ns FROM memory_history "
-        "WHERE tenant_id = ? AND memory_id = ? ORDER BY time_ns",
-        [tenant_id, memory_id],
+        "WHERE tenant_id = ? AND memory_id = ? AND time_ns >= ? "
+        "ORDER BY time_ns, action, actor, reason, details LIMIT ? OFFSET ?",
+        [tenant_id, memory_id, from_ns, limit, skip],
     ).fetchall()
-    return [
-        {"action": a, "actor": actor, "reason": r, "details": json.loads(d), "time_ns": t}
-        for a, actor, r, d, t in rows
-    ]
+    return [HistoryEntry(a, actor, r, json.loads(d), t) for a, actor, r, d, t in rows]
+
+
+def has_history(cur: Cursor, tenant_id: str, memory_id: str) -> bool:
+    row = cur.execute(
+        "SELECT 1 FROM memory_history WHERE tenant_id = ? AND memory_id = ? LIMIT 1", [tenant_id, memory_id]
+    ).fetchone()
+    return row is not None
 
 
 # --- recall signals ------------------------------------------------------------------

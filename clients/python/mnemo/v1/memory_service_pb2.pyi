@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import field_mask_pb2 as _field_mask_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from mnemo.v1 import memory_pb2 as _memory_pb2
 from google.protobuf.internal import containers as _containers
@@ -100,6 +101,40 @@ class GetMemoryResponse(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     memory: _memory_pb2.Memory
     def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ...) -> None: ...
+
+class GetMemoryHistoryRequest(_message.Message):
+    __slots__ = ("id", "page_size", "page_token")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    page_size: int
+    page_token: str
+    def __init__(self, id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class MemoryHistoryEntry(_message.Message):
+    __slots__ = ("action", "actor", "reason", "details", "time")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    actor: str
+    reason: str
+    details: _struct_pb2.Struct
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, action: _Optional[str] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ..., details: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetMemoryHistoryResponse(_message.Message):
+    __slots__ = ("memory_id", "entries", "next_page_token")
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    memory_id: str
+    entries: _containers.RepeatedCompositeFieldContainer[MemoryHistoryEntry]
+    next_page_token: str
+    def __init__(self, memory_id: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[MemoryHistoryEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ListMemoriesRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "filter", "show_deleted")

@@ -51,6 +51,11 @@ class MemoryServiceStub:
                 request_serializer=mnemo_dot_v1_dot_memory__service__pb2.GetMemoryRequest.SerializeToString,
                 response_deserializer=mnemo_dot_v1_dot_memory__service__pb2.GetMemoryResponse.FromString,
                 _registered_method=True)
+        self.GetMemoryHistory = channel.unary_unary(
+                '/mnemo.v1.MemoryService/GetMemoryHistory',
+                request_serializer=mnemo_dot_v1_dot_memory__service__pb2.GetMemoryHistoryRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_memory__service__pb2.GetMemoryHistoryResponse.FromString,
+                _registered_method=True)
         self.ListMemories = channel.unary_unary(
                 '/mnemo.v1.MemoryService/ListMemories',
                 request_serializer=mnemo_dot_v1_dot_memory__service__pb2.ListMemoriesRequest.SerializeToString,
@@ -130,6 +135,16 @@ class MemoryServiceServicer:
 
     def GetMemory(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMemoryHistory(self, request, context):
+        """What happened to a memory, oldest first: its creation (by whom, why), updates (which
+        fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
+        a deleted memory, and by id for a purged one while its history is kept
+        (retention.history_days).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -234,6 +249,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.GetMemory,
                     request_deserializer=mnemo_dot_v1_dot_memory__service__pb2.GetMemoryRequest.FromString,
                     response_serializer=mnemo_dot_v1_dot_memory__service__pb2.GetMemoryResponse.SerializeToString,
+            ),
+            'GetMemoryHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMemoryHistory,
+                    request_deserializer=mnemo_dot_v1_dot_memory__service__pb2.GetMemoryHistoryRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_memory__service__pb2.GetMemoryHistoryResponse.SerializeToString,
             ),
             'ListMemories': grpc.unary_unary_rpc_method_handler(
                     servicer.ListMemories,
@@ -374,6 +394,33 @@ class MemoryService:
             '/mnemo.v1.MemoryService/GetMemory',
             mnemo_dot_v1_dot_memory__service__pb2.GetMemoryRequest.SerializeToString,
             mnemo_dot_v1_dot_memory__service__pb2.GetMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMemoryHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.MemoryService/GetMemoryHistory',
+            mnemo_dot_v1_dot_memory__service__pb2.GetMemoryHistoryRequest.SerializeToString,
+            mnemo_dot_v1_dot_memory__service__pb2.GetMemoryHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

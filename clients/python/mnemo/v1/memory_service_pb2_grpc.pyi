@@ -42,6 +42,12 @@ class MemoryServiceStub:
     BatchCreateMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.BatchCreateMemoriesRequest, _memory_service_pb2.BatchCreateMemoriesResponse]
     """Stores up to 500 memories atomically: all are validated before any is written."""
     GetMemory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryRequest, _memory_service_pb2.GetMemoryResponse]
+    GetMemoryHistory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryHistoryRequest, _memory_service_pb2.GetMemoryHistoryResponse]
+    """What happened to a memory, oldest first: its creation (by whom, why), updates (which
+    fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
+    a deleted memory, and by id for a purged one while its history is kept
+    (retention.history_days).
+    """
     ListMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoriesRequest, _memory_service_pb2.ListMemoriesResponse]
     """Newest first."""
     UpdateMemory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.UpdateMemoryRequest, _memory_service_pb2.UpdateMemoryResponse]
@@ -89,6 +95,12 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     BatchCreateMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.BatchCreateMemoriesRequest, _memory_service_pb2.BatchCreateMemoriesResponse]  # type: ignore[assignment]
     """Stores up to 500 memories atomically: all are validated before any is written."""
     GetMemory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryRequest, _memory_service_pb2.GetMemoryResponse]  # type: ignore[assignment]
+    GetMemoryHistory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryHistoryRequest, _memory_service_pb2.GetMemoryHistoryResponse]  # type: ignore[assignment]
+    """What happened to a memory, oldest first: its creation (by whom, why), updates (which
+    fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
+    a deleted memory, and by id for a purged one while its history is kept
+    (retention.history_days).
+    """
     ListMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoriesRequest, _memory_service_pb2.ListMemoriesResponse]  # type: ignore[assignment]
     """Newest first."""
     UpdateMemory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.UpdateMemoryRequest, _memory_service_pb2.UpdateMemoryResponse]  # type: ignore[assignment]
@@ -151,6 +163,18 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.GetMemoryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.GetMemoryResponse, _abc.Awaitable[_memory_service_pb2.GetMemoryResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetMemoryHistory(
+        self,
+        request: _memory_service_pb2.GetMemoryHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_memory_service_pb2.GetMemoryHistoryResponse, _abc.Awaitable[_memory_service_pb2.GetMemoryHistoryResponse]]:
+        """What happened to a memory, oldest first: its creation (by whom, why), updates (which
+        fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
+        a deleted memory, and by id for a purged one while its history is kept
+        (retention.history_days).
+        """
 
     @_abc_1.abstractmethod
     def ListMemories(

@@ -23,6 +23,7 @@ import {
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
 import { FieldMask } from "../../google/protobuf/field_mask";
+import { Struct } from "../../google/protobuf/struct";
 import { Timestamp } from "../../google/protobuf/timestamp";
 import { Memory, MemoryFilter } from "./memory";
 
@@ -259,6 +260,41 @@ export interface GetMemoryRequest {
 
 export interface GetMemoryResponse {
   memory?: Memory | undefined;
+}
+
+export interface GetMemoryHistoryRequest {
+  /**
+   * The memory's id, or "external:" followed by the external_id of a live memory (a deleted
+   * memory's external_id may name another since).
+   */
+  id: string;
+  /** 1..1000, default 50. */
+  pageSize: number;
+  /** From a previous response, for the same id. */
+  pageToken: string;
+}
+
+export interface MemoryHistoryEntry {
+  /** create, import, update, delete, or prune (a memory of a scope and type past its cap). */
+  action: string;
+  /**
+   * Who: the creating source's "who" for a create, "api" for a call, "mnemo" for the
+   * server's own decisions.
+   */
+  actor: string;
+  /** Why: the creating source's "why", "purge" for a PurgeMemories, the cap for a prune. */
+  reason: string;
+  /** The action's particulars: the memory's type for a create, the fields an update named. */
+  details?: { [key: string]: any } | undefined;
+  time?: Date | undefined;
+}
+
+export interface GetMemoryHistoryResponse {
+  /** The memory's id (the request may have named its external id). */
+  memoryId: string;
+  entries: MemoryHistoryEntry[];
+  /** Empty on the last page. */
+  nextPageToken: string;
 }
 
 export interface ListMemoriesRequest {
@@ -1311,6 +1347,359 @@ export const GetMemoryResponse: MessageFns<GetMemoryResponse> = {
     message.memory = (object.memory !== undefined && object.memory !== null)
       ? Memory.fromPartial(object.memory)
       : undefined;
+    return message;
+  },
+};
+
+function createBaseGetMemoryHistoryRequest(): GetMemoryHistoryRequest {
+  return { id: "", pageSize: 0, pageToken: "" };
+}
+
+export const GetMemoryHistoryRequest: MessageFns<GetMemoryHistoryRequest> = {
+  encode(message: GetMemoryHistoryRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.pageSize !== 0) {
+      writer.uint32(16).int32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(26).string(message.pageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetMemoryHistoryRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetMemoryHistoryRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.pageSize = reader.int32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetMemoryHistoryRequest {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      pageSize: isSet(object.pageSize)
+        ? globalThis.Number(object.pageSize)
+        : isSet(object.page_size)
+        ? globalThis.Number(object.page_size)
+        : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: GetMemoryHistoryRequest): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.pageSize !== 0) {
+      obj.pageSize = Math.round(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetMemoryHistoryRequest>, I>>(base?: I): GetMemoryHistoryRequest {
+    return GetMemoryHistoryRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetMemoryHistoryRequest>, I>>(object: I): GetMemoryHistoryRequest {
+    const message = createBaseGetMemoryHistoryRequest();
+    message.id = object.id ?? "";
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseMemoryHistoryEntry(): MemoryHistoryEntry {
+  return { action: "", actor: "", reason: "", details: undefined, time: undefined };
+}
+
+export const MemoryHistoryEntry: MessageFns<MemoryHistoryEntry> = {
+  encode(message: MemoryHistoryEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.action !== "") {
+      writer.uint32(10).string(message.action);
+    }
+    if (message.actor !== "") {
+      writer.uint32(18).string(message.actor);
+    }
+    if (message.reason !== "") {
+      writer.uint32(26).string(message.reason);
+    }
+    if (message.details !== undefined) {
+      Struct.encode(Struct.wrap(message.details), writer.uint32(34).fork()).join();
+    }
+    if (message.time !== undefined) {
+      Timestamp.encode(toTimestamp(message.time), writer.uint32(42).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): MemoryHistoryEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMemoryHistoryEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.action = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.actor = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.details = Struct.unwrap(Struct.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.time = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): MemoryHistoryEntry {
+    return {
+      action: isSet(object.action) ? globalThis.String(object.action) : "",
+      actor: isSet(object.actor) ? globalThis.String(object.actor) : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      details: isObject(object.details) ? object.details : undefined,
+      time: isSet(object.time) ? fromJsonTimestamp(object.time) : undefined,
+    };
+  },
+
+  toJSON(message: MemoryHistoryEntry): unknown {
+    const obj: any = {};
+    if (message.action !== "") {
+      obj.action = message.action;
+    }
+    if (message.actor !== "") {
+      obj.actor = message.actor;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.details !== undefined) {
+      obj.details = message.details;
+    }
+    if (message.time !== undefined) {
+      obj.time = message.time.toISOString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<MemoryHistoryEntry>, I>>(base?: I): MemoryHistoryEntry {
+    return MemoryHistoryEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<MemoryHistoryEntry>, I>>(object: I): MemoryHistoryEntry {
+    const message = createBaseMemoryHistoryEntry();
+    message.action = object.action ?? "";
+    message.actor = object.actor ?? "";
+    message.reason = object.reason ?? "";
+    message.details = object.details ?? undefined;
+    message.time = object.time ?? undefined;
+    return message;
+  },
+};
+
+function createBaseGetMemoryHistoryResponse(): GetMemoryHistoryResponse {
+  return { memoryId: "", entries: [], nextPageToken: "" };
+}
+
+export const GetMemoryHistoryResponse: MessageFns<GetMemoryHistoryResponse> = {
+  encode(message: GetMemoryHistoryResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.memoryId !== "") {
+      writer.uint32(10).string(message.memoryId);
+    }
+    for (const v of message.entries) {
+      MemoryHistoryEntry.encode(v!, writer.uint32(18).fork()).join();
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(26).string(message.nextPageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetMemoryHistoryResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetMemoryHistoryResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.memoryId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.entries.push(MemoryHistoryEntry.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetMemoryHistoryResponse {
+    return {
+      memoryId: isSet(object.memoryId)
+        ? globalThis.String(object.memoryId)
+        : isSet(object.memory_id)
+        ? globalThis.String(object.memory_id)
+        : "",
+      entries: globalThis.Array.isArray(object?.entries)
+        ? object.entries.map((e: any) => MemoryHistoryEntry.fromJSON(e))
+        : [],
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: GetMemoryHistoryResponse): unknown {
+    const obj: any = {};
+    if (message.memoryId !== "") {
+      obj.memoryId = message.memoryId;
+    }
+    if (message.entries?.length) {
+      obj.entries = message.entries.map((e) => MemoryHistoryEntry.toJSON(e));
+    }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetMemoryHistoryResponse>, I>>(base?: I): GetMemoryHistoryResponse {
+    return GetMemoryHistoryResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetMemoryHistoryResponse>, I>>(object: I): GetMemoryHistoryResponse {
+    const message = createBaseGetMemoryHistoryResponse();
+    message.memoryId = object.memoryId ?? "";
+    message.entries = object.entries?.map((e) => MemoryHistoryEntry.fromPartial(e)) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
     return message;
   },
 };
@@ -6960,6 +7349,23 @@ export const MemoryServiceService = {
     responseSerialize: (value: GetMemoryResponse): Buffer => Buffer.from(GetMemoryResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetMemoryResponse => GetMemoryResponse.decode(value),
   },
+  /**
+   * What happened to a memory, oldest first: its creation (by whom, why), updates (which
+   * fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
+   * a deleted memory, and by id for a purged one while its history is kept
+   * (retention.history_days).
+   */
+  getMemoryHistory: {
+    path: "/mnemo.v1.MemoryService/GetMemoryHistory" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: GetMemoryHistoryRequest): Buffer =>
+      Buffer.from(GetMemoryHistoryRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): GetMemoryHistoryRequest => GetMemoryHistoryRequest.decode(value),
+    responseSerialize: (value: GetMemoryHistoryResponse): Buffer =>
+      Buffer.from(GetMemoryHistoryResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): GetMemoryHistoryResponse => GetMemoryHistoryResponse.decode(value),
+  },
   /** Newest first. */
   listMemories: {
     path: "/mnemo.v1.MemoryService/ListMemories" as const,
@@ -7104,6 +7510,13 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   /** Stores up to 500 memories atomically: all are validated before any is written. */
   batchCreateMemories: handleUnaryCall<BatchCreateMemoriesRequest, BatchCreateMemoriesResponse>;
   getMemory: handleUnaryCall<GetMemoryRequest, GetMemoryResponse>;
+  /**
+   * What happened to a memory, oldest first: its creation (by whom, why), updates (which
+   * fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
+   * a deleted memory, and by id for a purged one while its history is kept
+   * (retention.history_days).
+   */
+  getMemoryHistory: handleUnaryCall<GetMemoryHistoryRequest, GetMemoryHistoryResponse>;
   /** Newest first. */
   listMemories: handleUnaryCall<ListMemoriesRequest, ListMemoriesResponse>;
   /**
@@ -7192,6 +7605,27 @@ export interface MemoryServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetMemoryResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * What happened to a memory, oldest first: its creation (by whom, why), updates (which
+   * fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
+   * a deleted memory, and by id for a purged one while its history is kept
+   * (retention.history_days).
+   */
+  getMemoryHistory(
+    request: GetMemoryHistoryRequest,
+    callback: (error: ServiceError | null, response: GetMemoryHistoryResponse) => void,
+  ): ClientUnaryCall;
+  getMemoryHistory(
+    request: GetMemoryHistoryRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: GetMemoryHistoryResponse) => void,
+  ): ClientUnaryCall;
+  getMemoryHistory(
+    request: GetMemoryHistoryRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: GetMemoryHistoryResponse) => void,
   ): ClientUnaryCall;
   /** Newest first. */
   listMemories(

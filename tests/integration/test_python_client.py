@@ -34,6 +34,11 @@ def test_client_round_trip_and_errors(client: MnemoClient) -> None:
     updated = client.update_memory(r.memory.id, importance=0.3, pinned=True)
     assert updated.pinned and updated.importance == pytest.approx(0.3)
     assert [m.id for m in client.list_memories(limit=5)] == [r.memory.id]
+    history = list(client.memory_history(r.memory.id, page_size=1))  # one entry a page
+    assert [(e.action, sorted(e.details["paths"]) if e.action == "update" else None) for e in history] == [
+        ("create", None),
+        ("update", ["importance", "pinned"]),
+    ]
     assert client.recall("which database is staging on", top_k=1)[0].memory.id == r.memory.id
     with pytest.raises(MnemoError) as err:
         client.create_memory(client.new_memory("", category="x"))

@@ -629,10 +629,8 @@ def history(
 
 
 def has_history(cur: Cursor, tenant_id: str, memory_id: str) -> bool:
-    row = cur.execute(
-        "SELECT 1 FROM memory_history WHERE tenant_id = ? AND memory_id = ? LIMIT 1", [tenant_id, memory_id]
-    ).fetchone()
-    return row is not None
+    sql = "SELECT 1 FROM memory_history WHERE tenant_id = ? AND memory_id = ? LIMIT 1"
+    return fetch_one(cur, sql, [tenant_id, memory_id]) is not None
 
 
 # --- recall signals ------------------------------------------------------------------

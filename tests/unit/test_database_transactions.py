@@ -65,6 +65,7 @@ def test_an_unread_result_blocks_the_checkpoint(db: Database) -> None:
         lambda cur: session_repo.get_session_and_memories(cur, "t", "s"),
         session_repo.pending_count,
         lambda cur: tenant_repo.get_tenant(cur, "t"),
+        lambda cur: memory_repo.has_history(cur, "t", "m1"),
     ],
     ids=[
         "get",
@@ -76,6 +77,7 @@ def test_an_unread_result_blocks_the_checkpoint(db: Database) -> None:
         "get_session",
         "pending_count",
         "get_tenant",
+        "has_history",
     ],
 )
 def test_single_row_reads_close_their_transaction(db: Database, read: Callable[[Cursor], object]) -> None:

@@ -51,11 +51,13 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
 
     env = base_env(model_cache, MNEMO_SERVER=proc.address)
     with MnemoClient(proc.address) as client:
-        for i in range(5):
+        ids = [
             client.create_memory(
                 client.new_memory(f"note {i}", category="cli", type="episodic" if i % 2 else "semantic"),
                 wait_for_index=True,
-            )
+            ).memory.id
+            for i in range(5)
+        ]
     listed = run(["memory", "list", "--json", "--type", "episodic"], env)
     assert listed.returncode == 0, listed.stderr
     assert sorted(json.loads(line)["content"] for line in listed.stdout.splitlines()) == ["note 1", "note 3"]
@@ -74,6 +76,15 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
     cleared = run(["memory", "clear", "--force"], env)
     assert cleared.returncode == 0 and "deleted 5" in cleared.stdout
     assert run(["memory", "list", "--json"], env).stdout == ""
+    history = run(["memory", "history", "--json", ids[1]], env)
+    assert history.returncode == 0, history.stderr
+    entries = [json.loads(line) for line in history.stdout.splitlines()]
+    assert [(e["action"], e["reason"], e["details"]) for e in entries] == [
+        ("create", "", {"type": "episodic"}),
+        ("delete", "purge", {}),
+    ]
+    shown = run(["memory", "history", ids[1]], env).stdout
+    assert "create" in shown and "purge" in shown and '{"type": "episodic"}' in shown
     imported = run(["memory", "import", str(export)], env)
     assert imported.returncode == 0 and "imported 5" in imported.stderr
     export2 = tmp_path / "export2.jsonl"

@@ -190,6 +190,37 @@ def memory_get(ctx: click.Context, memory_id: str) -> None:
     click.echo(json_format.MessageToJson(m, preserving_proto_field_name=True))
 
 
+@memory.command("history")
+@click.argument("memory_id")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+def memory_history(ctx: click.Context, memory_id: str, as_json: bool) -> None:
+    """What happened to a memory and why, oldest first (id, or external:<id> of a live one)."""
+    with _connect(ctx) as client:
+        try:
+            entries = list(client.memory_history(memory_id))
+        except MnemoError as err:
+            _fail(err)
+    if as_json:
+        for e in entries:  # every field, empty ones too: one shape a line
+            line = json_format.MessageToJson(
+                e, preserving_proto_field_name=True, indent=None, always_print_fields_with_no_presence=True
+            )
+            click.echo(line)
+        return
+    table = Table("time", "action", "actor", "reason", "details")
+    for e in entries:
+        details = json_format.MessageToDict(e.details)
+        table.add_row(
+            e.time.ToDatetime().isoformat(" ", "seconds"),
+            e.action,
+            e.actor,
+            e.reason,
+            json.dumps(details, sort_keys=True) if details else "",
+        )
+    Console().print(table)
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),

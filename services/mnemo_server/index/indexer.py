@@ -300,7 +300,7 @@ class IndexWorker:
         tables = self.index.tenants() if tenants is None else sorted(tenants)
         with self._idle:
             self._to_check.extend(tables)
-            self._check_started = time.monotonic()
+            self._check_started = 0.0  # clocked from the worker's first slice
             self._checked_rows = 0
             self.stats.tables_to_check = len(self._to_check)
         return len(tables)
@@ -315,6 +315,7 @@ class IndexWorker:
         after the backoff, at the end of the queue."""
         tenants = list(itertools.islice(self._to_check, _CHECK_SLICE_TENANTS))
         failed: list[str] = []
+        self._check_started = self._check_started or time.monotonic()
         with self._idle:
             self._busy += 1
         try:

@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mnemo_server.app import Core
 from mnemo_server.config import Config
-from mnemo_server.index import in_step
+from mnemo_server.index import in_step, indexer
 from mnemo_server.index.in_step import EVERY_TABLE, StartCheck
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
 from mnemo_server.memory.model import MemoryDraft
@@ -120,12 +121,15 @@ def test_a_start_that_ends_before_its_check_leaves_every_table_to_check(
     assert _start_check(cfg) == EVERY_TABLE
 
 
+@pytest.mark.parametrize("slice_s", [indexer._CHECK_SLICE_S, 0.0], ids=["one slice", "a slice a table"])
 def test_after_a_crash_every_tables_rows_are_checked_once_serving_and_no_layout(
-    tmp_path: Path, model_cache: Path
+    tmp_path: Path, model_cache: Path, monkeypatch: pytest.MonkeyPatch, slice_s: float
 ) -> None:
     """A server that checked the index at start-up and then crashed: the next start opens no
     table before serving; the index worker then compares every table's rows with the store's,
-    and an orderly close after that seals the index again."""
+    and an orderly close after that seals the index again. With no time for a second table
+    in a slice, each table is a slice of its own."""
+    monkeypatch.setattr(indexer, "_CHECK_SLICE_S", slice_s)
     cfg = make_config(tmp_path / "data", model_cache)
     ids = _indexed_and_closed(cfg)
     later = "the new office opens in march near the river"
@@ -134,6 +138,7 @@ def test_after_a_crash_every_tables_rows_are_checked_once_serving_and_no_layout(
     _settle(crashed)
     _killed(crashed)
     _ghost_row(cfg, tmp_path / "data", "a")
+    _ghost_row(cfg, tmp_path / "data", "b")
 
     core = Core(cfg)
     try:
@@ -143,8 +148,8 @@ def test_after_a_crash_every_tables_rows_are_checked_once_serving_and_no_layout(
         assert core.indexer.stats.tables_to_check == 2 and not core.index_in_step
         _settle(core)
         assert core.indexer.stats.tables_to_check == 0 and core.index_in_step
-        assert "ghost" not in core.index.revisions("a")
-        assert set(core.index.revisions("a")) == set(ids["a"])
+        assert set(core.index.revisions("a")) == set(ids["a"])  # the ghost row removed
+        assert "ghost" not in core.index.revisions("b")
         assert _top_hit(core, "b", "when does the new office open") == later
     finally:
         core.close()

@@ -133,8 +133,7 @@ class Core:
             # Taken before anything writes, so that a crash from here on finds no seal.
             self.start_check = in_step.take_seal(self.db, self.index)
             # What an orderly close may seal: not tables this run was to check and did not.
-            self._layout_checked = self.start_check.layout == frozenset()
-            self._rows_check_asked = self.start_check.rows == frozenset()
+            self._start_check_made = not self.start_check.needed
             self.indexer = IndexWorker(self.db, self.index, self.index_embedder, config.index)
             self.index.on_load = self._index_loaded
             self.validator = Validator(config.limits)
@@ -273,8 +272,7 @@ class Core:
                     progress(total - self.indexer.pending(), total)
             for tenant_id in self.index.tenants():
                 self.index.optimize(tenant_id)
-            # Every table written afresh from the store.
-            self._layout_checked = self._rows_check_asked = True
+            self._start_check_made = True  # every table written afresh from the store
         finally:
             self.indexer.stop()
         if progress:
@@ -294,10 +292,9 @@ class Core:
             with self.db.transaction() as cur:
                 memory_repo.reset_index_marks(cur, tenant_id)
         in_step.record_layout(self.index)  # what a start after a crash need not check again
-        self._layout_checked = True
         self.indexer.forget_missing_tables()
-        tables = self.indexer.check_rows(check.rows) if check.rows != frozenset() else 0
-        self._rows_check_asked = True
+        tables = self.indexer.check_rows(check.rows)
+        self._start_check_made = True
         # Anything committed but not indexed before a crash (or indexed but since deleted).
         queued = self.indexer.reconcile()
         log.info(
@@ -314,7 +311,7 @@ class Core:
     def index_in_step(self) -> bool:
         """Whether every check start-up was to make of the index is done: only then may an
         orderly close seal it."""
-        return self._layout_checked and self._rows_check_asked and self.indexer.rows_checked
+        return self._start_check_made and self.indexer.rows_checked
 
     def close(self) -> None:
         self.delivery.stop()

@@ -209,6 +209,30 @@ def test_ties_break_by_insertion_order(k: int) -> None:
     assert [i for i, _ in p.search("same words", k)] == [f"r{i}" for i in range(k)]
 
 
+def test_every_k_takes_the_best_of_one_ranking_ties_by_last_write() -> None:
+    """The top k come from a bounded heap, not a sort of every hit: for each k they must be
+    the first k of the full ranking, which orders equal scores by when the row was last
+    written (its slot). Few words and short texts make many exact ties; rewrites kill slots
+    and buffered postings sit beside folded ones."""
+    rng = random.Random(3)
+    p = TextPostings()
+    p.MERGE_EVERY = 16
+    texts = {f"r{i}": " ".join(rng.choices(WORDS[:6], k=rng.randint(1, 3))) for i in range(80)}
+    written = list(texts)  # ids in the order of their last write
+    p.load([(mid, "s", text) for mid, text in texts.items()])
+    for mid in rng.sample(written, 20):
+        written.remove(mid)
+        written.append(mid)
+        p.put([(mid, "s", texts[mid])])
+    for query in ("deploy", "deploy metrics", "metrics exporter weekend deploy", "weekend weekend customers"):
+        ranking = p.search(query, 1000)
+        assert len(ranking) == len({mid for mid, text in texts.items() if set(terms(text)) & set(terms(query))})
+        assert ranking == sorted(ranking, key=lambda hit: (-hit[1], written.index(hit[0])))
+        assert len({score for _, score in ranking}) < len(ranking) / 2  # ties were exercised
+        for k in range(1, len(ranking) + 2):
+            assert p.search(query, k) == ranking[:k]
+
+
 def _bm25_by_hand(rows: dict[str, tuple[str, str]], query: str, scopes: list[str] | None) -> dict[str, float]:
     """BM25 over live rows (id -> (scope, text)) computed directly, term by term."""
     counted = {mid: (scope, Counter(terms(text))) for mid, (scope, text) in rows.items()}

@@ -22,7 +22,6 @@ they are a tenth of the rows.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 import sys
 import threading
@@ -33,12 +32,11 @@ from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 
 import numpy as np
-import numpy.typing as npt
 import Stemmer
 
+from mnemo_server.index.bm25_kernel import Source, bm25_top
 from mnemo_server.index.scratch import ScratchArrays
 
-K1, B = 1.2, 0.75
 MAX_TOKEN_CHARS = 40
 
 # LanceDB's English stop words (NLTK's list, apostrophe forms left out: they never survive
@@ -129,9 +127,12 @@ class TextPostings:
         # Postings not folded yet: term number -> ([slot], [tf]).
         self._buffer: dict[int, tuple[list[int], list[int]]] = {}
         self._buffered_rows = 0
-        # Score arrays over all slots, reused by searches and kept zeroed (_sum_scores); as
-        # many as searches run at once (the server's compute slots).
+        # Score arrays over all slots, reused by searches and kept zeroed (bm25_top), and
+        # the kernel's output, as long as a query's postings; as many as searches run at
+        # once (the server's compute slots).
         self._sums = ScratchArrays(np.float64, kept=4)
+        self._out_slots = ScratchArrays(np.int32, kept=4)
+        self._out_scores = ScratchArrays(np.float64, kept=4)
 
     def rows(self) -> int:
         with self._lock:
@@ -144,7 +145,8 @@ class TextPostings:
         buffer, at most MERGE_EVERY rows' postings, is not counted."""
         with self._lock:
             arrays = (self._lengths, self._scope, self._alive, self._offsets, self._docs, self._tfs)
-            held = sum(a.nbytes for a in arrays) + self._sums.held_bytes()
+            held = sum(a.nbytes for a in arrays)
+            held += sum(pool.held_bytes() for pool in (self._sums, self._out_slots, self._out_scores))
             held += sys.getsizeof(self._ids) + sys.getsizeof(self._slot_of) + sys.getsizeof(self._term_ids)
             held += _strings_bytes(self._ids[:: max(1, len(self._ids) // _SIZE_SAMPLE)], len(self._ids))
             held += _strings_bytes(list(itertools.islice(self._term_ids, _SIZE_SAMPLE)), len(self._term_ids))
@@ -261,21 +263,30 @@ class TextPostings:
         self._offsets = np.concatenate([[0], np.cumsum(np.bincount(tids, minlength=len(self._offsets) - 1))])
         self._dead_rows = 0
 
-    def _postings(self, term: str) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint16]]:
-        """A term's (slots, term frequencies), folded and buffered, dead slots included
-        (under the lock)."""
-        tid = self._term_ids.get(term)
-        if tid is None:
-            return np.zeros(0, np.int32), np.zeros(0, np.uint16)
-        start, end = (
-            (int(x) for x in self._offsets[tid : tid + 2]) if tid + 1 < len(self._offsets) else (0, 0)
-        )
-        docs, tfs = self._docs[start:end], self._tfs[start:end]
-        if tid in self._buffer:
-            slots, counts = self._buffer[tid]
-            docs = np.concatenate([docs, np.asarray(slots, np.int32)])
-            tfs = np.concatenate([tfs, np.asarray(counts, np.uint16)])
-        return docs, tfs
+    def _sources(self, wanted: list[tuple[str, int]]) -> tuple[Source, Source]:
+        """The query terms' postings, folded and buffered, as the kernel reads them: the
+        folded arrays themselves (no copy) and the buffered ones gathered, with each term's
+        range in each (under the lock: writers append to the buffer's lists)."""
+        starts, ends = np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
+        b_starts, b_ends = np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
+        b_docs: list[int] = []
+        b_tfs: list[int] = []
+        folded_terms = len(self._offsets) - 1
+        for n, (term, _) in enumerate(wanted):
+            tid = self._term_ids.get(term)
+            if tid is None:
+                continue
+            if tid < folded_terms:
+                starts[n], ends[n] = self._offsets[tid], self._offsets[tid + 1]
+            if tid in self._buffer:
+                slots, counts = self._buffer[tid]
+                b_starts[n] = len(b_docs)
+                b_docs += slots
+                b_tfs += counts
+                b_ends[n] = len(b_docs)
+        folded = (self._docs, self._tfs, starts, ends)
+        buffered = (np.asarray(b_docs, np.int32), np.asarray(b_tfs, np.uint16), b_starts, b_ends)
+        return folded, buffered
 
     # --- search --------------------------------------------------------------------------
 
@@ -293,75 +304,39 @@ class TextPostings:
         if not wanted or k <= 0:
             return []
         with self._lock:
-            postings = [self._postings(term) for term, _ in wanted]
+            folded, buffered = self._sources(wanted)
             lengths, scope_of = self._lengths, self._scope
-            # None when every slot is alive (no row written again or removed since the load):
-            # then no posting needs checking (the bench's mix: a third of the leg's gathers).
+            # Unchecked when every slot is alive (no row written again or removed since the
+            # load): the bench's mix then skips a third of the kernel's reads.
             alive = self._alive if self._alive_rows < len(self._ids) else None
             rows, total = self._alive_rows, self._alive_length
             codes = None if scopes is None else [self._scope_code[s] for s in scopes if s in self._scope_code]
+            scope_codes = len(self._scope_names)
             ids = self._ids
         if rows == 0 or (codes is not None and not codes):
             return []
+        wanted_scope = None
+        if codes is not None:
+            wanted_scope = np.zeros(scope_codes, np.bool_)
+            wanted_scope[codes] = True
+        postings = int(folded[3].sum() - folded[2].sum()) + len(buffered[0])
+        # With `allowed`, every hit in order, then those allowed: the filter does not change
+        # scores, and a set of ids cannot go into the kernel.
+        best = k if allowed is None else postings
         sums = self._sums.take(len(lengths))
-        hit, scores = self._sum_scores(postings, wanted, sums, lengths, scope_of, alive, codes, rows, total)
+        slots, scores = self._out_slots.take(postings), self._out_scores.take(postings)
+        repeats = np.asarray([r for _, r in wanted], np.int64)
+        kept = bm25_top(
+            folded, buffered, repeats, lengths, alive, scope_of, wanted_scope, rows, total / rows, best,
+            sums, slots, scores,
+        )  # fmt: skip
         self._sums.give_back(sums)  # not after an error: it may hold partial sums
+        found = [
+            (ids[slot], score)
+            for slot, score in zip(slots[:kept].tolist(), scores[:kept].tolist(), strict=True)
+        ]
+        self._out_slots.give_back(slots)
+        self._out_scores.give_back(scores)
         if allowed is not None:
-            inside = np.fromiter((ids[int(slot)] in allowed for slot in hit), dtype=bool, count=len(hit))
-            hit, scores = hit[inside], scores[inside]
-        if len(hit) > k:
-            # The k best, ties at the k-th score broken by slot: every score above it,
-            # then the lowest slots of those equal to it.
-            kth = np.partition(scores, len(scores) - k)[len(scores) - k]
-            above = scores > kth
-            tied = np.flatnonzero(scores == kth)
-            tied = tied[np.argsort(hit[tied], kind="stable")][: k - int(np.count_nonzero(above))]
-            keep = np.concatenate([np.flatnonzero(above), tied])
-            hit, scores = hit[keep], scores[keep]
-        order = np.lexsort((hit, -scores))
-        return [(ids[int(hit[i])], float(scores[i])) for i in order]
-
-    @staticmethod
-    def _sum_scores(
-        postings: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.uint16]]],
-        wanted: list[tuple[str, int]],
-        sums: npt.NDArray[np.float64],
-        lengths: npt.NDArray[np.float32],
-        scope_of: npt.NDArray[np.int32],
-        alive: npt.NDArray[np.bool_] | None,
-        codes: list[int] | None,
-        rows: int,
-        total: float,
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float64]]:
-        """(slots hit, their summed scores). `sums` is a zeroed scratch array over all slots,
-        left zeroed: a term's postings name each slot once, and every BM25 term score is
-        positive, so a slot still at zero is one no earlier term hit. Work in proportion to
-        the postings read, not to the tenant's rows (a dense sum over every slot allocated
-        and zeroed 0.8 MB per search at 100k rows: ~600 page faults a search)."""
-        average = total / rows
-        hit: list[npt.NDArray[np.int32]] = []
-        for (term_docs, term_tfs), (_, repeats) in zip(postings, wanted, strict=True):
-            docs, counts = term_docs, term_tfs
-            if alive is not None:
-                live = alive[docs]
-                docs, counts = docs[live], counts[live]
-            if not len(docs):
-                continue
-            idf = repeats * math.log(1.0 + (rows - len(docs) + 0.5) / (len(docs) + 0.5))
-            if codes is not None:
-                inside = np.isin(scope_of[docs], codes)
-                docs, counts = docs[inside], counts[inside]
-            tfs = counts.astype(np.float32)
-            # idf x tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)), in place where it can be
-            denominator = lengths[docs]
-            denominator *= np.float32(K1 * B / average)
-            denominator += np.float32(K1 * (1.0 - B))
-            denominator += tfs
-            tfs *= np.float32(idf * (K1 + 1.0))
-            tfs /= denominator
-            hit.append(docs[sums[docs] == 0.0])
-            sums[docs] += tfs
-        slots = np.concatenate(hit) if hit else np.zeros(0, np.int32)
-        scores = sums[slots]
-        sums[slots] = 0.0
-        return slots, scores
+            found = [hit for hit in found if hit[0] in allowed][:k]
+        return found

@@ -1,0 +1,197 @@
+"""BM25's scoring and top-k over postings, compiled (numba) and run without the GIL.
+
+Why compiled: the same work as ~15 numpy calls a query term (gathers, in-place arithmetic,
+a scatter into the score sums) costs ~1 ms of a Recall at 100k rows, and each call on a
+large array lets go of the GIL and must wait to take it back: beside one busy Python thread,
+searches fell from ~890/s to 12/s (`/work/exp49/kernel_proto.py` in issue 3's notes). One
+call that holds no GIL does the whole search: ~0.45 ms on one thread, and it runs beside the
+server's Python.
+
+The arithmetic is numpy's, operation for operation (float32 per posting, float64 sums in
+term order), so the scores equal those of the numpy version this replaced, bit for bit, and
+LanceDB's up to its own rounding (tests/unit/test_text_postings.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+log = logging.getLogger(__name__)
+
+K1, B = 1.2, 0.75
+
+# A source of postings: (slots, term frequencies, each query term's start, its end).
+Source = tuple[npt.NDArray[np.int32], npt.NDArray[np.uint16], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+def _compile(fn: Callable[..., Any], **options: Any) -> Any:
+    """njit with an on-disk cache (a later process loads it in ~0.1 s instead of compiling
+    for ~1 s), or without one where no cache directory is writable: numba refuses to cache
+    then, and compiling once a process is only slower."""
+    try:
+        return njit(cache=True, **options)(fn)
+    except RuntimeError as e:
+        log.warning("BM25 kernel not cached on disk (%s): it is compiled once a process", e)
+        return njit(cache=False, **options)(fn)
+
+
+@_compile
+def _worse(score: float, slot: int, other_score: float, other_slot: int) -> bool:
+    """Whether (score, slot) ranks below (other_score, other_slot): equal scores rank by slot."""
+    return score < other_score or (score == other_score and slot > other_slot)
+
+
+@_compile
+def _sift_down(
+    slots: npt.NDArray[np.int32], scores: npt.NDArray[np.float64], size: int, slot: int, score: float
+) -> None:
+    """Put (slot, score) in the root's place of the min-heap slots/scores[:size] (the root
+    ranks worst), moving it down past every child that ranks below it."""
+    at = 0
+    while True:
+        child = 2 * at + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and _worse(scores[right], slots[right], scores[child], slots[child]):
+            child = right
+        if not _worse(scores[child], slots[child], score, slot):
+            break
+        slots[at], scores[at] = slots[child], scores[child]
+        at = child
+    slots[at], scores[at] = slot, score
+
+
+@_compile
+def _sift_up(
+    slots: npt.NDArray[np.int32], scores: npt.NDArray[np.float64], at: int, slot: int, score: float
+) -> None:
+    """Put (slot, score) at the heap's new end `at`, moving it up past every parent that
+    ranks above it."""
+    while at > 0:
+        up = (at - 1) // 2
+        if not _worse(score, slot, scores[up], slots[up]):
+            break
+        slots[at], scores[at] = slots[up], scores[up]
+        at = up
+    slots[at], scores[at] = slot, score
+
+
+@_compile
+def _sum_scores(
+    folded: Source,
+    buffered: Source,
+    repeats: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.float32],
+    alive: npt.NDArray[np.bool_] | None,
+    scope_of: npt.NDArray[np.int32],
+    wanted_scope: npt.NDArray[np.bool_] | None,
+    rows: int,
+    average: float,
+    sums: npt.NDArray[np.float64],
+    hits: npt.NDArray[np.int32],
+) -> int:
+    """Adds each query term's BM25 score into sums[slot] for the slots its postings name,
+    writes each slot hit once to `hits`, and returns how many. See bm25_top."""
+    c1 = np.float32(K1 * B / average)
+    c2 = np.float32(K1 * (1.0 - B))
+    hit = 0
+    for t in range(len(repeats)):
+        live = 0
+        for docs, _, starts, ends in (folded, buffered):
+            if alive is None:
+                live += ends[t] - starts[t]
+            else:
+                for p in range(starts[t], ends[t]):
+                    live += alive[docs[p]]
+        if live == 0:
+            continue
+        idf = repeats[t] * math.log(1.0 + (rows - live + 0.5) / (live + 0.5))
+        weight = np.float32(idf * (K1 + 1.0))
+        for docs, tfs, starts, ends in (folded, buffered):
+            for p in range(starts[t], ends[t]):
+                slot = docs[p]
+                if (alive is not None and not alive[slot]) or (
+                    wanted_scope is not None and not wanted_scope[scope_of[slot]]
+                ):
+                    continue
+                tf = np.float32(tfs[p])
+                # idf x tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)), in float32 as numpy did
+                score = (tf * weight) / (lengths[slot] * c1 + c2 + tf)
+                if sums[slot] == 0.0:  # every term score is positive: a first hit
+                    hits[hit] = slot
+                    hit += 1
+                sums[slot] += score
+    return hit
+
+
+def _bm25_top(
+    folded: Source,
+    buffered: Source,
+    repeats: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.float32],
+    alive: npt.NDArray[np.bool_] | None,
+    scope_of: npt.NDArray[np.int32],
+    wanted_scope: npt.NDArray[np.bool_] | None,
+    rows: int,
+    average: float,
+    k: int,
+    sums: npt.NDArray[np.float64],
+    out_slots: npt.NDArray[np.int32],
+    out_scores: npt.NDArray[np.float64],
+) -> int:
+    """Scores the slots that the query's terms' postings name, and writes the k best to
+    out_*, best first, equal scores in slot order; returns how many it wrote.
+
+    Term t's postings are those of each source, folded then buffered:
+    docs/tfs[starts[t]:ends[t]]. A term repeated in the query counts `repeats[t]` times.
+    With `alive`, postings of dead slots are skipped; with `wanted_scope`, slots whose scope
+    code it does not mark, after the term's document frequency is counted, as for any
+    filter: BM25's statistics are over the tenant's live rows. `sums` is a zeroed scratch
+    array over all slots and is left zeroed; out_* hold at least as many entries as there
+    are postings (out_slots first lists the slots hit)."""
+    hit = _sum_scores(
+        folded, buffered, repeats, lengths, alive, scope_of, wanted_scope, rows, average, sums, out_slots
+    )
+    # The k best in out_*[:kept], a min-heap whose root ranks worst. Slots hit are read
+    # from out_slots[i], i >= kept: the heap never overtakes them.
+    kept = 0
+    for i in range(hit):
+        slot = out_slots[i]
+        score = sums[slot]
+        sums[slot] = 0.0
+        if kept < k:
+            _sift_up(out_slots, out_scores, kept, slot, score)
+            kept += 1
+        elif _worse(out_scores[0], out_slots[0], score, slot):
+            _sift_down(out_slots, out_scores, kept, slot, score)
+    # Heap sort: the worst moves to the end each time, so the best ends first.
+    for end in range(kept - 1, 0, -1):
+        slot, score = out_slots[end], out_scores[end]
+        out_slots[end], out_scores[end] = out_slots[0], out_scores[0]
+        _sift_down(out_slots, out_scores, end, slot, score)
+    return kept
+
+
+bm25_top = _compile(_bm25_top, nogil=True)
+
+
+def compile_now() -> None:
+    """Compile (or load from the cache) before the first search needs it: ~1 s. Each
+    combination of present and absent filters is its own specialisation."""
+    none = np.zeros(0, np.int64)
+    empty: Source = (np.zeros(0, np.int32), np.zeros(0, np.uint16), none, none)
+    mask = np.ones(1, np.bool_)
+    for alive in (None, mask):
+        for scope in (None, mask):
+            bm25_top(
+                empty, empty, none, np.ones(1, np.float32), alive, np.zeros(1, np.int32), scope,
+                1, 1.0, 1, np.zeros(1, np.float64), np.zeros(0, np.int32), np.zeros(0, np.float64),
+            )  # fmt: skip

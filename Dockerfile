@@ -11,8 +11,8 @@ COPY services ./services
 COPY sidecar ./sidecar
 COPY clients/python ./clients/python
 RUN pip install .
-# The full-text kernel compiled once, into numba's cache beside the installed module.
-RUN python -c "from mnemo_server.index.bm25_kernel import compile_now; compile_now()"
+# The search kernels compiled once, into numba's cache beside the installed module.
+RUN python -c "from mnemo_server.index.kernels import compile_now; compile_now()"
 
 # Data (DuckDB, LanceDB, the ONNX export of the embedding model) lives on a volume.
 VOLUME ["/data"]

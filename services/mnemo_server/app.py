@@ -28,7 +28,7 @@ from mnemo_server.diagnostics import DataDirSize
 from mnemo_server.embed.embedder import CachedQueryEmbedder, Embedder
 from mnemo_server.embed.factory import build_embedder
 from mnemo_server.errors import EmbeddingModelMismatch, FailedPrecondition
-from mnemo_server.index import bm25_kernel, in_step
+from mnemo_server.index import in_step, kernels
 from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import LanceIndex
 from mnemo_server.latency_histogram import CallTimes
@@ -184,12 +184,12 @@ class Core:
     def warm_up(self) -> None:
         """Pay one-time costs (onnxruntime's first run, loading the in-memory indices of the
         most recently written tenants while the residency bounds allow, filling the row
-        cache, the full-text kernel's compilation) before SERVING, so the first real call is
+        cache, compiling the search kernels) before SERVING, so the first real call is
         as fast as the rest. The other tenants' indices are loaded by their first search."""
         self.query_embedder.embed_one("warm-up query")
         started = time.monotonic()
-        bm25_kernel.compile_now()
-        log.info("full-text kernel ready in %.2f s", time.monotonic() - started)
+        kernels.compile_now()
+        log.info("search kernels ready in %.2f s", time.monotonic() - started)
         started = time.monotonic()
         rows = memory_repo.preload(self.db.reader(), self.db.rows, self.db.rows.max_rows)
         log.info("row cache: %d rows read in %.2f s", rows, time.monotonic() - started)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnemo_server.index.scope_vectors import CHUNK, ScopeVectors
+from mnemo_server.index.scope_vectors import CHUNK, ScopeVectors, quantize
 
 DIM = 48
 
@@ -120,3 +120,26 @@ def test_a_reader_keeps_the_state_it_started_with() -> None:
     sv.put([("m1", "b", m[1])], {"m1": "a"})
     assert sum(len(c.ids) for c in before["a"]) == 50  # the old state is untouched
     assert sv.rows_in(["a"]) == 49 and sv.rows_in(["b"]) == 1
+
+
+def test_search_scores_every_row_as_its_codes_say_and_orders_ties_by_row() -> None:
+    """The compiled scan (index/kernels.py) against numpy on the same int8 codes: each
+    cosine within float32 rounding, best first; rows with the same vector tie exactly and
+    come in the order of the scopes asked, then of the rows; asking more than there are
+    returns every row."""
+    rng = np.random.default_rng(13)
+    m = _unit(rng, CHUNK + 40)
+    m[5] = m[CHUNK + 7] = m[3]  # three equal vectors: "b" holds m3 and m5, "a" holds m1031
+    ids = [f"m{i}" for i in range(len(m))]
+    scopes = ["b" if i < CHUNK else "a" for i in range(len(m))]
+    sv = ScopeVectors(DIM)
+    sv.load([(ids, scopes, m)])
+    q = m[3] + 0.05 * _unit(rng, 1)[0]
+    found = sv.search(q, len(m) + 5, ["a", "b"])
+    assert len(found) == len(m) and sorted(i for i, _ in found) == sorted(ids)
+    assert [s for _, s in found] == sorted((s for _, s in found), reverse=True)
+    assert [i for i, _ in found[:3]] == [f"m{CHUNK + 7}", "m3", "m5"]
+    codes, scales = quantize(m)
+    expected = (codes.astype(np.float32) @ (q / np.linalg.norm(q)).astype(np.float32)) * scales
+    for i, score in found:
+        assert abs(score - float(expected[int(i[1:])])) < 1e-5

@@ -226,7 +226,8 @@ def test_every_k_takes_the_best_of_one_ranking_ties_by_last_write() -> None:
         p.put([(mid, "s", texts[mid])])
     for query in ("deploy", "deploy metrics", "metrics exporter weekend deploy", "weekend weekend customers"):
         ranking = p.search(query, 1000)
-        assert len(ranking) == len({mid for mid, text in texts.items() if set(terms(text)) & set(terms(query))})
+        matching = {mid for mid, text in texts.items() if set(terms(text)) & set(terms(query))}
+        assert len(ranking) == len(matching)
         assert ranking == sorted(ranking, key=lambda hit: (-hit[1], written.index(hit[0])))
         assert len({score for _, score in ranking}) < len(ranking) / 2  # ties were exercised
         for k in range(1, len(ranking) + 2):

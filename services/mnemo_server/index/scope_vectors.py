@@ -15,8 +15,8 @@ Vectors are kept as int8 with a scale per row (the unit vector / its largest com
 (largest component ~0.16) one scale for all rows used ~5 bits: cosine error up to 0.012 and
 recall@10 against exact search 0.966; a scale per row keeps the error under 0.0025 (mean
 0.0003) and recall@10 at 0.993. Rows are kept in chunks of up to `CHUNK`: a write copies
-one chunk at most, and a search converts one chunk at a time to float32 (small enough to
-stay in cache).
+one chunk at most. A search scans the chunks in one compiled call that holds no GIL
+(kernels.py).
 
 Writers (the index worker, under the table lock) build new chunk tuples and replace the
 whole scope -> chunks mapping at once, so a search reads one consistent state without a
@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from mnemo_server.index.kernels import scan_top, typed_list
 from mnemo_server.index.scratch import ScratchArrays
 
 CHUNK = 1024
 _SCALE = 127.0
-# Chunks converted to float32 for a search, shared by every tenant: one per search at once.
-_BLOCKS = ScratchArrays(np.float32, kept=4)
+# A chunk's cosines during a search, shared by every tenant: one per search at once.
+_ROW_COSINES = ScratchArrays(np.float32, kept=4)
 
 
 @dataclass(frozen=True)
@@ -184,28 +185,28 @@ class ScopeVectors:
         allowed: AbstractSet[str] | None = None,
     ) -> list[tuple[str, float]]:
         """The k rows of these scopes (None: of every scope) most similar to vector, only
-        rows whose ids are in `allowed` if given: (id, cosine), best first."""
+        rows whose ids are in `allowed` if given: (id, cosine), best first (equal cosines
+        in the order of the scopes asked, then of the rows in them)."""
         state = self._state
-        keys = state.keys() if scopes is None else set(scopes)
+        keys = state.keys() if scopes is None else dict.fromkeys(scopes)
         chunks = [c for s in keys for c in state.get(s, ())]
         if not chunks or k <= 0:
             return []
         norm = float(np.linalg.norm(vector)) or 1.0
         query = np.asarray(vector, dtype=np.float32) / norm
-        best: list[tuple[float, str]] = []
-        block = _BLOCKS.take(CHUNK, self.dimension)
-        for c in chunks:
-            rows = block[: len(c.ids)]
-            np.copyto(rows, c.codes)  # to float32 in a kept array (index/scratch.py)
-            cos = (rows @ query) * c.scales
-            candidates: Sequence[int]
-            if allowed is None:
-                candidates = range(len(cos))
-            else:
-                candidates = [i for i, mid in enumerate(c.ids) if mid in allowed]
-                cos = cos[candidates]
-            top = np.argpartition(-cos, k)[:k] if len(cos) > k else range(len(cos))
-            best.extend((float(cos[i]), c.ids[candidates[i]]) for i in top)
-        _BLOCKS.give_back(block)
-        best.sort(key=lambda t: -t[0])
-        return [(mid, score) for score, mid in best[:k]]
+        passing = None
+        if allowed is not None:
+            passing = np.fromiter((mid in allowed for c in chunks for mid in c.ids), np.bool_)
+        k = min(k, sum(len(c.ids) for c in chunks))
+        rows, cosines = np.empty(k, np.int32), np.empty(k, np.float64)
+        row_cosines = _ROW_COSINES.take(CHUNK)
+        kept = scan_top(
+            typed_list([c.codes for c in chunks]), typed_list([c.scales for c in chunks]), query, passing, k,
+            row_cosines, rows, cosines,
+        )  # fmt: skip
+        _ROW_COSINES.give_back(row_cosines)
+        ids = [mid for c in chunks for mid in c.ids]
+        return [
+            (ids[row], cosine)
+            for row, cosine in zip(rows[:kept].tolist(), cosines[:kept].tolist(), strict=True)
+        ]

@@ -34,7 +34,7 @@ from collections.abc import Set as AbstractSet
 import numpy as np
 import Stemmer
 
-from mnemo_server.index.bm25_kernel import Source, bm25_top
+from mnemo_server.index.kernels import Source, bm25_top
 from mnemo_server.index.scratch import ScratchArrays
 
 MAX_TOKEN_CHARS = 40

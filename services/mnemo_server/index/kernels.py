@@ -1,27 +1,31 @@
-"""BM25's scoring and top-k over postings, compiled (numba) and run without the GIL.
+"""Search kernels compiled with numba that run without the GIL: BM25 over the full-text
+postings (text_postings.py), and the exact scan of a scope's int8 vectors (scope_vectors.py),
+each with its top k.
 
-Why compiled: the same work as ~15 numpy calls a query term (gathers, in-place arithmetic,
-a scatter into the score sums) costs ~1 ms of a Recall at 100k rows, and each call on a
-large array lets go of the GIL and must wait to take it back: beside one busy Python thread,
-searches fell from ~890/s to 12/s (`/work/exp49/kernel_proto.py` in issue 3's notes). One
-call that holds no GIL does the whole search: ~0.45 ms on one thread, and it runs beside the
-server's Python.
+Why compiled: the numpy versions took many numpy calls a search (BM25: ~15 a query term;
+the scan: 5 a chunk of 1,024 rows), and each call on a large array lets go of the GIL and
+must wait to take it back. Beside one busy Python thread, BM25 searches at 100k rows fell
+from ~820/s on two threads to ~30/s, scope scans of 12.5k rows from ~330/s to ~25/s
+(/work/exp49/bm25_threads.py, sv_proto.py in issue 3's notes). A kernel lets go of the GIL
+once a search, and its loops cost less than the numpy calls: BM25 0.4 ms against 1.1.
 
-The arithmetic is numpy's, operation for operation (float32 per posting, float64 sums in
-term order), so the scores equal those of the numpy version this replaced, bit for bit, and
-LanceDB's up to its own rounding (tests/unit/test_text_postings.py).
+The BM25 arithmetic is numpy's, operation for operation (float32 a posting, float64 sums in
+term order), so its scores equal the numpy version's bit for bit, and LanceDB's up to its
+own rounding (tests/unit/test_text_postings.py). The scan's dot products add in any order
+(fastmath reassociation, so they vectorise): float32 rounding differs from BLAS's by ~1e-7.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from numba import njit
+from numba.typed import List
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,7 @@ def _compile(fn: Callable[..., Any], **options: Any) -> Any:
     try:
         return njit(cache=True, **options)(fn)
     except RuntimeError as e:
-        log.warning("BM25 kernel not cached on disk (%s): it is compiled once a process", e)
+        log.warning("search kernel not cached on disk (%s): it is compiled once a process", e)
         return njit(cache=False, **options)(fn)
 
 
@@ -82,6 +86,30 @@ def _sift_up(
         slots[at], scores[at] = slots[up], scores[up]
         at = up
     slots[at], scores[at] = slot, score
+
+
+@_compile
+def _offer(
+    slots: npt.NDArray[np.int32], scores: npt.NDArray[np.float64], kept: int, k: int, slot: int, score: float
+) -> int:
+    """Offer (slot, score) to the k best kept in the min-heap slots/scores[:kept]; returns
+    how many it holds now."""
+    if kept < k:
+        _sift_up(slots, scores, kept, slot, score)
+        return kept + 1
+    if _worse(scores[0], slots[0], score, slot):
+        _sift_down(slots, scores, kept, slot, score)
+    return kept
+
+
+@_compile
+def _sort_best(slots: npt.NDArray[np.int32], scores: npt.NDArray[np.float64], kept: int) -> None:
+    """Heap sort the min-heap slots/scores[:kept] in place, best first: the worst moves to
+    the end each time."""
+    for end in range(kept - 1, 0, -1):
+        slot, score = slots[end], scores[end]
+        slots[end], scores[end] = slots[0], scores[0]
+        _sift_down(slots, scores, end, slot, score)
 
 
 @_compile
@@ -160,38 +188,88 @@ def _bm25_top(
     hit = _sum_scores(
         folded, buffered, repeats, lengths, alive, scope_of, wanted_scope, rows, average, sums, out_slots
     )
-    # The k best in out_*[:kept], a min-heap whose root ranks worst. Slots hit are read
-    # from out_slots[i], i >= kept: the heap never overtakes them.
+    # The k best in out_*[:kept], a heap. Slots hit are read from out_slots[i], i >= kept:
+    # the heap never overtakes them.
     kept = 0
     for i in range(hit):
         slot = out_slots[i]
         score = sums[slot]
         sums[slot] = 0.0
-        if kept < k:
-            _sift_up(out_slots, out_scores, kept, slot, score)
-            kept += 1
-        elif _worse(out_scores[0], out_slots[0], score, slot):
-            _sift_down(out_slots, out_scores, kept, slot, score)
-    # Heap sort: the worst moves to the end each time, so the best ends first.
-    for end in range(kept - 1, 0, -1):
-        slot, score = out_slots[end], out_scores[end]
-        out_slots[end], out_scores[end] = out_slots[0], out_scores[0]
-        _sift_down(out_slots, out_scores, end, slot, score)
+        kept = _offer(out_slots, out_scores, kept, k, slot, score)
+    _sort_best(out_slots, out_scores, kept)
     return kept
 
 
 bm25_top = _compile(_bm25_top, nogil=True)
 
 
+def _row_cosines(
+    codes: npt.NDArray[np.int8], query: npt.NDArray[np.float32], out: npt.NDArray[np.float32]
+) -> None:
+    """out[i] = codes[i] . query, in float32 (added in any order: vectorised)."""
+    for i in range(codes.shape[0]):
+        total = np.float32(0.0)
+        for j in range(codes.shape[1]):
+            total += np.float32(codes[i, j]) * query[j]
+        out[i] = total
+
+
+_cosines = _compile(_row_cosines, fastmath={"reassoc", "contract", "nsz"})
+
+
+def _scan_top(
+    codes: Any,  # a numba typed List of int8 (rows x dimension) arrays, one a chunk
+    scales: Any,  # a typed List of float32 arrays: each chunk's rows' scales
+    query: npt.NDArray[np.float32],
+    allowed: npt.NDArray[np.bool_] | None,
+    k: int,
+    row_cosines: npt.NDArray[np.float32],
+    out_rows: npt.NDArray[np.int32],
+    out_scores: npt.NDArray[np.float64],
+) -> int:
+    """The k rows of the chunks with the highest cosine (codes . unit query x scale) to
+    out_*, best first, equal cosines in row order; returns how many. Rows are numbered
+    through the chunks in order; with `allowed`, only rows it marks. row_cosines holds a
+    chunk's rows; out_* hold k."""
+    kept = 0
+    base = 0
+    for n in range(len(codes)):
+        chunk, chunk_scales = codes[n], scales[n]
+        _cosines(chunk, query, row_cosines)
+        for i in range(chunk.shape[0]):
+            if allowed is None or allowed[base + i]:
+                score = np.float64(row_cosines[i] * chunk_scales[i])
+                kept = _offer(out_rows, out_scores, kept, k, base + i, score)
+        base += chunk.shape[0]
+    _sort_best(out_rows, out_scores, kept)
+    return kept
+
+
+scan_top = _compile(_scan_top, nogil=True)
+
+
 def compile_now() -> None:
-    """Compile (or load from the cache) before the first search needs it: ~1 s. Each
-    combination of present and absent filters is its own specialisation."""
+    """Compile (or load from the cache) before the first search needs them: ~5 s, ~0.3 s
+    from the cache. Each combination of present and absent filters is its own
+    specialisation."""
     none = np.zeros(0, np.int64)
     empty: Source = (np.zeros(0, np.int32), np.zeros(0, np.uint16), none, none)
     mask = np.ones(1, np.bool_)
+    slots, scores = np.zeros(1, np.int32), np.zeros(1, np.float64)
     for alive in (None, mask):
         for scope in (None, mask):
             bm25_top(
                 empty, empty, none, np.ones(1, np.float32), alive, np.zeros(1, np.int32), scope,
-                1, 1.0, 1, np.zeros(1, np.float64), np.zeros(0, np.int32), np.zeros(0, np.float64),
+                1, 1.0, 1, np.zeros(1, np.float64), slots, scores,
             )  # fmt: skip
+    codes, scales = typed_list([np.zeros((1, 1), np.int8)]), typed_list([np.ones(1, np.float32)])
+    for allowed in (None, mask):
+        scan_top(codes, scales, np.ones(1, np.float32), allowed, 1, np.zeros(1, np.float32), slots, scores)
+
+
+def typed_list(arrays: Sequence[npt.NDArray[Any]]) -> Any:
+    """Arrays as a numba typed List, which a kernel takes (~7 us an array)."""
+    out = List()
+    for a in arrays:
+        out.append(a)
+    return out

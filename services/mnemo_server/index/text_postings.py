@@ -305,19 +305,17 @@ class TextPostings:
             return []
         with self._lock:
             folded, buffered = self._sources(wanted)
-            lengths, scope_of = self._lengths, self._scope
+            lengths, scope_of, alive = self._lengths, self._scope, self._alive
             # Unchecked when every slot is alive (no row written again or removed since the
             # load): the bench's mix then skips a third of the kernel's reads.
-            alive = self._alive if self._alive_rows < len(self._ids) else None
+            check_alive = self._alive_rows < len(self._ids)
             rows, total = self._alive_rows, self._alive_length
             codes = None if scopes is None else [self._scope_code[s] for s in scopes if s in self._scope_code]
-            scope_codes = len(self._scope_names)
+            wanted_scope = np.zeros(max(1, len(self._scope_names)), np.bool_)
             ids = self._ids
         if rows == 0 or (codes is not None and not codes):
             return []
-        wanted_scope = None
         if codes is not None:
-            wanted_scope = np.zeros(scope_codes, np.bool_)
             wanted_scope[codes] = True
         postings = int(folded[3].sum() - folded[2].sum()) + len(buffered[0])
         # With `allowed`, every hit in order, then those allowed: the filter does not change
@@ -325,11 +323,9 @@ class TextPostings:
         best = k if allowed is None else postings
         sums = self._sums.take(len(lengths))
         slots, scores = self._out_slots.take(postings), self._out_scores.take(postings)
-        repeats = np.asarray([r for _, r in wanted], np.int64)
-        kept = bm25_top(
-            folded, buffered, repeats, lengths, alive, scope_of, wanted_scope, rows, total / rows, best,
-            sums, slots, scores,
-        )  # fmt: skip
+        query_postings = (folded, buffered, np.asarray([r for _, r in wanted], np.int64))
+        table = (lengths, alive, check_alive, scope_of, wanted_scope, codes is not None, rows, total / rows)
+        kept = bm25_top(query_postings, table, best, sums, slots, scores)
         self._sums.give_back(sums)  # not after an error: it may hold partial sums
         found = [
             (ids[slot], score)

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from mnemo_server.errors import MnemoError
-from mnemo_server.launcher import watch_parent
+from mnemo_server.launcher import wait_for_stop, watch_parent
 from mnemo_server.process_memory import fix_malloc_thresholds
 from mnemo_sidecar import __version__
 from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
@@ -91,7 +91,7 @@ def serve(
         tmp.replace(port_file)
     click.echo(f"mnemo-sidecar listening on {cfg.server.host}:{bound}", err=True)
     try:
-        stop.wait()
+        wait_for_stop(stop)
     finally:
         app.stop()
 

@@ -13,7 +13,7 @@ import click
 from mnemo_server.app import MnemoServer
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
-from mnemo_server.launcher import watch_parent
+from mnemo_server.launcher import wait_for_stop, watch_parent
 from mnemo_server.process_memory import (
     fix_malloc_thresholds,
     freeze_warm_heap,
@@ -54,7 +54,7 @@ def run_until_signalled(
         tmp.replace(port_file)
     click.echo(f"mnemo listening on {server.config.server.host}:{port}", err=True)
     try:
-        stop.wait()
+        wait_for_stop(stop)
     finally:
         server.stop()
         thaw_heap()

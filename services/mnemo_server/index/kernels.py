@@ -5,9 +5,9 @@ each with its top k.
 Why compiled: the numpy versions took many numpy calls a search (BM25: ~15 a query term;
 the scan: 5 a chunk of 1,024 rows), and each call on a large array lets go of the GIL and
 must wait to take it back. Beside one busy Python thread, BM25 searches at 100k rows fell
-from ~820/s on two threads to ~30/s, scope scans of 12.5k rows from ~330/s to ~25/s
-(/work/exp49/bm25_threads.py, sv_proto.py in issue 3's notes). A kernel lets go of the GIL
-once a search, and its loops cost less than the numpy calls: BM25 0.4 ms against 1.1.
+from ~820/s on two threads to ~30/s, scope scans of 12.5k rows from ~300/s to ~12/s
+(issue 3, stop 49's note). A kernel lets go of the GIL once a search, and its loops cost
+less than the numpy calls: BM25 0.4 ms against 1.1.
 
 The BM25 arithmetic is numpy's, operation for operation (float32 a posting, float64 sums in
 term order), so its scores equal the numpy version's bit for bit, and LanceDB's up to its
@@ -244,9 +244,8 @@ scan_top = _compile(_scan_top, nogil=True)
 
 
 def compile_now() -> None:
-    """Compile (or load from the cache) before the first search needs them: ~5 s, ~0.3 s
-    from the cache. Each combination of present and absent filters is its own
-    specialisation (the scan's)."""
+    """Compile (or load from the cache) before the first search needs them: ~10 s, ~1 s
+    from the cache. The scan with and without `allowed` are two specialisations."""
     none = np.zeros(0, np.int64)
     empty: Source = (np.zeros(0, np.int32), np.zeros(0, np.uint16), none, none)
     mask = np.ones(1, np.bool_)
@@ -259,7 +258,7 @@ def compile_now() -> None:
 
 
 def typed_list(arrays: Sequence[npt.NDArray[Any]]) -> Any:
-    """Arrays as a numba typed List, which a kernel takes (~7 us an array)."""
+    """Arrays as a numba typed List, which a kernel takes (a few us an array)."""
     out = List()
     for a in arrays:
         out.append(a)

@@ -423,6 +423,3 @@ class MnemoServer:
         self.grpc.stop(self.config.server.shutdown_grace_s if grace_s is None else grace_s)
         self.scheduler.stop()
         self.core.close()
-
-    def wait(self) -> None:
-        self.grpc.wait()

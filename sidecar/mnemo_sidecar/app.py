@@ -87,6 +87,3 @@ class SidecarServer:
         self.runner.stop()
         self.grpc.stop(self.cfg.server.shutdown_grace_s if grace_s is None else grace_s)
         self.store.close()
-
-    def wait(self) -> None:
-        self.grpc.wait()

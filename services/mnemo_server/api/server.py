@@ -87,6 +87,3 @@ class GrpcServer:
         self.set_serving(False)
         self.server.stop(grace_s).wait(grace_s + 1.0)
         self.interceptor.wait_idle(grace_s + 5.0)
-
-    def wait(self) -> None:
-        self.server.wait_for_termination()

@@ -2,10 +2,11 @@
 
 LanceDB's full-text search costs ~4.4 ms of CPU per Recall at 100k rows and ~7.7 ms per
 StartSession (its scope prefilter adds ~2.8), almost none of it the query's words: per-query
-set-up in Lance. The same BM25 over postings held here costs ~1 ms (module figures in
-issue 3's notes). With these postings kept (index.memory_text_search) LanceDB has no
-full-text index: a search filtered on more than scopes is limited to the ids LanceDB finds
-passing the filter (`allowed`), and a restart reads the texts back from the table.
+set-up in Lance. The same BM25 over postings held here costs ~0.4 ms, scored by a compiled
+kernel that holds no GIL (kernels.py; figures in issue 3's notes). With these postings kept
+(index.memory_text_search) LanceDB has no full-text index: a search filtered on more than
+scopes is limited to the ids LanceDB finds passing the filter (`allowed`), and a restart
+reads the texts back from the table.
 
 Terms are made as LanceDB's default full-text index makes them (the "simple" tokenizer:
 runs of letters and digits; tokens over 40 characters dropped; lower case; accents

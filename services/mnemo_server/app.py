@@ -318,6 +318,7 @@ class Core:
 
     def close(self) -> None:
         self.delivery.stop()
+        self.recall.close()
         indexer_stopped = self.indexer.stop()
         self.index_embedder.close()
         self.query_embedder.close()

@@ -298,8 +298,11 @@ class RecallConfig:
     session_top: int = 2
     # Score x (1 + importance_weight x (2 x importance - 1)): neutral at importance 0.5.
     importance_weight: float = 0.2
-    # Scope speakers are recomputed at most this often per (tenant, filter).
+    # Speaker counts per (tenant, scope) are read again in the background once this old, and
+    # served meanwhile; past speakers_stale_s (or never read) they are read in the call
+    # (retrieval/speakers.py).
     speakers_cache_s: float = 5.0
+    speakers_stale_s: float = 60.0
 
 
 @dataclass(frozen=True)

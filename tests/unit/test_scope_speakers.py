@@ -1,10 +1,12 @@
 """Speakers for Recall's signals: counted per scope across the scopes a filter names, cached
-per scope for a while, and a scope the index holds no row of costs no query. Real DuckDB
-and LanceDB files."""
+per scope for a while and renewed in the background, and a scope the index holds no row of
+costs no query. Real DuckDB and LanceDB files."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -102,9 +104,10 @@ def test_counts_add_up_across_scopes_are_cached_and_skip_unindexed_scopes(
     # project's cached counts stand until they expire.
     assert speakers.names("t", [WORKSPACE, PROJECT, SESSION]) == ["Alice", "Bob"]
     assert asked[-1] == [SESSION]
-    clock.now = 5.0
+    clock.now = 60.0  # past stale_s: read in the call
     assert speakers.names("t", [PROJECT, Scope(ScopeKind.PROJECT, "other")]) == []
-    assert asked[-1] == [PROJECT]  # expired; the other project has no indexed row
+    assert asked[-1] == [PROJECT]  # the other project has no indexed row
+    speakers.close()
     db.close()
 
 
@@ -126,4 +129,76 @@ def test_counts_by_scope_are_live_memories_of_each_scope(tmp_path: Path) -> None
     got = memory_repo.speaker_counts_by_scope(db.reader(), "t", [PROJECT, SESSION])  # not the deleted one
     assert got == {PROJECT: {"Bob": 1}, SESSION: {}}
     assert memory_repo.speaker_counts(db.reader(), "t") == {"Bob": 2}
+    db.close()
+
+
+def test_stale_counts_are_served_while_one_background_read_renews_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = Database(tmp_path / "d.duckdb")
+    index = LanceIndex(tmp_path / "lance", DIM, IndexConfig())
+    clock = _Clock()
+    speakers = ScopeSpeakers(db, index, min_count=2, ttl_s=5.0, stale_s=60.0, clock=clock)
+    _store(db, index, [_memory(0, PROJECT, "Alice: one"), _memory(1, PROJECT, "Alice: two")])
+    index.warm("t")
+    reads: list[str] = []  # the thread of each read
+    hold = threading.Event()
+    hold.set()
+    fail = [False]
+    real = memory_repo.speaker_counts_by_scope
+
+    def counting(cur: object, tenant_id: str, scopes: list[Scope]) -> dict[Scope, dict[str, int]]:
+        reads.append(threading.current_thread().name)
+        assert hold.wait(10)
+        if fail[0]:
+            fail[0] = False
+            raise RuntimeError("the store is away")
+        return real(cur, tenant_id, scopes)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(memory_repo, "speaker_counts_by_scope", counting)  # counts the real queries
+    caller = threading.current_thread().name
+    assert speakers.names("t", [PROJECT]) == ["Alice"]
+    assert reads == [caller]  # never read: read in the call
+    _store(db, index, [_memory(2, PROJECT, "Bob: three"), _memory(3, PROJECT, "Bob: four")])
+
+    clock.now = 4.9
+    assert speakers.names("t", [PROJECT]) == ["Alice"]  # fresh: cached
+    assert len(reads) == 1
+
+    # Past ttl_s: the stale counts answer at once, and one read runs on the refresh thread,
+    # however many calls come while it runs.
+    clock.now = 5.0
+    hold.clear()
+    for _ in range(5):
+        assert speakers.names("t", [PROJECT]) == ["Alice"]
+    assert not speakers.settle(0.05)  # held in the read
+    hold.set()
+    assert speakers.settle(10)
+    assert len(reads) == 2 and reads[1].startswith("mnemo-speakers")
+    assert speakers.names("t", [PROJECT]) == ["Alice", "Bob"]  # renewed at 5.0: fresh
+    assert len(reads) == 2
+
+    # A refresh that fails leaves the counts stale; the next call past ttl_s tries again.
+    _store(db, index, [_memory(4, PROJECT, "Carol: five"), _memory(5, PROJECT, "Carol: six")])
+    clock.now = 10.0
+    fail[0] = True
+    with caplog.at_level(logging.WARNING, logger="mnemo_server.retrieval.speakers"):
+        assert speakers.names("t", [PROJECT]) == ["Alice", "Bob"]
+        assert speakers.settle(10)
+    assert "not refreshed" in caplog.text and len(reads) == 3
+    assert speakers.names("t", [PROJECT]) == ["Alice", "Bob"]  # stale, and a second refresh
+    assert speakers.settle(10) and len(reads) == 4
+    assert speakers.names("t", [PROJECT]) == ["Alice", "Bob", "Carol"]
+
+    # Past stale_s the counts are read in the call, not served.
+    _store(db, index, [_memory(6, PROJECT, "Dan: seven"), _memory(7, PROJECT, "Dan: eight")])
+    clock.now = 100.0
+    assert speakers.names("t", [PROJECT]) == ["Alice", "Bob", "Carol", "Dan"]
+    assert reads[-1] == caller and len(reads) == 5
+
+    # Closed: stale counts are served as they are, nothing reads them again.
+    speakers.close()
+    clock.now = 106.0
+    assert speakers.names("t", [PROJECT]) == ["Alice", "Bob", "Carol", "Dan"]
+    assert speakers.settle(1) and len(reads) == 5
     db.close()

@@ -132,7 +132,13 @@ class RecallPipeline:
         self.cfg = cfg
         self.ranking = ranking
         self.ranking_cfg = ranking_cfg or RankingConfig()
-        self._speakers = ScopeSpeakers(db, index, cfg.min_speaker_memories, cfg.speakers_cache_s)
+        self._speakers = ScopeSpeakers(
+            db, index, cfg.min_speaker_memories, cfg.speakers_cache_s, cfg.speakers_stale_s
+        )
+
+    def close(self) -> None:
+        """Stop the background refresh of speaker counts (before the store closes)."""
+        self._speakers.close()
 
     def validate(self, q: RecallQuery) -> RecallQuery:
         if not q.text.strip():

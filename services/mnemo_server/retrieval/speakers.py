@@ -7,20 +7,35 @@ every time, so a cache keyed by the whole filter missed on every StartSession an
 DuckDB query (~1.9 ms of its ~34 ms of CPU at 100k rows). A scope the index holds no row of
 is not asked about: a memory written there in the last moments, before it is indexed, counts
 from the next call on, which for a ranking signal is soon enough.
+
+Counts older than `ttl_s` are served while one background thread reads them again; only
+counts never read, or older than `stale_s`, are read in the call. The read costs ~1.4 ms
+alone at 100k rows, but a DuckDB call takes the GIL back 4-6 times, each a wait behind the
+busy threads, and in the bench's mix the calls that paid it took ~20 ms more: in one mixed
+minute 23 of the 66 StartSessions slower than 100 ms had spent 15-45 ms in recall.analysis,
+which otherwise takes under 1 ms (stop 50's note).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from mnemo_server.index.lance_index import LanceIndex
 from mnemo_server.memory.model import Scope
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
 
+log = logging.getLogger(__name__)
+
 _MAX_ENTRIES = 10_000
+
+# A scope, or None for the whole tenant.
+_Of = Scope | None
 
 
 class ScopeSpeakers:
@@ -30,53 +45,97 @@ class ScopeSpeakers:
         index: LanceIndex,
         min_count: int,
         ttl_s: float,
+        stale_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ):
+        """stale_s <= ttl_s: counts are never served past ttl_s, every read is in the call."""
         self.db = db
         self.index = index
         self.min_count = min_count
         self.ttl_s = ttl_s
+        self.stale_s = max(stale_s, ttl_s)
         self.clock = clock
         self._lock = threading.Lock()
-        # (tenant, scope or None for the whole tenant) -> (when read, speaker -> memories)
-        self._counts: dict[tuple[str, Scope | None], tuple[float, dict[str, int]]] = {}
+        # (tenant, scope or None) -> (when read, speaker -> memories)
+        self._counts: dict[tuple[str, _Of], tuple[float, dict[str, int]]] = {}
+        self._refreshing: set[tuple[str, _Of]] = set()
+        self._settled = threading.Condition(self._lock)
+        self._pool: ThreadPoolExecutor | None = None  # started at the first refresh
+        self._closed = False
 
     def names(self, tenant_id: str, scopes: Sequence[Scope]) -> list[str]:
         """Sorted names; over the whole tenant when no scope is given."""
-        if not scopes:
-            counts = self._cached(tenant_id, None)
-            if counts is None:
-                counts = memory_repo.speaker_counts(self.db.reader(), tenant_id)
-                self._remember(tenant_id, None, counts)
-            return self._enough([counts])
+        wanted: list[_Of] = list(dict.fromkeys(scopes)) if scopes else [None]
+        now = self.clock()
         found: list[dict[str, int]] = []
-        asked: list[Scope] = []
-        for scope in dict.fromkeys(scopes):
-            counts = self._cached(tenant_id, scope)
-            if counts is not None:
-                found.append(counts)
-            elif self.index.scope_rows(tenant_id, scope.key) != 0:
-                # A never-indexed scope (a new session's) needs no query; not cached, so
-                # rows indexed there later count at once.
-                asked.append(scope)
+        missing: list[_Of] = []
+        stale: list[_Of] = []
+        with self._lock:
+            for of in wanted:
+                hit = self._counts.get((tenant_id, of))
+                age = math.inf if hit is None else now - hit[0]
+                if hit is None or age >= self.stale_s:
+                    missing.append(of)
+                    continue
+                found.append(hit[1])
+                if age >= self.ttl_s and (tenant_id, of) not in self._refreshing:
+                    stale.append(of)
+            if stale and not self._closed:
+                self._refreshing.update((tenant_id, of) for of in stale)
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="mnemo-speakers")
+                self._pool.submit(self._refresh, tenant_id, stale)
+        # A never-indexed scope (a new session's) needs no query; not cached, so rows
+        # indexed there later count at once.
+        asked = [of for of in missing if of is None or self.index.scope_rows(tenant_id, of.key) != 0]
         if asked:
-            for scope, counts in memory_repo.speaker_counts_by_scope(
-                self.db.reader(), tenant_id, asked
-            ).items():
-                self._remember(tenant_id, scope, counts)
+            for of, counts in self._read(tenant_id, asked).items():
+                self._remember(tenant_id, of, counts)
                 found.append(counts)
         return self._enough(found)
 
-    def _cached(self, tenant_id: str, scope: Scope | None) -> dict[str, int] | None:
-        with self._lock:
-            hit = self._counts.get((tenant_id, scope))
-        return hit[1] if hit is not None and self.clock() - hit[0] < self.ttl_s else None
+    def settle(self, timeout_s: float) -> bool:
+        """Wait until no refresh is under way; False if one still is after timeout_s."""
+        with self._settled:
+            return self._settled.wait_for(lambda: not self._refreshing, timeout_s)
 
-    def _remember(self, tenant_id: str, scope: Scope | None, counts: dict[str, int]) -> None:
+    def close(self) -> None:
+        """Stop the refresh thread (a refresh under way finishes first); stale counts are
+        served as they are from then on."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _refresh(self, tenant_id: str, stale: list[_Of]) -> None:
+        try:
+            for of, counts in self._read(tenant_id, stale).items():
+                self._remember(tenant_id, of, counts)
+        except Exception:  # the counts stay stale; the next call past ttl_s tries again
+            log.warning("speaker counts of tenant %r not refreshed", tenant_id, exc_info=True)
+        finally:
+            with self._settled:
+                self._refreshing.difference_update((tenant_id, of) for of in stale)
+                self._settled.notify_all()
+
+    def _read(self, tenant_id: str, wanted: Sequence[_Of]) -> dict[_Of, dict[str, int]]:
+        """Counts from DuckDB: the whole tenant's for None, each scope's for a scope."""
+        cur = self.db.reader()
+        out: dict[_Of, dict[str, int]] = {}
+        if None in wanted:
+            out[None] = memory_repo.speaker_counts(cur, tenant_id)
+        scopes = [of for of in wanted if of is not None]
+        if scopes:
+            for scope, counts in memory_repo.speaker_counts_by_scope(cur, tenant_id, scopes).items():
+                out[scope] = counts
+        return out
+
+    def _remember(self, tenant_id: str, of: _Of, counts: dict[str, int]) -> None:
         with self._lock:
             if len(self._counts) > _MAX_ENTRIES:
                 self._counts.clear()
-            self._counts[(tenant_id, scope)] = (self.clock(), counts)
+            self._counts[(tenant_id, of)] = (self.clock(), counts)
 
     def _enough(self, counts: Sequence[dict[str, int]]) -> list[str]:
         total: dict[str, int] = {}

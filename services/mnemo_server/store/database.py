@@ -16,6 +16,7 @@ import enum
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +47,44 @@ class Cursor(Protocol):
     def unregister(self, view_name: str) -> duckdb.DuckDBPyConnection: ...
 
 
+class ParsedStatements:
+    """The SQL texts writers run, parsed once and then executed as DuckDB statements.
+
+    Given a text, DuckDB's Python client lets go of the GIL to parse it and must then wait
+    to take it back, behind every busy thread, while the writer holds its domain's lock.
+    Counted with a 50 ms switch interval beside one spinning thread (each take-back then
+    waits one interval; stop 50's note): an INSERT takes the GIL back 4 times from a text, 3
+    from a parsed statement; a COMMIT 3 and 2; BEGIN and an INSERT sent as one text 6, as
+    two parsed statements 5. A text with a quote holds literal values (an IN list of ids)
+    and differs from call to call: it runs as a text, unparsed and uncached."""
+
+    def __init__(self, capacity: int = 256):
+        self._capacity = capacity
+        self._parsed: OrderedDict[str, duckdb.Statement] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, cur: duckdb.DuckDBPyConnection, query: str) -> duckdb.Statement | str:
+        """The parsed statement of a one-statement text, else the text itself."""
+        if "'" in query:
+            return query
+        with self._lock:
+            statement = self._parsed.get(query)
+            if statement is not None:
+                self._parsed.move_to_end(query)
+                return statement
+        parsed = cur.extract_statements(query)  # a bad text raises here, as executing it would
+        if len(parsed) != 1:
+            return query
+        with self._lock:
+            self._parsed[query] = parsed[0]
+            while len(self._parsed) > self._capacity:
+                self._parsed.popitem(last=False)
+        return parsed[0]
+
+
+_PARSED = ParsedStatements()
+
+
 class _CursorWrapper:
     """A writer's DuckDB cursor with rules on its statements (subclasses); views pass through."""
 
@@ -60,25 +99,32 @@ class _CursorWrapper:
 
 
 class TransactionCursor(_CursorWrapper):
-    """A write transaction's cursor: its first statement carries the BEGIN, so a transaction
-    makes one DuckDB call fewer. Under load each call waits for the GIL again when DuckDB
-    gives it back: with one thread spinning in Python beside it, BEGIN + ROLLBACK on a
-    DuckDB file took 33 ms, and BEGIN, INSERT, COMMIT as three calls 56 ms against 50 as two
-    (200 of each, this machine). Settled 100k data, one minute of the mix, three alternating
-    pairs against an eager BEGIN: 181.4 / 183.4 / 178.4 operations/s against 179.1 / 173.3 /
-    175.6, CreateMemory p50 47 / 46 / 46 ms against 49 / 51 / 50, the memories lock busy
-    74-75 % against 75-76 %."""
+    """A write transaction's cursor: BEGIN waits for its first statement, so a body that
+    runs none makes no call. A text's BEGIN goes in the same call as the statement; a parsed
+    statement's just before it, which takes the GIL back once fewer than the text of both
+    (ParsedStatements). Under load each call waits for the GIL again when DuckDB gives it
+    back: with one thread spinning in Python beside it, BEGIN + ROLLBACK on a DuckDB file
+    took 33 ms, and BEGIN, INSERT, COMMIT as three text calls 56 ms against 50 as two (200
+    of each, this machine). Settled 100k data, one minute of the mix, three alternating
+    pairs, texts, BEGIN with the first statement against an eager BEGIN: 181.4 / 183.4 /
+    178.4 operations/s against 179.1 / 173.3 / 175.6, CreateMemory p50 47 / 46 / 46 ms
+    against 49 / 51 / 50, the memories lock busy 74-75 % against 75-76 %."""
 
     def __init__(self, cur: duckdb.DuckDBPyConnection):
         super().__init__(cur)
         self.begun = False
 
     def execute(self, query: str, parameters: object = None) -> duckdb.DuckDBPyConnection:
+        statement = _PARSED.of(self._cur, query)
         if self.begun:
-            return self._cur.execute(query, parameters)
-        # Parameters bind to the last statement, the caller's; DuckDB runs the BEGIN first.
+            return self._cur.execute(statement, parameters)
         self.begun = True
-        return self._cur.execute("BEGIN TRANSACTION; " + query, parameters)
+        if isinstance(statement, str):
+            # Parameters bind to the last statement, the caller's; DuckDB runs the BEGIN first.
+            return self._cur.execute("BEGIN TRANSACTION; " + query, parameters)
+        # Parsed, the two take the GIL back fewer times as two calls (ParsedStatements).
+        self._cur.execute(_PARSED.of(self._cur, "BEGIN TRANSACTION"))
+        return self._cur.execute(statement, parameters)
 
     def executemany(self, query: str, parameters: object = None) -> duckdb.DuckDBPyConnection:
         if not self.begun:
@@ -88,14 +134,14 @@ class TransactionCursor(_CursorWrapper):
 
     def commit(self) -> None:
         if self.begun:  # a body that ran no statement has nothing to commit
-            self._cur.execute("COMMIT")
+            self._cur.execute(_PARSED.of(self._cur, "COMMIT"))
 
     def rollback(self) -> None:
         if self.begun:
             # Should the first call have failed before its BEGIN ran, there is nothing to
             # undo. (DuckDB 2.0 runs it even when the statement after it does not parse.)
             with contextlib.suppress(duckdb.TransactionException):
-                self._cur.execute("ROLLBACK")
+                self._cur.execute(_PARSED.of(self._cur, "ROLLBACK"))
 
 
 class SingleStatementCursor(_CursorWrapper):
@@ -113,7 +159,8 @@ class SingleStatementCursor(_CursorWrapper):
         return self._cur
 
     def execute(self, query: str, parameters: object = None) -> duckdb.DuckDBPyConnection:
-        return self._statement().execute(query, parameters)
+        cur = self._statement()
+        return cur.execute(_PARSED.of(cur, query), parameters)
 
     def executemany(self, query: str, parameters: object = None) -> duckdb.DuckDBPyConnection:
         return self._statement().executemany(query, parameters)

@@ -21,6 +21,7 @@ class OneThreadQueue:
         self._queue: queue.SimpleQueue[tuple[Hashable, Callable[[], object]] | None] = queue.SimpleQueue()
         self._queued: set[Hashable] = set()  # queued, or running
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
 
     def submit(self, key: Hashable, work: Callable[[], object]) -> bool:
@@ -40,6 +41,11 @@ class OneThreadQueue:
         with self._lock:
             return key in self._queued
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until nothing is queued or running; False if something still is after timeout_s."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._queued, timeout_s)
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Let the items queued so far run, then end the thread (at most `timeout_s`)."""
         with self._lock:
@@ -56,5 +62,6 @@ class OneThreadQueue:
             except Exception:  # the key may be submitted again
                 log.exception("%s: background work for %r failed", self.name, key)
             finally:
-                with self._lock:
+                with self._idle:
                     self._queued.discard(key)
+                    self._idle.notify_all()

@@ -18,15 +18,16 @@ which otherwise takes under 1 ms (stop 50's note).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from mnemo_server.index.lance_index import LanceIndex
 from mnemo_server.memory.model import Scope
+from mnemo_server.one_thread import OneThreadQueue
 from mnemo_server.store import memory_repo
 from mnemo_server.store.database import Database
 
@@ -58,9 +59,8 @@ class ScopeSpeakers:
         self._lock = threading.Lock()
         # (tenant, scope or None) -> (when read, speaker -> memories)
         self._counts: dict[tuple[str, _Of], tuple[float, dict[str, int]]] = {}
-        self._refreshing: set[tuple[str, _Of]] = set()
-        self._settled = threading.Condition(self._lock)
-        self._pool: ThreadPoolExecutor | None = None  # started at the first refresh
+        # One read at a time, each (tenant, scope) queued at most once until it has run.
+        self._refreshes = OneThreadQueue("mnemo-speakers")
         self._closed = False
 
     def names(self, tenant_id: str, scopes: Sequence[Scope]) -> list[str]:
@@ -78,13 +78,12 @@ class ScopeSpeakers:
                     missing.append(of)
                     continue
                 found.append(hit[1])
-                if age >= self.ttl_s and (tenant_id, of) not in self._refreshing:
+                if age >= self.ttl_s:
                     stale.append(of)
-            if stale and not self._closed:
-                self._refreshing.update((tenant_id, of) for of in stale)
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="mnemo-speakers")
-                self._pool.submit(self._refresh, tenant_id, stale)
+            closed = self._closed
+        if not closed:
+            for of in stale:  # a scope already queued or being read is not queued again
+                self._refreshes.submit((tenant_id, of), functools.partial(self._refresh, tenant_id, of))
         # A never-indexed scope (a new session's) needs no query; not cached, so rows
         # indexed there later count at once.
         asked = [of for of in missing if of is None or self.index.scope_rows(tenant_id, of.key) != 0]
@@ -96,28 +95,21 @@ class ScopeSpeakers:
 
     def settle(self, timeout_s: float) -> bool:
         """Wait until no refresh is under way; False if one still is after timeout_s."""
-        with self._settled:
-            return self._settled.wait_for(lambda: not self._refreshing, timeout_s)
+        return self._refreshes.wait_idle(timeout_s)
 
     def close(self) -> None:
-        """Stop the refresh thread (a refresh under way finishes first); stale counts are
+        """Stop the refresh thread (refreshes queued so far run first); stale counts are
         served as they are from then on."""
         with self._lock:
             self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        self._refreshes.stop()
 
-    def _refresh(self, tenant_id: str, stale: list[_Of]) -> None:
+    def _refresh(self, tenant_id: str, of: _Of) -> None:
         try:
-            for of, counts in self._read(tenant_id, stale).items():
-                self._remember(tenant_id, of, counts)
+            for read, counts in self._read(tenant_id, [of]).items():
+                self._remember(tenant_id, read, counts)
         except Exception:  # the counts stay stale; the next call past ttl_s tries again
             log.warning("speaker counts of tenant %r not refreshed", tenant_id, exc_info=True)
-        finally:
-            with self._settled:
-                self._refreshing.difference_update((tenant_id, of) for of in stale)
-                self._settled.notify_all()
 
     def _read(self, tenant_id: str, wanted: Sequence[_Of]) -> dict[_Of, dict[str, int]]:
         """Counts from DuckDB: the whole tenant's for None, each scope's for a scope."""

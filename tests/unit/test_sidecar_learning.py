@@ -32,6 +32,7 @@ from mnemo_sidecar.learning.pair_store import PairStore, split_heldout
 from mnemo_sidecar.learning.registry import ModelRegistry, Residency
 from mnemo_sidecar.learning.trainer import Trainer, baseline_ndcg, ranker_ndcg
 from mnemo_sidecar.ranker.model import CE_FEATURE, feature_row, session_matrix, train_ranker
+from mnemo_sidecar.ranker.text_features import TEXT_FEATURES
 
 NAMES = ("baseline_score", "signal", "noise")
 
@@ -414,8 +415,17 @@ def test_ranker_learns_an_informative_feature_and_exports_to_onnx(tmp_path: Path
     model, rows = train_ranker(
         train, None, RankerConfig(n_estimators=60, min_child_samples=5), tmp_path, "v1"
     )
-    assert rows == 20 * len(train) and model.feature_names == NAMES
+    # The server's names, then the columns the ranker derives from the texts itself.
+    assert rows == 20 * len(train) and model.feature_names == NAMES + TEXT_FEATURES
     assert ranker_ndcg(model, held, None) > 0.9 > baseline_ndcg(held) + 0.3
+    plain, _ = train_ranker(
+        train,
+        None,
+        RankerConfig(n_estimators=60, min_child_samples=5, text_features=False),
+        tmp_path / "p",
+        "v2",
+    )
+    assert plain.feature_names == NAMES
 
 
 def test_trainer_promotes_only_when_better(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The learned ranker: LightGBM lambdarank over per-candidate features, exported to ONNX
 and served with onnxruntime. Features are matched by name, so a model keeps working when
 the server adds features (unknown ones are ignored, missing ones are NaN, which the trees
-route like LightGBM's own missing-value handling)."""
+route like LightGBM's own missing-value handling). Besides the server's features and the
+cross-encoder's score, it reads columns it derives itself from the texts (text_features.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy.typing as npt
 
 from mnemo_sidecar.config import RankerConfig
 from mnemo_sidecar.learning.model import FeedbackSession
+from mnemo_sidecar.ranker.text_features import TEXT_FEATURES, text_feature_matrix
 
 # Added by the sidecar itself: the cross-encoder's score for the candidate (head only).
 CE_FEATURE = "ce_score"
@@ -39,8 +41,20 @@ def feature_row(
 
 def session_matrix(s: FeedbackSession, model_names: Sequence[str], ce: Mapping[str, float] | None) -> Matrix:
     """The session's candidates' features in the model's order, one row each, the
-    cross-encoder's scores (where given) as CE_FEATURE. Column by column: row by row it was
-    ~0.6 ms of the sidecar's ~2.8 ms of CPU per Score."""
+    cross-encoder's scores (where given) as CE_FEATURE, and the text features the model
+    asks for derived from the query and the texts (ranker/text_features.py)."""
+    out = _sent_features(s, model_names, ce)
+    wanted = [(j, TEXT_FEATURES.index(name)) for j, name in enumerate(model_names) if name in TEXT_FEATURES]
+    if wanted and out.shape[0]:
+        derived = text_feature_matrix(s.query, [c.candidate.text for c in s.candidates])
+        for j, i in wanted:
+            out[:, j] = derived[:, i]
+    return out
+
+
+def _sent_features(s: FeedbackSession, model_names: Sequence[str], ce: Mapping[str, float] | None) -> Matrix:
+    """The features the server sent, and the cross-encoder's scores. Column by column: row
+    by row it was ~0.6 ms of the sidecar's ~2.8 ms of CPU per Score."""
     n, width = len(s.candidates), len(s.feature_names)
     features = [c.candidate.features for c in s.candidates]
     if any(len(f) != width for f in features):
@@ -129,7 +143,9 @@ def train_ranker(
 
     names: list[str] = []
     for s in sessions:
-        names.extend(n for n in s.feature_names if n not in names)
+        names.extend(n for n in s.feature_names if n not in names and n not in TEXT_FEATURES)
+    if cfg.text_features:
+        names.extend(TEXT_FEATURES)
     uses_ce = bool(ce_scores)
     if uses_ce:
         names.append(CE_FEATURE)
@@ -185,6 +201,7 @@ def train_ranker(
                     "min_child_samples": cfg.min_child_samples,
                     "colsample_bytree": cfg.colsample_bytree,
                     "reg_lambda": cfg.reg_lambda,
+                    "text_features": cfg.text_features,
                 },
             },
             indent=1,

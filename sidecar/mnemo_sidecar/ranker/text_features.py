@@ -1,0 +1,211 @@
+"""Features the ranker derives itself from the query and the candidate texts it is sent:
+what kind of answer the question asks for, and whether a memory's text holds that kind of
+thing (a time, a count, a place, a name or a title). "When did she move?" is answered by
+"we moved last spring", which shares no word with it; the retrieval legs' scores cannot
+see that, the trees can learn it from these columns.
+
+They are computed here, not sent by the server, so training and serving derive them with
+the same code from the same inputs (the pair store keeps the query and every candidate's
+text), and a model trained before they existed simply does not ask for them.
+
+Measured offline on LoCoMo (pair stores of two DEV conversations each, fit on one, judged
+on the other, both ways, 3 seeds x 200/500 trees): the ranker's lift over the baseline went
+from +0.019 to +0.033 NDCG@10 with these columns; the memory-side markers carry most of it.
+
+Plain English regexes, like the server's query analysis: in other languages they do not
+fire and the columns stay 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+_MONTHS = _words("January February March April May June July August September October November December")
+_DAYS = _words("monday tuesday wednesday thursday friday saturday sunday")
+_TIME_WORDS = _words("yesterday today tonight tomorrow ago recently since weekend") | _DAYS
+# "last week", "few months": a time only as a pair.
+_TIME_PAIRS = frozenset(
+    (first, second)
+    for first in _words("last next this past few")
+    for second in _words("week month year night weekend summer winter spring fall autumn morning")
+    | _words("days weeks months years")
+    | _DAYS
+)
+_NUMBER_WORDS = _words(
+    "one two three four five six seven eight nine ten eleven twelve twenty hundred "
+    "once twice several couple dozen"
+)
+_PLACE_WORDS = _words("in at to from visited visit near")
+# Words, and the marks that end a sentence or open a quote, in one pass over the text.
+_TOKEN = re.compile(r"[A-Za-z0-9'’]+|[.!?\"“”]")
+_SENTENCE_END = frozenset(".!?")
+_QUOTES = frozenset('"“”')
+_YES_NO = re.compile(
+    r"^\s*(?:did|does|do|is|are|was|were|has|have|had|will|can|could|would)\b", re.IGNORECASE
+)
+# "Name: text" (chat turns): the speaker's name is not a name the text mentions.
+_SPEAKER = re.compile(r"^[A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}:\s")
+
+# Question words, most specific first: "how many" is not also "how".
+_QUESTION_WORDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(rf"\b{pattern}\b", re.IGNORECASE))
+    for name, pattern in (
+        ("how_many", r"how (?:many|often)"),
+        ("how_much", r"how much"),
+        ("how_long", r"how long"),
+        ("how", r"how"),
+        ("when", r"when"),
+        ("where", r"where"),
+        ("who", r"who(?:m|se)?"),
+        ("what", r"what"),
+        ("which", r"which"),
+        ("why", r"why"),
+        ("would", r"would"),
+        ("likely", r"likely"),
+    )
+)
+_CAPS_CAP = 5  # more capitalised words than this say nothing more
+
+QUESTION_FEATURES = (*tuple(f"txt_q_{name}" for name, _ in _QUESTION_WORDS), "txt_q_yes_no")
+MEMORY_FEATURES = (
+    "txt_m_time",
+    "txt_m_number",
+    "txt_m_place",
+    "txt_m_capitalised",
+    "txt_m_quoted",
+    "txt_m_words_log",
+)
+PAIR_FEATURES = (
+    "txt_bigram_overlap",
+    "txt_when_time",
+    "txt_count_number",
+    "txt_where_place",
+    "txt_who_capitalised",
+    "txt_what_named",
+)
+TEXT_FEATURES: tuple[str, ...] = QUESTION_FEATURES + MEMORY_FEATURES + PAIR_FEATURES
+Matrix = npt.NDArray[np.float32]
+Markers = tuple[float, float, float, float, float, float]
+
+
+def question_kinds(query: str) -> dict[str, float]:
+    """1.0 for each kind of question the query asks (a query may ask several)."""
+    kinds = dict.fromkeys(QUESTION_FEATURES, 0.0)
+    specific_how = False
+    for name, pattern in _QUESTION_WORDS:
+        if pattern.search(query):
+            if name == "how" and specific_how:
+                continue
+            kinds[f"txt_q_{name}"] = 1.0
+            specific_how = specific_how or name.startswith("how_")
+    kinds["txt_q_yes_no"] = 1.0 if _YES_NO.match(query) else 0.0
+    return kinds
+
+
+def _body(text: str) -> str:
+    m = _SPEAKER.match(text)
+    return text[m.end() :] if m else text
+
+
+def _bigrams(words: Sequence[str]) -> frozenset[tuple[str, str]]:
+    return frozenset(itertools.pairwise(words))
+
+
+def _capitalised(token: str) -> bool:
+    """A word like "Paris" or "Max" ("I", "I'm" and "OK" are not names)."""
+    return len(token) > 1 and token[0].isupper() and token[1].islower()
+
+
+@functools.lru_cache(maxsize=4096)
+def _markers_and_words(text: str) -> tuple[Markers, tuple[str, ...]]:
+    """The markers of memory_markers, and the text's words in lower case. Cached: the same
+    memories come back session after session, and a text's markers are ~30 us of Python."""
+    time_ = number = place = quoted = 0.0
+    capitalised = 0
+    words: list[str] = []
+    sentence_start = True
+    prev = prev2 = ""
+    for token in _TOKEN.findall(_body(text)):
+        if token in _SENTENCE_END:
+            sentence_start = True
+            continue
+        if token in _QUOTES:
+            quoted = 1.0
+            continue
+        low = token.lower()
+        if token[0] in "'’" and token[1:2].isupper():
+            quoted = 1.0  # a 'Single Quoted' title
+        if token in _MONTHS:
+            time_ = 1.0
+        elif _capitalised(token):
+            if not sentence_start:
+                capitalised += 1
+            if prev in _PLACE_WORDS or (prev == "the" and prev2 in _PLACE_WORDS):
+                place = 1.0
+        if (
+            low in _TIME_WORDS
+            or (prev, low) in _TIME_PAIRS
+            or (len(low) == 4 and low[:2] in ("19", "20") and low.isdigit())
+        ):
+            time_ = 1.0
+        if low in _NUMBER_WORDS or low.isdigit():
+            number = 1.0
+        words.append(low)
+        prev2, prev = prev, low
+        sentence_start = False
+    markers = (time_, number, place, float(min(capitalised, _CAPS_CAP)), quoted, math.log1p(len(words)))
+    return markers, tuple(words)
+
+
+def memory_markers(text: str) -> Markers:
+    """(time, number, place, capitalised words (capped), quoted, log word count) of a text."""
+    return _markers_and_words(text)[0]
+
+
+def text_feature_matrix(query: str, texts: Sequence[str]) -> Matrix:
+    """One row per text, columns in TEXT_FEATURES' order."""
+    kinds = question_kinds(query)
+    q = [kinds[name] for name in QUESTION_FEATURES]
+    query_bigrams = _bigrams(
+        [t.lower() for t in _TOKEN.findall(query) if t not in _SENTENCE_END and t not in _QUOTES]
+    )
+    when, where, who = kinds["txt_q_when"], kinds["txt_q_where"], kinds["txt_q_who"]
+    count = kinds["txt_q_how_many"] + kinds["txt_q_how_much"] + kinds["txt_q_how_long"]
+    what = kinds["txt_q_what"] + kinds["txt_q_which"]
+    out = np.zeros((len(texts), len(TEXT_FEATURES)), dtype=np.float32)
+    for row, text in enumerate(texts):
+        (time_, number, place, capitalised, quoted, words_log), words = _markers_and_words(text)
+        overlap = (
+            len(query_bigrams.intersection(itertools.pairwise(words))) / len(query_bigrams)
+            if query_bigrams
+            else 0.0
+        )
+        named = 1.0 if capitalised or quoted else 0.0
+        out[row] = (
+            *q,
+            time_,
+            number,
+            place,
+            capitalised,
+            quoted,
+            words_log,
+            overlap,
+            when * time_,
+            count * number,
+            where * place,
+            who * capitalised,
+            what * named,
+        )
+    return out

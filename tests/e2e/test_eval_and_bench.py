@@ -33,6 +33,19 @@ def _subset(tmp: Path, conv: str = "conv-26", n_queries: int = 40) -> Path:
     return out
 
 
+def reference_metrics(data: Path, run: Path) -> dict[str, dict[str, float]]:
+    """What ../shared/eval/locomo/score.py makes of a run."""
+    ref = subprocess.run(
+        ["python3", str(LOCOMO / "score.py"), str(data / "queries.jsonl"), str(run), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    metrics: dict[str, dict[str, float]] = json.loads(ref.stdout)["metrics"]
+    return metrics
+
+
 def test_eval_locomo_agrees_with_reference_scorer(tmp_path: Path, model_cache: Path) -> None:
     data = _subset(tmp_path)
     run, metrics = tmp_path / "run.jsonl", tmp_path / "metrics.json"
@@ -44,14 +57,7 @@ def test_eval_locomo_agrees_with_reference_scorer(tmp_path: Path, model_cache: P
     assert len(lines) == 40 and all(len(x["ranked_memory_ids"]) >= 10 for x in lines)
     assert all(i.startswith("conv-26:") for x in lines for i in x["ranked_memory_ids"])
     ours = json.loads(metrics.read_text())
-    ref = subprocess.run(
-        ["python3", str(LOCOMO / "score.py"), str(data / "queries.jsonl"), str(run), "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    reference = json.loads(ref.stdout)["metrics"]
+    reference = reference_metrics(data, run)
     assert ours["metrics"] == reference
     assert reference["overall"]["NDCG@10"] > 0.3  # far above random (0.01): the pipeline really ran
     assert ours["timings"]["query_p50_ms"] > 0
@@ -177,6 +183,14 @@ def test_eval_with_training_sessions_runs_every_phase(tmp_path: Path, model_cach
         against = o.get("current_ndcg") or o["baseline_ndcg"]
         assert o.get("promoted", False) == (o["candidate_ndcg"] > against)
     assert doc["train_sessions"] == 30
+    # RUN.jsonl is the trained pipeline's run and each phase's run is beside it: the
+    # reference scorer gives each the metrics the command reported for its phase.
+    assert run.read_text() == (tmp_path / "run.ranker-cross_encoder.jsonl").read_text()
+    for name, phase in phases.items():
+        phase_run = tmp_path / f"run.{name.replace('+', '-')}.jsonl"
+        lines = [json.loads(x) for x in phase_run.read_text().splitlines()]
+        assert len(lines) == 12 and all(len(x["ranked_memory_ids"]) >= 10 for x in lines)
+        assert phase["metrics"] == reference_metrics(data, phase_run)
 
 
 def test_bench_tenants_quick(tmp_path: Path, model_cache: Path) -> None:

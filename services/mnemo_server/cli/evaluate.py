@@ -56,7 +56,8 @@ def eval_group() -> None:
     "--train-sessions",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     help="Replay this split's queries as sessions with feedback, let the sidecar train, and "
-    "compare DATA through StartSession before and after.",
+    "compare DATA through StartSession before and after. RUN.jsonl is then the trained "
+    "pipeline's run, and each phase's run is written beside it (RUN.<phase>.jsonl).",
 )
 @click.option("--sidecar", help="host:port of the sidecar of --server (for --train-sessions).")
 @click.option(
@@ -205,10 +206,19 @@ def _locomo_sessions(
         )
     Console().print(table)
     doc = result.as_json()
-    write_run(out, {})  # the per-phase runs are summarised in the JSON
+    # RUN.jsonl is the fully trained pipeline's run (the last phase); each phase's run is
+    # written beside it, so score.py can judge any of them.
+    write_run(out, result.phases[-1].run)
+    for p in result.phases:
+        write_run(phase_run_path(out, p.name), p.run)
     click.echo(json.dumps(doc, indent=1))
     if json_out:
         json_out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def phase_run_path(out: Path, phase: str) -> Path:
+    """RUN.jsonl -> RUN.<phase>.jsonl ("+" in a phase's name becomes "-")."""
+    return out.with_name(f"{out.stem}.{phase.replace('+', '-')}{out.suffix or '.jsonl'}")
 
 
 @eval_group.command("locomo-split")

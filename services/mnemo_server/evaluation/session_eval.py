@@ -36,6 +36,7 @@ class Phase:
     metrics: dict[str, dict[str, float]]
     paths: dict[str, int]
     query_p50_ms: float
+    run: dict[str, list[str]] = field(default_factory=dict)  # query id -> memory ids, best first
 
 
 @dataclass
@@ -172,7 +173,7 @@ def evaluate_with_training(
 
     def phase(name: str, run_and_paths: tuple[dict[str, list[str]], dict[str, int], list[float]]) -> None:
         run, paths, timings = run_and_paths
-        p = Phase(name, evaluate(gold, run), paths, _median(timings))
+        p = Phase(name, evaluate(gold, run), paths, _median(timings), run)
         result.phases.append(p)
         overall = p.metrics["overall"]
         say(f"{name}: NDCG@10 {overall['NDCG@10']:.4f}  R@10 {overall['Recall@10']:.4f}  paths {paths}")

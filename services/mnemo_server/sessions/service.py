@@ -26,7 +26,7 @@ from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.ranking.client import RankingClient
 from mnemo_server.retrieval.query_analysis import content_words
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery
-from mnemo_server.retrieval.scoring import minmax
+from mnemo_server.retrieval.scoring import minmax, reciprocal_ranks
 from mnemo_server.sessions.access_counts import AccessCounts
 from mnemo_server.sessions.continuity import overlap_relevance
 from mnemo_server.sessions.features import Candidate, compute_features
@@ -231,10 +231,8 @@ class SessionService:
         path, reason, version, weight = decision.path, decision.reason, decision.version, decision.weight
         sidecar_ms, deadline_ms, predictor = decision.sidecar_ms, decision.deadline_ms, decision.predictor
 
-        base_norm = minmax([c.baseline_score for c in pool])
         if path == MODEL:
-            pred_norm = minmax(predictor)
-            final = [weight * p + (1 - weight) * b for p, b in zip(pred_norm, base_norm, strict=True)]
+            final = fuse(predictor, [c.baseline_score for c in pool], weight, self.cfg.fusion_rank_k)
         else:
             final = [c.baseline_score for c in pool]
         order = sorted(range(len(pool)), key=lambda i: (-final[i], pool[i].baseline_rank))
@@ -561,6 +559,16 @@ class SessionService:
             ],
         }
         return _Ending(s.start_time_ns, continuity, len(training), session_repo.encode_payload(payload))
+
+
+def fuse(predictor: Sequence[float], baseline: Sequence[float], weight: float, rank_k: float) -> list[float]:
+    """The served score of each candidate: the model's and the baseline's, by the health
+    weight, blended as reciprocal ranks (rank_k > 0) or as min-max-scaled scores."""
+    if rank_k > 0:
+        pred, base = reciprocal_ranks(predictor, rank_k), reciprocal_ranks(baseline, rank_k)
+    else:
+        pred, base = minmax(predictor), minmax(baseline)
+    return [weight * p + (1 - weight) * b for p, b in zip(pred, base, strict=True)]
 
 
 def fingerprint(*parts: object) -> str:

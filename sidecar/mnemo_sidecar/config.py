@@ -134,8 +134,7 @@ class RankerConfig:
     # sessions instead of 177 lifted the test split's NDCG@10 by about 0.01).
     refit_on_all: bool = True
     # Columns the ranker derives from the query and the texts (ranker/text_features.py):
-    # what the question asks for, and whether a memory holds it (on LoCoMo the ranker's
-    # lift over the baseline went from +0.019 to +0.033 NDCG@10 offline).
+    # what the question asks for, and whether a memory holds it (measured there).
     text_features: bool = True
 
 

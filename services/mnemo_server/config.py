@@ -328,13 +328,13 @@ class RankingConfig:
     # sidecar, which refuses more than its own cap (100 by default).
     max_scored: int = 100
     # How the model's order and the baseline's are fused by the health weight: by rank,
-    # weight / (k + rank), with this k; 0 blends min-max-scaled scores instead. A few
-    # outlying model scores squeeze the rest of a min-max-scaled list together, and the
-    # baseline then decides most of it. On LoCoMo (a ranker fit on two DEV conversations'
-    # sessions, judged on the other two's) at the weights a new model serves with
-    # (0.65-0.7): offline, both ways, ranks kept +0.004-0.010 NDCG@10 more of the model's
-    # gain; through `mnemo eval locomo --train-sessions`, 0.6804 against 0.6779 (two runs
-    # by rank, five by score).
+    # weight / (k + rank), with this k; 0 blends min-max-scaled scores instead (below 0 is
+    # refused at start-up). A few outlying model scores squeeze the rest of a min-max-scaled
+    # list together, and the baseline then decides most of it. On LoCoMo (a ranker fit on
+    # two DEV conversations' sessions, judged on the other two's) at the weights a new model
+    # serves with (0.65-0.7): offline, both ways, ranks kept +0.004-0.010 NDCG@10 more of
+    # the model's gain; through `mnemo eval locomo --train-sessions`, 0.6804 against 0.6779
+    # (two runs by rank, five by score).
     fusion_rank_k: float = 10.0
     pool_recall: int = 50
     pool_pinned: int = 10

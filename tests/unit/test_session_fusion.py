@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from mnemo_server.errors import FailedPrecondition
 from mnemo_server.retrieval.scoring import reciprocal_ranks
-from mnemo_server.sessions.service import fuse
+from mnemo_server.sessions.service import ScoreFusion
 
 
 def order(scores: list[float]) -> list[int]:
     return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+def fuse(predictor: list[float], baseline: list[float], weight: float, rank_k: float) -> list[float]:
+    return ScoreFusion(rank_k).scores(predictor, baseline, weight)
 
 
 def test_reciprocal_ranks_rank_the_best_first_and_ties_by_position() -> None:
@@ -34,3 +39,9 @@ def test_by_min_max_scores_an_outlier_squeezes_the_models_order_of_the_rest() ->
     # Scaled, the model's 0.2 / 0.1 / 0.0 are 0.02 / 0.01 / 0: the baseline decides them.
     assert order(fuse(MODEL, BASELINE, 0.7, 0)) == [0, 3, 2, 1]
     assert order(fuse(MODEL, BASELINE, 1.0, 0)) == [0, 1, 2, 3]
+
+
+def test_a_negative_k_is_refused_at_start_up() -> None:
+    with pytest.raises(FailedPrecondition) as err:
+        ScoreFusion(-1)
+    assert err.value.reason == "BAD_CONFIG" and "ranking.fusion_rank_k" in str(err.value)

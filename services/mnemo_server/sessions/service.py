@@ -132,6 +132,7 @@ class SessionService:
         self.validator = validator
         self.limits = limits
         self.cfg = cfg
+        self._fusion = ScoreFusion(cfg.fusion_rank_k)
         self.on_feedback = on_feedback
         self.clock = clock
         # Session records that queue while another is being written share its transaction
@@ -232,7 +233,7 @@ class SessionService:
         sidecar_ms, deadline_ms, predictor = decision.sidecar_ms, decision.deadline_ms, decision.predictor
 
         if path == MODEL:
-            final = fuse(predictor, [c.baseline_score for c in pool], weight, self.cfg.fusion_rank_k)
+            final = self._fusion.scores(predictor, [c.baseline_score for c in pool], weight)
         else:
             final = [c.baseline_score for c in pool]
         order = sorted(range(len(pool)), key=lambda i: (-final[i], pool[i].baseline_rank))
@@ -561,14 +562,24 @@ class SessionService:
         return _Ending(s.start_time_ns, continuity, len(training), session_repo.encode_payload(payload))
 
 
-def fuse(predictor: Sequence[float], baseline: Sequence[float], weight: float, rank_k: float) -> list[float]:
+class ScoreFusion:
     """The served score of each candidate: the model's and the baseline's, by the health
-    weight, blended as reciprocal ranks (rank_k > 0) or as min-max-scaled scores."""
-    if rank_k > 0:
-        pred, base = reciprocal_ranks(predictor, rank_k), reciprocal_ranks(baseline, rank_k)
-    else:
-        pred, base = minmax(predictor), minmax(baseline)
-    return [weight * p + (1 - weight) * b for p, b in zip(pred, base, strict=True)]
+    weight, blended as reciprocal ranks (rank_k > 0) or as min-max-scaled scores (0)."""
+
+    def __init__(self, rank_k: float):
+        if rank_k < 0:
+            raise FailedPrecondition(
+                f"ranking.fusion_rank_k must be 0 (blend scores) or more (blend ranks), not {rank_k}",
+                reason="BAD_CONFIG",
+            )
+        self.rank_k = rank_k
+
+    def scores(self, predictor: Sequence[float], baseline: Sequence[float], weight: float) -> list[float]:
+        if self.rank_k > 0:
+            pred, base = reciprocal_ranks(predictor, self.rank_k), reciprocal_ranks(baseline, self.rank_k)
+        else:
+            pred, base = minmax(predictor), minmax(baseline)
+        return [weight * p + (1 - weight) * b for p, b in zip(pred, base, strict=True)]
 
 
 def fingerprint(*parts: object) -> str:

@@ -23,12 +23,13 @@ class OneThreadQueue:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
+        self._stopped = False
 
     def submit(self, key: Hashable, work: Callable[[], object]) -> bool:
-        """Queue `work` unless `key`'s is queued or running already; False then. The thread
-        starts with the first item."""
+        """Queue `work` unless `key`'s is queued or running already, or the queue has been
+        stopped (nothing would run it); False then. The thread starts with the first item."""
         with self._lock:
-            if key in self._queued:
+            if self._stopped or key in self._queued:
                 return False
             self._queued.add(key)
             if self._thread is None:
@@ -47,8 +48,10 @@ class OneThreadQueue:
             return self._idle.wait_for(lambda: not self._queued, timeout_s)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Let the items queued so far run, then end the thread (at most `timeout_s`)."""
+        """Let the items queued so far run, then end the thread (at most `timeout_s`); later
+        submits are refused."""
         with self._lock:
+            self._stopped = True
             thread = self._thread
         if thread is not None:
             self._queue.put(None)

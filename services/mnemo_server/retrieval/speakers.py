@@ -61,7 +61,6 @@ class ScopeSpeakers:
         self._counts: dict[tuple[str, _Of], tuple[float, dict[str, int]]] = {}
         # One read at a time, each (tenant, scope) queued at most once until it has run.
         self._refreshes = OneThreadQueue("mnemo-speakers")
-        self._closed = False
 
     def names(self, tenant_id: str, scopes: Sequence[Scope]) -> list[str]:
         """Sorted names; over the whole tenant when no scope is given."""
@@ -80,10 +79,9 @@ class ScopeSpeakers:
                 found.append(hit[1])
                 if age >= self.ttl_s:
                     stale.append(of)
-            closed = self._closed
-        if not closed:
-            for of in stale:  # a scope already queued or being read is not queued again
-                self._refreshes.submit((tenant_id, of), functools.partial(self._refresh, tenant_id, of))
+        # A scope already queued or being read is not queued again; after close(), none is.
+        for of in stale:
+            self._refreshes.submit((tenant_id, of), functools.partial(self._refresh, tenant_id, of))
         # A never-indexed scope (a new session's) needs no query; not cached, so rows
         # indexed there later count at once.
         asked = [of for of in missing if of is None or self.index.scope_rows(tenant_id, of.key) != 0]
@@ -100,8 +98,6 @@ class ScopeSpeakers:
     def close(self) -> None:
         """Stop the refresh thread (refreshes queued so far run first); stale counts are
         served as they are from then on."""
-        with self._lock:
-            self._closed = True
         self._refreshes.stop()
 
     def _refresh(self, tenant_id: str, of: _Of) -> None:

@@ -156,6 +156,11 @@ class TrainingConfig:
     # How much nicer than serving a training run's threads are (Linux; 0: the same): the
     # kernel then gives Score, Rerank and the server the cores first (learning/priority.py).
     nice: int = 10
+    # And in Linux's idle scheduling class (SCHED_IDLE): a training thread then runs only on
+    # a core no other thread wants, and a serving thread that wakes takes the core at once;
+    # a nice value only shrinks its share (learning/priority.py has the figures). Under
+    # load that never lets up a run barely advances: its time budgets end it, unpromoted.
+    idle_class: bool = True
     # A training process still running after this long is killed and the run reported as
     # failed (0: no limit): a hung run would otherwise hold the tenant's training, which
     # every Train call and background run waits on, until the sidecar restarts. Runs keep

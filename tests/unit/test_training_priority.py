@@ -1,5 +1,6 @@
-"""A training run runs in a process of its own, nicer than serving (and so do the worker
-threads it starts); what it promotes is served by the sidecar's process."""
+"""A training run runs in a process of its own, nicer than serving and in the idle
+scheduling class (and so do the worker threads it starts); what it promotes is served by
+the sidecar's process."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from mnemo_server.errors import FailedPrecondition
 from mnemo_sidecar.learning.model import ModelKind
-from mnemo_sidecar.learning.priority import lower_this_thread
+from mnemo_sidecar.learning.priority import ThreadPriority, lower_this_thread
 from mnemo_sidecar.learning.runner import TrainingRunner
 from mnemo_sidecar.learning.training_process import (
     ChildStarted,
@@ -35,16 +36,24 @@ def _nice_of_this_thread() -> int:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
+def _idle_class_of_this_thread() -> bool:
+    return os.sched_getscheduler(threading.get_native_id()) == os.SCHED_IDLE
+
+
+def _where_this_thread_runs() -> ThreadPriority:
+    return ThreadPriority(_nice_of_this_thread(), _idle_class_of_this_thread())
+
+
 def test_a_lowered_thread_and_the_threads_it_starts_are_nicer_the_rest_of_the_process_is_not() -> None:
-    before = _nice_of_this_thread()
-    seen: dict[str, int] = {}
+    before = _where_this_thread_runs()
+    seen: dict[str, ThreadPriority] = {}
 
     def child() -> None:
-        seen["child"] = _nice_of_this_thread()
+        seen["child"] = _where_this_thread_runs()
 
     def training() -> None:
-        seen["returned"] = lower_this_thread(3)
-        seen["training"] = _nice_of_this_thread()
+        seen["returned"] = lower_this_thread(3, idle_class=True)
+        seen["training"] = _where_this_thread_runs()
         worker = threading.Thread(target=child)  # like a worker pool's thread
         worker.start()
         worker.join()
@@ -52,23 +61,27 @@ def test_a_lowered_thread_and_the_threads_it_starts_are_nicer_the_rest_of_the_pr
     t = threading.Thread(target=training)
     t.start()
     t.join()
-    assert seen == {"returned": before + 3, "training": before + 3, "child": before + 3}
-    assert _nice_of_this_thread() == before  # this (serving) thread keeps its priority
-    assert lower_this_thread(0) == before  # 0 leaves a thread as it is
+    lowered = ThreadPriority(before.nice + 3, idle_class=True)
+    assert not before.idle_class
+    assert seen == {"returned": lowered, "training": lowered, "child": lowered}
+    assert _where_this_thread_runs() == before  # this (serving) thread keeps its priority
+    assert lower_this_thread(0) == before  # 0 and no idle class leave a thread as it is
 
 
-def test_the_runner_trains_at_the_configured_nice(tmp_path: Path) -> None:
-    engine = ranker_engine(tmp_path, n_estimators=20, nice=4)
+@pytest.mark.parametrize("idle_class", [True, False])
+def test_the_runner_trains_at_the_configured_priority(tmp_path: Path, idle_class: bool) -> None:
+    engine = ranker_engine(tmp_path, n_estimators=20, nice=4, idle_class=idle_class)
     rng = random.Random(3)
     for i in range(30):
         engine.store.add_session("t", synthetic_session(i, rng), None, None, None)
-    before = _nice_of_this_thread()
+    before = _where_this_thread_runs()
     run, started = TrainingRunner(engine).start("t", {ModelKind.RANKER}, force=False)
     assert started and run.done.wait(120)
     assert run.error is None and not run.failure
     [outcome] = [e.outcome for e in run.events if e.outcome]
     assert outcome.promoted
-    assert run.nice == min(before + 4, 19) and _nice_of_this_thread() == before
+    assert (run.nice, run.idle_class) == (min(before.nice + 4, 19), idle_class)
+    assert _where_this_thread_runs() == before
     # Trained elsewhere, served here: the child's promotion was swapped into this process.
     assert run.pid not in (0, os.getpid()) and not Path(f"/proc/{run.pid}").exists()
     served = engine.ranker("t")

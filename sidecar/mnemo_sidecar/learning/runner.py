@@ -32,6 +32,7 @@ class TrainingRun:
     failure: str = ""
     pid: int = 0  # the process the run trained in
     nice: int = 0  # the nice value it trained at
+    idle_class: bool = False  # whether it trained in the idle scheduling class
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def emit(self, event: ProgressEvent) -> None:
@@ -110,7 +111,7 @@ class TrainingRunner:
             run.emit(event)
 
         def on_started(started: ChildStarted) -> None:
-            run.pid, run.nice = started.pid, started.nice
+            run.pid, run.nice, run.idle_class = started.pid, started.nice, started.idle_class
 
         try:
             finished = run_in_child(job, self._stop, on_event, on_started)

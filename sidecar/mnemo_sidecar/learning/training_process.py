@@ -52,6 +52,7 @@ class TrainingJob:
 class ChildStarted:
     pid: int
     nice: int  # the nice value the child trains at
+    idle_class: bool  # whether it trains in the idle scheduling class
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int)
     from mnemo_sidecar.learning.trainer import Trainer
 
     # Before any worker pool starts: torch's and LightGBM's threads inherit it.
-    events.put(ChildStarted(os.getpid(), lower_this_thread(job.cfg.training.nice)))
+    priority = lower_this_thread(job.cfg.training.nice, job.cfg.training.idle_class)
+    events.put(ChildStarted(os.getpid(), priority.nice, priority.idle_class))
     # An orphan (its sidecar killed, out of memory) ends at once, whatever the run is doing:
     # checking only between fine-tuning steps, it went on reading sessions, judging and
     # fitting for minutes, for nobody, on the files a restarted sidecar had opened. Ending

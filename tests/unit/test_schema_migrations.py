@@ -1,7 +1,8 @@
 """Migrations of a store written by an earlier version: 7 rebuilt session_memories without
 its primary key, 8 packs each session's candidate rows into its own row (with the relevance
-its end gave them) and drops the table. A store from before both reads every candidate as
-before, and ends up with the same schema as a new store."""
+its end gave them) and drops the table, 9 indexes memory_history by memory id. A store from
+before them reads every candidate and history entry as before, and ends up with the same
+schema as a new store."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from mnemo_server.store import session_repo
+from mnemo_server.store import memory_repo, session_repo
 from mnemo_server.store.database import Cursor, Database
 from mnemo_server.store.schema import MIGRATIONS
 from mnemo_server.store.session_candidates import SessionMemoryRow
@@ -46,6 +47,17 @@ def _store_at_version_6(path: Path) -> None:
     ]
     for r in rows:
         con.execute(f"INSERT INTO session_memories VALUES {_ROW}", list(r))
+    # Entries of one memory at one instant come back ordered by their content.
+    for memory_id, action, time_ns in (
+        ("m1", "updated", 3),
+        ("m2", "created", 1),
+        ("m1", "created", 1),
+        ("m1", "deleted", 3),
+    ):
+        con.execute(
+            "INSERT INTO memory_history VALUES ('t', ?, ?, 'alice', '', '{}', ?)",
+            [memory_id, action, time_ns],
+        )
     con.close()
 
 
@@ -95,6 +107,23 @@ def test_a_new_store_and_a_migrated_one_have_the_same_schema(tmp_path: Path) -> 
         assert migrated.reader().execute(sql).fetchall() == fresh.reader().execute(sql).fetchall()
     migrated.close()
     fresh.close()
+
+
+def test_history_is_read_through_the_memory_id_index_after_the_migration(tmp_path: Path) -> None:
+    _store_at_version_6(tmp_path / "old.duckdb")
+    db = Database(tmp_path / "old.duckdb")
+    cur = db.reader()
+    indexed = cur.execute(
+        "SELECT expressions FROM duckdb_indexes() WHERE table_name = 'memory_history'"
+    ).fetchall()
+    assert indexed == [("[memory_id]",)]
+    entries = memory_repo.history(cur, "t", "m1")
+    assert [(e.action, e.time_ns) for e in entries] == [("created", 1), ("deleted", 3), ("updated", 3)]
+    # A page past the first entry at instant 3, as a page token names it.
+    later = memory_repo.history(cur, "t", "m1", from_ns=3, skip=1, limit=5)
+    assert [(e.action, e.time_ns) for e in later] == [("updated", 3)]
+    assert memory_repo.has_history(cur, "t", "m2") and not memory_repo.has_history(cur, "u", "m2")
+    db.close()
 
 
 def test_a_failing_migration_leaves_the_store_at_its_version(tmp_path: Path) -> None:

@@ -619,10 +619,13 @@ def history(
     first `skip` of those at exactly `from_ns` (a page's position: entries carry no id, and
     retention removes the oldest, so an offset from the start would move). Entries of one
     instant are ordered by their content."""
+    # The memory's entries are read by themselves first: over the table, DuckDB plans the
+    # ORDER BY ... LIMIT as a top-N of a full scan and leaves the id's index unused (3.8
+    # against 0.9 ms at 100k entries).
     rows = cur.execute(
-        "SELECT action, actor, reason, details, time_ns FROM memory_history "
-        "WHERE tenant_id = ? AND memory_id = ? AND time_ns >= ? "
-        "ORDER BY time_ns, action, actor, reason, details LIMIT ? OFFSET ?",
+        "WITH entries AS MATERIALIZED (SELECT action, actor, reason, details, time_ns "
+        "FROM memory_history WHERE tenant_id = ? AND memory_id = ? AND time_ns >= ?) "
+        "SELECT * FROM entries ORDER BY time_ns, action, actor, reason, details LIMIT ? OFFSET ?",
         [tenant_id, memory_id, from_ns, limit, skip],
     ).fetchall()
     return [HistoryEntry(a, actor, r, json.loads(d), t) for a, actor, r, d, t in rows]

@@ -61,6 +61,8 @@ class ScopeSpeakers:
         self._counts: dict[tuple[str, _Of], tuple[float, dict[str, int]]] = {}
         # One read at a time, each (tenant, scope) queued at most once until it has run.
         self._refreshes = OneThreadQueue("mnemo-speakers")
+        # Counts whose last refresh failed (touched only by the refresh thread).
+        self._failing: set[tuple[str, _Of]] = set()
 
     def names(self, tenant_id: str, scopes: Sequence[Scope]) -> list[str]:
         """Sorted names; over the whole tenant when no scope is given."""
@@ -101,11 +103,29 @@ class ScopeSpeakers:
         self._refreshes.stop()
 
     def _refresh(self, tenant_id: str, of: _Of) -> None:
+        key = (tenant_id, of)
         try:
             for read, counts in self._read(tenant_id, [of]).items():
                 self._remember(tenant_id, read, counts)
         except Exception:  # the counts stay stale; the next call past ttl_s tries again
-            log.warning("speaker counts of tenant %r not refreshed", tenant_id, exc_info=True)
+            # A cause that lasts (a store gone read-only) fails every retry, one per call
+            # past ttl_s: a warning with its traceback each time buried the log.
+            if key in self._failing:
+                log.debug("speaker counts of tenant %r still not refreshed", tenant_id, exc_info=True)
+            else:
+                if len(self._failing) > _MAX_ENTRIES:
+                    self._failing.clear()
+                self._failing.add(key)
+                log.warning(
+                    "speaker counts of tenant %r not refreshed (until they are, retries that fail "
+                    "are logged at debug level)",
+                    tenant_id,
+                    exc_info=True,
+                )
+            return
+        if key in self._failing:
+            self._failing.discard(key)
+            log.warning("speaker counts of tenant %r refreshed again", tenant_id)
 
     def _read(self, tenant_id: str, wanted: Sequence[_Of]) -> dict[_Of, dict[str, int]]:
         """Counts from DuckDB: the whole tenant's for None, each scope's for a scope."""

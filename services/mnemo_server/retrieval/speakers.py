@@ -125,7 +125,7 @@ class ScopeSpeakers:
             return
         if key in self._failing:
             self._failing.discard(key)
-            log.warning("speaker counts of tenant %r refreshed again", tenant_id)
+            log.info("speaker counts of tenant %r refreshed again", tenant_id)
 
     def _read(self, tenant_id: str, wanted: Sequence[_Of]) -> dict[_Of, dict[str, int]]:
         """Counts from DuckDB: the whole tenant's for None, each scope's for a scope."""

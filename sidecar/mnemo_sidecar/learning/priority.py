@@ -22,8 +22,8 @@ It is also moved to the idle scheduling class (SCHED_IDLE, `training.idle_class`
 value only shrinks a thread's share, and a serving thread that wakes may still wait for a
 niced one to finish its slice; an idle-class thread runs only on a core nobody else wants and
 gives it up at once. Measured: settled 100k data, a Train of both models (the fine-tune
-~190-200 s either way) started as a minute of the bench's mix at C 8 starts, four alternating
-pairs (/work/exp52/trainmix.py of stop 52). Nice 10 alone: 143 / 161 / 153 / 178
+~190-200 s either way) started as a minute of the bench's mix at C 8 starts, on a fresh
+copy of the data each time, four alternating pairs (stop 52). Nice 10 alone: 143 / 161 / 153 / 178
 operations/s, StartSession p99 160 / 127 / 136 / 114 ms, Recall p50 39 / 35 / 37 / 32 ms;
 with the idle class: 171 / 162 / 197 / 169 operations/s, StartSession p99 122 / 127 / 102 /
 119 ms, Recall p50 34 / 36 / 28 / 34 ms. Noisy, but better on average (StartSession p99
@@ -31,7 +31,8 @@ with the idle class: 171 / 162 / 197 / 169 operations/s, StartSession p99 122 / 
 what is left is not the scheduler's to give back (the cores' caches and memory bandwidth,
 the sidecar's own work). Under load that never lets up an idle-class run barely advances,
 and a pair-store write it holds (two short ones per run) may keep a delivery waiting into
-SQLite's busy timeout, which the server's outbox retries.
+SQLite's busy timeout, which the server's outbox retries; an orphaned run's watch of its
+parent is an idle-class thread too, so it may end later than a second after the sidecar.
 
 Only on Linux: elsewhere the call would name a process, not a thread."""
 

@@ -162,6 +162,16 @@ def test_a_training_process_whose_sidecar_is_killed_ends_at_once(tmp_path: Path)
     assert pid_file.exists(), "the training process did not start"
     child = int(pid_file.read_text())
     assert Path(f"/proc/{child}").exists()
+    # The run trains in the idle class, and so do the threads its imports started (numpy's
+    # BLAS pool); only the thread that watches for its sidecar does not: started before the
+    # run lowered itself, it gets a core when it wakes.
+    policies = _policies_of_threads(child)
+    assert policies[child] == os.SCHED_IDLE and len(policies) > 2
+    assert list(policies.values()).count(os.SCHED_OTHER) == 1
+    # The one is the watch: the thread sleeping between its checks of the parent.
+    watch = _thread_in_sleep(child)
+    if watch is not None:  # (None: the kernel does not say where a thread waits)
+        assert policies[watch] == os.SCHED_OTHER
     sidecar.kill()
     sidecar.wait()
     killed = time.monotonic()
@@ -171,6 +181,24 @@ def test_a_training_process_whose_sidecar_is_killed_ends_at_once(tmp_path: Path)
     assert time.monotonic() - killed < 10  # its run would take minutes
     reopened = ranker_engine(tmp_path)
     assert not reopened.store.outcomes("t") and reopened.ranker("t") is None  # nothing trained for nobody
+
+
+def _policies_of_threads(pid: int) -> dict[int, int]:
+    """Each thread's scheduling policy (field 41 of its /proc stat, 38 past the name)."""
+    return {
+        int(task.name): int((task / "stat").read_text().rsplit(") ", 1)[1].split()[38])
+        for task in Path(f"/proc/{pid}/task").iterdir()
+    }
+
+
+def _thread_in_sleep(pid: int, tries: int = 40) -> int | None:
+    """The thread of `pid` waiting in a sleep (time.sleep), sampled until one is."""
+    for _ in range(tries):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            if (task / "wchan").read_text() == "hrtimer_nanosleep":
+                return int(task.name)
+        time.sleep(0.05)
+    return None
 
 
 def _alive(pid: int) -> bool:

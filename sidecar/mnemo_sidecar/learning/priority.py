@@ -31,8 +31,8 @@ with the idle class: 171 / 162 / 197 / 169 operations/s, StartSession p99 122 / 
 what is left is not the scheduler's to give back (the cores' caches and memory bandwidth,
 the sidecar's own work). Under load that never lets up an idle-class run barely advances,
 and a pair-store write it holds (two short ones per run) may keep a delivery waiting into
-SQLite's busy timeout, which the server's outbox retries; an orphaned run's watch of its
-parent is an idle-class thread too, so it may end later than a second after the sidecar.
+SQLite's busy timeout, which the server's outbox retries (the watch that ends an orphaned
+run keeps the normal priority: training_process.py).
 
 Only on Linux: elsewhere the call would name a process, not a thread."""
 

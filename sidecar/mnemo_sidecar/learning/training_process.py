@@ -125,23 +125,27 @@ def refusal_of(finished: ChildFinished) -> MnemoError | None:
 
 
 def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int) -> None:
-    # Imported here: the parent needs none of the training stack to start a child.
-    from mnemo_sidecar.engine import RankingEngine
-    from mnemo_sidecar.learning.health import HealthTracker
-    from mnemo_sidecar.learning.pair_store import PairStore
     from mnemo_sidecar.learning.priority import lower_this_thread
-    from mnemo_sidecar.learning.registry import ModelRegistry
-    from mnemo_sidecar.learning.trainer import Trainer
 
-    # Before any worker pool starts: torch's and LightGBM's threads inherit it.
-    priority = lower_this_thread(job.cfg.training.nice, job.cfg.training.idle_class)
-    events.put(ChildStarted(os.getpid(), priority.nice, priority.idle_class))
     # An orphan (its sidecar killed, out of memory) ends at once, whatever the run is doing:
     # checking only between fine-tuning steps, it went on reading sessions, judging and
     # fitting for minutes, for nobody, on the files a restarted sidecar had opened. Ending
     # anywhere is what a kill -9 does, which the run's files are written to survive (a
     # version is promoted by one atomic rename, the scratch is cleared at the next start).
+    # Its thread starts before this one is lowered, so it keeps the normal priority: an
+    # idle-class watch could wait for a core as long as serving keeps both busy.
     watch_parent(parent_pid, interval_s=0.5)
+    # Before the training stack is imported: numpy's BLAS threads start at its import,
+    # torch's and LightGBM's pools at their first parallel section, and all inherit it.
+    priority = lower_this_thread(job.cfg.training.nice, job.cfg.training.idle_class)
+    # Imported here: the parent needs none of the training stack to start a child.
+    from mnemo_sidecar.engine import RankingEngine
+    from mnemo_sidecar.learning.health import HealthTracker
+    from mnemo_sidecar.learning.pair_store import PairStore
+    from mnemo_sidecar.learning.registry import ModelRegistry
+    from mnemo_sidecar.learning.trainer import Trainer
+
+    events.put(ChildStarted(os.getpid(), priority.nice, priority.idle_class))
     store = PairStore(job.store_path)
     try:
         engine = RankingEngine(

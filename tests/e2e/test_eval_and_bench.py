@@ -8,6 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from mnemo_server.cli.evaluate import phase_run_path
 from tests.conftest import SHARED
 from tests.e2e.conftest import MNEMO, base_env
 
@@ -187,7 +188,7 @@ def test_eval_with_training_sessions_runs_every_phase(tmp_path: Path, model_cach
     # reference scorer gives each the metrics the command reported for its phase.
     assert run.read_text() == (tmp_path / "run.ranker-cross_encoder.jsonl").read_text()
     for name, phase in phases.items():
-        phase_run = tmp_path / f"run.{name.replace('+', '-')}.jsonl"
+        phase_run = phase_run_path(run, name)
         lines = [json.loads(x) for x in phase_run.read_text().splitlines()]
         assert len(lines) == 12 and all(len(x["ranked_memory_ids"]) >= 10 for x in lines)
         assert phase["metrics"] == reference_metrics(data, phase_run)

@@ -80,7 +80,7 @@ def test_the_runner_trains_at_the_configured_priority(tmp_path: Path, idle_class
     assert run.error is None and not run.failure
     [outcome] = [e.outcome for e in run.events if e.outcome]
     assert outcome.promoted
-    assert (run.nice, run.idle_class) == (min(before.nice + 4, 19), idle_class)
+    assert run.priority == ThreadPriority(min(before.nice + 4, 19), idle_class)
     assert _where_this_thread_runs() == before
     # Trained elsewhere, served here: the child's promotion was swapped into this process.
     assert run.pid not in (0, os.getpid()) and not Path(f"/proc/{run.pid}").exists()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from mnemo_server.errors import MnemoError
 from mnemo_sidecar.engine import RankingEngine
 from mnemo_sidecar.learning.model import ModelKind, ProgressEvent
+from mnemo_sidecar.learning.priority import ThreadPriority
 from mnemo_sidecar.learning.training_process import (
     ChildStarted,
     TrainingJob,
@@ -31,8 +32,8 @@ class TrainingRun:
     error: MnemoError | None = None
     failure: str = ""
     pid: int = 0  # the process the run trained in
-    nice: int = 0  # the nice value it trained at
-    idle_class: bool = False  # whether it trained in the idle scheduling class
+    # What it trained at.
+    priority: ThreadPriority = field(default_factory=lambda: ThreadPriority(0, idle_class=False))
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def emit(self, event: ProgressEvent) -> None:
@@ -111,7 +112,7 @@ class TrainingRunner:
             run.emit(event)
 
         def on_started(started: ChildStarted) -> None:
-            run.pid, run.nice, run.idle_class = started.pid, started.nice, started.idle_class
+            run.pid, run.priority = started.pid, started.priority
 
         try:
             finished = run_in_child(job, self._stop, on_event, on_started)

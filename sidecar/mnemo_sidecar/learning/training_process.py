@@ -30,6 +30,7 @@ from mnemo_server.errors import FailedPrecondition, MnemoError
 from mnemo_server.launcher import watch_parent
 from mnemo_sidecar.config import SidecarConfig
 from mnemo_sidecar.learning.model import ModelKind, ProgressEvent
+from mnemo_sidecar.learning.priority import ThreadPriority, lower_this_thread
 
 log = logging.getLogger(__name__)
 _SPAWN = multiprocessing.get_context("spawn")
@@ -51,8 +52,7 @@ class TrainingJob:
 @dataclass(frozen=True)
 class ChildStarted:
     pid: int
-    nice: int  # the nice value the child trains at
-    idle_class: bool  # whether it trains in the idle scheduling class
+    priority: ThreadPriority  # what the child trains at
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,6 @@ def refusal_of(finished: ChildFinished) -> MnemoError | None:
 
 
 def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int) -> None:
-    from mnemo_sidecar.learning.priority import lower_this_thread
-
     # An orphan (its sidecar killed, out of memory) ends at once, whatever the run is doing:
     # checking only between fine-tuning steps, it went on reading sessions, judging and
     # fitting for minutes, for nobody, on the files a restarted sidecar had opened. Ending
@@ -145,7 +143,7 @@ def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int)
     from mnemo_sidecar.learning.registry import ModelRegistry
     from mnemo_sidecar.learning.trainer import Trainer
 
-    events.put(ChildStarted(os.getpid(), priority.nice, priority.idle_class))
+    events.put(ChildStarted(os.getpid(), priority))
     store = PairStore(job.store_path)
     try:
         engine = RankingEngine(

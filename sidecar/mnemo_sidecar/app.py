@@ -17,10 +17,8 @@ from mnemo_sidecar.api.stats import LatencyStats
 from mnemo_sidecar.config import SidecarConfig
 from mnemo_sidecar.deadlines import AdmissionGate
 from mnemo_sidecar.engine import RankingEngine
-from mnemo_sidecar.learning.health import HealthTracker
 from mnemo_sidecar.learning.model import ModelKind
 from mnemo_sidecar.learning.pair_store import PairStore
-from mnemo_sidecar.learning.registry import ModelRegistry
 from mnemo_sidecar.learning.runner import TrainingRunner
 
 log = logging.getLogger(__name__)
@@ -33,11 +31,9 @@ class SidecarServer:
         data = cfg.data_path
         data.mkdir(parents=True, exist_ok=True)
         self.store = PairStore(data / "pairs.sqlite", cfg.training.max_stored_sessions)
-        self.registry = ModelRegistry(
-            data / "models", resident={ModelKind.CROSS_ENCODER: cfg.cross_encoder.max_resident}
+        self.engine = RankingEngine.over(
+            cfg, self.store, data / "models", {ModelKind.CROSS_ENCODER: cfg.cross_encoder.max_resident}
         )
-        self.health = HealthTracker(self.store, cfg.health)
-        self.engine = RankingEngine(cfg, self.store, self.registry, self.health)
         self.runner = TrainingRunner(self.engine)
         self.engine.start_background_training = self.runner.start_background
         self.stats = LatencyStats()

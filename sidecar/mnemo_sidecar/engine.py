@@ -4,7 +4,7 @@ deadline, storing feedback and keeping the predictor's health."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,19 @@ class RankingEngine:
         self._base_ce_lock = threading.Lock()
         # Set by the app: starts a background training run for a tenant (returns False if busy).
         self.start_background_training: Callable[[str], bool] = lambda _tenant: False
+
+    @classmethod
+    def over(
+        cls,
+        cfg: SidecarConfig,
+        store: PairStore,
+        models_dir: Path,
+        resident: Mapping[ModelKind, int] | None = None,
+    ) -> RankingEngine:
+        """An engine over a pair store, the model registry in `models_dir` and the health
+        the store keeps: the sidecar's own, a training process's over the same files, or a
+        test's."""
+        return cls(cfg, store, ModelRegistry(models_dir, resident), HealthTracker(store, cfg.health))
 
     # --- models ------------------------------------------------------------------------
 

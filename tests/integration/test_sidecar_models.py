@@ -62,7 +62,7 @@ def test_a_restarted_sidecar_serves_its_promoted_ranker_loaded_before_it_serves(
     version = _promote_a_ranker(tmp_path / "side")
     side = start_sidecar(data_dir=tmp_path / "side")
     # Before any call: the ranker is in memory already.
-    promoted = side.registry.current("acme", ModelKind.RANKER, _never)
+    promoted = side.engine.registry.current("acme", ModelKind.RANKER, _never)
     assert promoted is not None and promoted.version == version
     stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
     scored = _score(stub)
@@ -83,7 +83,7 @@ def test_a_promoted_ranker_that_does_not_load_is_served_as_none_and_said_so(
     status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="acme"), timeout=5)
     assert status.cold_start and not status.ranker.ready
     assert "the promoted ranker does not load and is not served" in status.note
-    assert side.registry.current("acme", ModelKind.RANKER, _never) is None  # not tried again
+    assert side.engine.registry.current("acme", ModelKind.RANKER, _never) is None  # not tried again
 
 
 def test_status_counts_down_the_sessions_until_the_next_fine_tune(

@@ -582,12 +582,10 @@ def _learning_engine(tiny_model: Path, tmp_path: Path, **cross_encoder: Any) -> 
 def _engine_over(cfg: Any, tmp_path: Path) -> Any:
     """An engine over the pair store and model registry in tmp_path (new, or a restart)."""
     from mnemo_sidecar.engine import RankingEngine
-    from mnemo_sidecar.learning.health import HealthTracker
     from mnemo_sidecar.learning.pair_store import PairStore
-    from mnemo_sidecar.learning.registry import ModelRegistry
 
     store = PairStore(tmp_path / "p.sqlite")
-    return RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    return RankingEngine.over(cfg, store, tmp_path / "models")
 
 
 def _train_both(engine: Any) -> tuple[Any, Any]:

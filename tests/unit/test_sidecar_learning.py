@@ -435,7 +435,7 @@ def test_trainer_promotes_only_when_better(tmp_path: Path) -> None:
         ranker={"n_estimators": 60, "min_child_samples": 5},
     )
     store = PairStore(tmp_path / "p.sqlite")
-    engine = RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    engine = RankingEngine.over(cfg, store, tmp_path / "models")
     trainer = Trainer(engine)
     rng = random.Random(2)
     noise = [synthetic_session(i, rng, informative=False) for i in range(40)]
@@ -467,7 +467,7 @@ def ranker_engine(tmp_path: Path, n_estimators: int = 60, **training: Any) -> Ra
         ranker={"n_estimators": n_estimators, "min_child_samples": 5},
     )
     store = PairStore(tmp_path / "p.sqlite")
-    return RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    return RankingEngine.over(cfg, store, tmp_path / "models")
 
 
 def test_promoted_ranker_is_refit_on_every_session_and_judged_on_unseen_ones(tmp_path: Path) -> None:
@@ -504,12 +504,7 @@ def test_promoted_ranker_is_refit_on_every_session_and_judged_on_unseen_ones(tmp
     assert again.heldout_sessions == 12 - 2  # the newest 12 held back; 2 of them the served model saw
     assert "ranker like it" not in again.reason
     # Without the refit the served model is the one judged on the held-back sessions.
-    plain = RankingEngine(
-        cfg.replace(ranker={"refit_on_all": False}),
-        store,
-        ModelRegistry(tmp_path / "models-plain"),
-        HealthTracker(store, cfg.health),
-    )
+    plain = RankingEngine.over(cfg.replace(ranker={"refit_on_all": False}), store, tmp_path / "models-plain")
     [kept] = Trainer(plain).train(
         "t", {ModelKind.RANKER}, force=False, progress=lambda *a: None, should_stop=lambda: False
     )
@@ -577,7 +572,7 @@ def test_forced_training_without_pairs_keeps_the_cross_encoder_instead_of_failin
         storage={"data_dir": str(tmp_path)}, training={"min_sessions": 20, "heldout_fraction": 0.25}
     )
     store = PairStore(tmp_path / "p.sqlite")
-    engine = RankingEngine(cfg, store, ModelRegistry(tmp_path / "models"), HealthTracker(store, cfg.health))
+    engine = RankingEngine.over(cfg, store, tmp_path / "models")
     rng = random.Random(4)
     for i in range(12):
         s = synthetic_session(i, rng)

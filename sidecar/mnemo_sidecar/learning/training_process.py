@@ -138,17 +138,13 @@ def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int)
     priority = lower_this_thread(job.cfg.training.nice, job.cfg.training.idle_class)
     # Imported here: the parent needs none of the training stack to start a child.
     from mnemo_sidecar.engine import RankingEngine
-    from mnemo_sidecar.learning.health import HealthTracker
     from mnemo_sidecar.learning.pair_store import PairStore
-    from mnemo_sidecar.learning.registry import ModelRegistry
     from mnemo_sidecar.learning.trainer import Trainer
 
     events.put(ChildStarted(os.getpid(), priority))
     store = PairStore(job.store_path)
     try:
-        engine = RankingEngine(
-            job.cfg, store, ModelRegistry(job.registry_root), HealthTracker(store, job.cfg.health)
-        )
+        engine = RankingEngine.over(job.cfg, store, job.registry_root)
 
         def progress(model: ModelKind, stage: str, fraction: float, message: str) -> None:
             events.put(ProgressEvent(model, stage, fraction, message))

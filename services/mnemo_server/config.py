@@ -203,7 +203,7 @@ class IndexConfig:
     # After an optimize, a tenant's caches are replaced by fresh, warmed ones once they hold
     # more than cache_renew_factor x its index files on disk + cache_renew_slack_mb (and
     # that much more than the last fresh one held): the rest is superseded index files
-    # (lance_index.py, _renew_bloated_session). 0: never. A warm session holds about its
+    # (lance_maintenance.py, _renew_bloated_session). 0: never. A warm session holds about its
     # index files (66 MB at 100k rows); at 2.0 one held up to ~200 MB before renewal.
     cache_renew_factor: float = 1.0
     cache_renew_slack_mb: int = 64

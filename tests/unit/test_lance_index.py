@@ -16,6 +16,7 @@ from mnemo_server.config import IndexConfig
 from mnemo_server.index import lance_index
 from mnemo_server.index.attrs import ATTR_COLUMNS, read_attrs
 from mnemo_server.index.lance_index import IndexRow, LanceIndex, filter_sql
+from mnemo_server.index.lance_table import index_names
 from mnemo_server.memory.model import MemoryFilter, MemoryType, Scope, ScopeKind, TimeRange
 
 DIM = 32
@@ -414,8 +415,8 @@ def test_a_session_holding_superseded_index_files_is_renewed_warm_and_searches_a
     before = {i: [x.id for x in index.vector_search(TENANT, vectors[i], 5, ANY)] for i in (0, 299, 650)}
     texts = [x.id for x in index.text_search(TENANT, "w42", 5, ANY)]
 
-    # Now any cache at all crosses the bound: factor ~0, no allowance.
-    index.cfg = dataclasses.replace(index.cfg, cache_renew_factor=1e-9, cache_renew_slack_mb=0)
+    # Now any cache at all crosses the bound (the table maintenance's): factor ~0, no allowance.
+    index._maintenance.cfg = dataclasses.replace(index.cfg, cache_renew_factor=1e-9, cache_renew_slack_mb=0)
     done = index.optimize(TENANT)
 
     assert "session_mb_before_after" in done
@@ -698,7 +699,7 @@ def test_with_the_vector_graph_filtered_searches_scan_the_scope_vectors_exactly(
     del vectors[3], vectors[550]
     h = index._handle(TENANT, create=False)
     assert h is not None
-    assert "vector_idx" not in index._index_names(h.table) and index.vector_deltas(TENANT) == 0
+    assert "vector_idx" not in index_names(h.table) and index.vector_deltas(TENANT) == 0
 
     filters: dict[str, tuple[MemoryFilter, Callable[[int], bool]]] = {
         "scope a (past exact_scope_search_max_rows)": (_scope_filter("a"), lambda i: i % 2 == 0),

@@ -21,8 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +34,18 @@ from mnemo_server.config import IndexConfig
 from mnemo_server.errors import Unavailable
 from mnemo_server.index import graph_files
 from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
-from mnemo_server.index.pending import PendingRows
+from mnemo_server.index.lance_maintenance import TableMaintenance
+from mnemo_server.index.lance_table import (
+    TableHandle,
+    index_names,
+    new_session,
+    read_whole_ann_index,
+    reader_index_names,
+    rows_outside,
+    settle_pending,
+    vector_segments,
+)
 from mnemo_server.index.residency import ResidencyBounds, ResidencyStats, Resident, has_room, to_drop
-from mnemo_server.index.row_addresses import IdsByAddress
 from mnemo_server.index.scope_vectors import ScopeVectors
 from mnemo_server.index.text_postings import TextPostings
 from mnemo_server.index.vector_graph import GraphFeeder, GraphParams, HnswGraph, VectorGraph
@@ -133,67 +141,6 @@ def filter_sql(f: MemoryFilter) -> str | None:
     return " AND ".join(parts) if parts else None
 
 
-@dataclass
-class _Handle:
-    """One tenant's table: written through LanceDB, read through a Lance dataset snapshot
-    that every write replaces (LanceDB's query builder costs ~2 ms more per query)."""
-
-    table: Any
-    uri: str
-    reader: Any
-    session: Any
-    # Hit attributes by id, kept by this process's writes: searches read only ids and
-    # scores from LanceDB; what is missing is read from the table.
-    attrs: AttrsCache
-    # Every row's vector by scope, once loaded (then kept by this process's writes).
-    vectors: ScopeVectors
-    # Every row's full-text postings, once loaded (then kept by this process's writes).
-    texts: TextPostings
-    # Ids by row address: a vector search reads no column (row_addresses.py).
-    ids: IdsByAddress = field(default_factory=IdsByAddress)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    has_text_index: bool = False
-    # Every row outside the ANN index (see pending.py), or None while that is not known:
-    # no ANN index yet, or rows left outside it by an earlier process. Then searches take
-    # LanceDB's flat scan of them instead.
-    pending: PendingRows | None = None
-    # What the Lance session held right after it was last renewed and warmed (0: never).
-    warm_session_bytes: int = 0
-    # Every row's vector in an HNSW graph for unfiltered searches (None: not kept).
-    graph: VectorGraph | None = None
-    # The last filter's matching ids, with the snapshot they were read from (_ids_matching).
-    last_matching: tuple[Any, MemoryFilter, frozenset[str]] | None = None
-    # Residency (index/residency.py): when a search or write last used it; whether it was
-    # dropped (under the table lock: a writer holding a dropped handle opens the table
-    # again); set once its in-memory indices are loaded (a new table's at once: it is
-    # empty) or it was dropped, which wakes the searches waiting for its load.
-    last_used: float = 0.0
-    closed: bool = False
-    load_lock: threading.Lock = field(default_factory=threading.Lock)
-    settled: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def ready(self) -> bool:
-        """Its in-memory indices are loaded."""
-        return self.settled.is_set() and not self.closed
-
-    def refresh(self) -> None:
-        """Read the newest version. Through the same Lance session: its index cache is what
-        makes a search take ~2 ms; a dataset opened afresh pays ~85 ms (100k rows) to load
-        the ANN index again, and writes arrive many times a second."""
-        import lance
-
-        self.reader = lance.dataset(self.uri, session=self.session)
-
-    def for_maintenance(self) -> Any:
-        """A dataset object of its own for compaction and index merges: they borrow the
-        object they run on mutably (for seconds), and a search on that same object then fails
-        ("Already mutably borrowed"). Same session, so the caches stay shared."""
-        import lance
-
-        return lance.dataset(self.uri, session=self.session)
-
-
 def size_lance_cpu_pool(threads: int) -> str:
     """Set Lance's CPU pool size for this process unless the environment already does
     (see IndexConfig.lance_cpu_threads); it takes effect if Lance has not made its pool yet,
@@ -215,7 +162,7 @@ class LanceIndex:
         self.cfg = cfg
         path.mkdir(parents=True, exist_ok=True)
         self._db = lancedb.connect(str(path))
-        self._handles: dict[str, _Handle] = {}
+        self._handles: dict[str, TableHandle] = {}
         self._lock = threading.Lock()
         # Tables found absent: a search of a tenant with none (no memory indexed yet) asks
         # on every call, and a failed open costs ~0.6 ms under the lock. Tables are created
@@ -240,6 +187,9 @@ class LanceIndex:
             save_quiet_s=cfg.graph_save_quiet_s,
             save_changes=cfg.graph_save_changes,
             save_max_wait_s=cfg.graph_save_max_wait_s,
+        )
+        self._maintenance = TableMaintenance(
+            cfg, dimension, wants_ann_index=self._wants_ann_index, wants_text_index=self._wants_text_index
         )
         self.schema = pa.schema(
             [
@@ -267,7 +217,7 @@ class LanceIndex:
             raise ValueError(f"bad tenant id {tenant_id!r}")
         return f"t_{tenant_id}"
 
-    def _handle(self, tenant_id: str, *, create: bool = False, load: bool = True) -> _Handle | None:
+    def _handle(self, tenant_id: str, *, create: bool = False, load: bool = True) -> TableHandle | None:
         """The tenant's table, opened if it is not kept (None if it has none and not
         `create`). `load`: a search's, its in-memory indices loaded first if they are not
         (by this call, or by another one it waits for). A search or a write marks it used;
@@ -284,7 +234,7 @@ class LanceIndex:
                 return h
             # Dropped between the open and the load (index/residency.py): open it again.
 
-    def _open(self, tenant_id: str, *, create: bool) -> _Handle | None:
+    def _open(self, tenant_id: str, *, create: bool) -> TableHandle | None:
         name = self.table_name(tenant_id)
         with self._lock:
             handle = self._handles.get(name)
@@ -309,11 +259,11 @@ class LanceIndex:
             self._absent.discard(name)
             import lance
 
-            session = self._new_session()
+            session = new_session(self.cfg)
             # The table's folder, as LanceDB names it: asking the table (to_lance) opens the
             # dataset once more, ~1 ms of a ~5 ms open.
             uri = str(self.path / f"{name}.lance")
-            handle = _Handle(
+            handle = TableHandle(
                 table,
                 uri,
                 lance.dataset(uri, session=session),
@@ -338,21 +288,12 @@ class LanceIndex:
                     lambda: self._build_graph(handle),
                     (lambda: self._save_graph(name, handle)) if self.graph_dir is not None else None,
                 )
-            indices = self._reader_index_names(handle)
+            indices = reader_index_names(handle)
             handle.has_text_index = "text_idx" in indices
             if "vector_idx" in indices:
-                self._settle_pending(handle)
+                settle_pending(handle)
             self._handles[name] = handle
             return handle
-
-    def _new_session(self) -> Any:
-        import lance
-
-        # pylance re-exports Session without listing it in __all__.
-        return lance.Session(  # type: ignore[attr-defined]
-            index_cache_size_bytes=self.cfg.index_cache_mb << 20,
-            metadata_cache_size_bytes=self.cfg.metadata_cache_mb << 20,
-        )
 
     def tenants(self) -> list[str]:
         return [n[2:] for n in self._db.list_tables().tables if n.startswith("t_")]
@@ -423,8 +364,8 @@ class LanceIndex:
                 dropped.append(tenant_id)
         return dropped
 
-    def _drop_unused_indices(self, tenant_id: str, h: _Handle) -> None:
-        present = self._reader_index_names(h)
+    def _drop_unused_indices(self, tenant_id: str, h: TableHandle) -> None:
+        present = reader_index_names(h)
         wanted = {"vector_idx": self._wants_ann_index, "text_idx": self._wants_text_index}
         unused = [name for name, wants in wanted.items() if name in present and not wants]
         if not unused:
@@ -438,31 +379,20 @@ class LanceIndex:
             h.has_text_index = h.has_text_index and "text_idx" not in unused
         log.info("tenant %s: unused LanceDB indices dropped: %s", tenant_id, ", ".join(unused))
 
-    def _ann_reads(self, tenant_id: str, h: _Handle) -> bool:
+    def _ann_reads(self, tenant_id: str, h: TableHandle) -> bool:
         """Whether a search probing every partition of the ANN index succeeds. Compaction
         with a deferred remap (servers before this check) could leave a delta that fails
         every search that reaches it ("HNSW graph has N nodes but its vector storage has
         M rows"). Once at start-up: ~1 s at 100k rows, nearly all of it loading the index
         into the session cache, which the first searches would pay otherwise."""
-        if "vector_idx" not in self._reader_index_names(h):
+        if "vector_idx" not in reader_index_names(h):
             return True
         try:
-            self._read_whole_ann_index(h.reader)
+            read_whole_ann_index(h.reader, self.dimension)
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             log.warning("tenant %s: the ANN index does not read (%s); it will be rebuilt", tenant_id, exc)
             return False
         return True
-
-    def _read_whole_ann_index(self, reader: Any) -> None:
-        """A search probing every partition: loads the whole ANN index into the session."""
-        nearest = {
-            "column": "vector",
-            "q": np.ones(self.dimension, dtype=np.float32),
-            "k": 1,
-            "metric": "cosine",
-            "nprobes": 1 << 20,
-        }
-        reader.to_table(columns=["id", "_distance"], nearest=nearest, fast_search=True)
 
     # --- writes ----------------------------------------------------------------------
 
@@ -520,7 +450,7 @@ class LanceIndex:
             h.refresh()
 
     @staticmethod
-    def _scopes_of(h: _Handle, ids: list[str]) -> dict[str, str]:
+    def _scopes_of(h: TableHandle, ids: list[str]) -> dict[str, str]:
         """The scope of each of these ids the table holds. The postings hold every row once
         loaded (kept by these same writes, under the table lock), so they answer; the table
         answers with a filtered scan whose cost grows with its fragments (in-process, single
@@ -559,7 +489,7 @@ class LanceIndex:
         if self.graph_dir is not None:
             graph_files.discard(self.graph_dir)
 
-    def _forget(self, h: _Handle | None) -> None:
+    def _forget(self, h: TableHandle | None) -> None:
         if h is not None and h.graph is not None:
             self._feeder.forget(h.graph)
 
@@ -576,7 +506,7 @@ class LanceIndex:
                 if h.graph.unsaved:
                     self._save_graph(name, h)
 
-    def _save_graph(self, name: str, h: _Handle) -> None:
+    def _save_graph(self, name: str, h: TableHandle) -> None:
         """Save a tenant's built graph: the feeder's call once writes paused, or close's once
         the feeder stopped (nothing else changes a built graph)."""
         kept = h.graph
@@ -594,249 +524,28 @@ class LanceIndex:
         finally:
             kept.mark_saved()  # after a failure too: tried again once as many writes reached it
 
-    # --- indices and maintenance -------------------------------------------------------
-
-    @staticmethod
-    def _index_names(table: Any) -> dict[str, Any]:
-        return {ix.name: ix for ix in table.list_indices()}
-
-    @staticmethod
-    def _reader_index_names(h: _Handle) -> set[str]:
-        """The indices of the version the handle reads: from the open dataset, ~0.02 ms,
-        where LanceDB's table.list_indices takes ~0.5 ms (through its event loop)."""
-        return {ix.name for ix in h.reader.describe_indices()}
+    # --- maintenance (index/lance_maintenance.py) ---------------------------------------
 
     def compact(self, tenant_id: str) -> int:
-        """Merge the small fragments that appends leave behind (one per index batch); many
-        of them slow every search. Not before index.compact_min_fragments of them: merging
-        a few costs about as much as merging many (the indices' remap dominates); folding the
-        rows into the indices is optimize()'s job. Returns fragments removed.
-
-        The indices' row addresses are remapped at once, not deferred: a deferred remap
-        (Lance 14) left an ANN delta whose rows had since been rewritten unreadable, and
-        every vector search of the table failed from then on, optimize or not. Measured at
-        100k rows, compacting a few writes' fragments costs the same either way (~10 ms)."""
+        """Merge the small fragments appends leave behind (TableMaintenance.compact).
+        Returns fragments removed."""
         h = self._handle(tenant_id, load=False)
-        if h is None or not self._needs_compaction(h):
-            return 0
-        metrics = self._compact_files(h)
-        with h.lock:
-            h.table.checkout_latest()
-            h.refresh()
-        return int(metrics.fragments_removed)
-
-    def _needs_compaction(self, h: _Handle) -> bool:
-        return len(h.reader.get_fragments()) >= self.cfg.compact_min_fragments
-
-    def _compact(self, h: _Handle) -> Any:
-        return h.for_maintenance().optimize.compact_files(
-            target_rows_per_fragment=self.cfg.compact_target_rows, defer_index_remap=False
-        )
-
-    def _compact_files(self, h: _Handle) -> Any:
-        """Compaction beside the index worker's writes (see _optimize_beside_writes). Lance
-        commits it beside appends, but a rewrite loses to an update or delete of rows in the
-        fragments it rewrote (a "retryable commit conflict", an OSError from Python); it is
-        then done again under the table lock, where no write can intervene."""
-        try:
-            return self._compact(h)
-        except OSError as exc:
-            if "commit conflict" not in str(exc):
-                raise
-            log.info("compaction lost to a concurrent write; again under the table lock")
-            with h.lock:
-                return self._compact(h)
-
-    def _fold_and_clean(self, h: _Handle) -> None:
-        """Fold the rows outside the indices in and drop versions nobody reads any more: with
-        a compaction first, what LanceDB's table.optimize does. One path whether the caller
-        holds the table lock throughout or works beside the writes."""
-        dataset = h.for_maintenance()
-        dataset.optimize.optimize_indices()
-        dataset.cleanup_old_versions(older_than=timedelta(seconds=self.cfg.keep_versions_s))
+        return 0 if h is None else self._maintenance.compact(h)
 
     def optimize(
         self, tenant_id: str, *, merge_deltas: bool = True, max_deltas: int | None = None
     ) -> dict[str, Any]:
-        """Compact small fragments, fold new rows into the indices, add the ANN index once
-        the table is large, drop versions nobody reads any more, and (merge_deltas) merge
-        the ANN index's deltas once there are more than `max_deltas` (`ann_max_deltas`
-        unless given). Returns what was done."""
-        from lancedb.index import FTS, Bitmap, BTree, HnswSq
-
+        """Compact, fold new rows into the indices, make them once the table is large enough,
+        drop old versions and merge small ANN deltas (TableMaintenance.optimize). Returns
+        what was done."""
         h = self._handle(tenant_id, load=False)
         if h is None:
             return {}
-        done: dict[str, Any] = {}
-        # With the graph nothing is warmed (_renew_bloated_session), so a bloated session is
-        # renewed before the work too: the compaction, folds and merges below then add their
-        # transient memory to a light session, not to one about to be dropped.
-        renewed_first = self._renew_bloated_session(h) if h.graph is not None else None
-        if renewed_first is not None:
-            done["session_mb_before_after"] = renewed_first
-        made: dict[str, Any] = {}  # indices created by this call
-        with h.lock:
-            table = h.table
-            rows = table.count_rows()
-            indices = self._index_names(table)
-            if rows >= self.cfg.ann_min_rows and "vector_idx" not in indices and self._wants_ann_index:
-                partitions = max(1, int(rows**0.5))
-                table.create_index(
-                    "vector",
-                    config=HnswSq(distance_type="cosine", num_partitions=partitions),
-                    name="vector_idx",
-                )
-                made["ann_index"] = partitions
-            if "scope_idx" not in indices and rows:
-                table.create_index("scope", config=Bitmap(), name="scope_idx")
-                made["scope_index"] = True
-            if "id_idx" not in indices and rows:
-                table.create_index("id", config=BTree(), name="id_idx")
-                made["id_index"] = True
-            if "text_idx" not in indices and rows and self._wants_text_index:
-                # A table written while the in-memory postings answered (the first write
-                # makes it otherwise).
-                table.create_index("text", config=FTS(with_position=False), name="text_idx")
-                h.has_text_index = True
-                made["text_index"] = True
-            before = h.pending
-            if made or (before is None and self._wants_ann_index):
-                # Until the rows outside the ANN index are known (before its first optimize,
-                # or after a restart), the whole optimize holds the lock: then no write
-                # lands while it runs, so afterwards the index holds every row.
-                self._compact(h)
-                self._fold_and_clean(h)
-                table.checkout_latest()
-                h.refresh()
-                if "vector_idx" in indices or "ann_index" in made:
-                    self._settle_pending(h)
-        done.update(made)
-        if not made and (before is not None or not self._wants_ann_index):
-            self._optimize_beside_writes(h, before)
-            done["beside_writes"] = True
-        done["rows"] = rows
-        if merge_deltas:
-            done.update(self._merge_small_deltas(h, max_deltas))
-        renewed = self._renew_bloated_session(h)
-        if renewed is not None:
-            done["session_mb_before_after"] = renewed
-            log.info("tenant table %s: Lance caches renewed, %d MB held, %d MB once warm", h.uri, *renewed)
-        return done
-
-    def _merge_small_deltas(self, h: _Handle, max_deltas: int | None) -> dict[str, Any]:
-        """Merge the ANN index's newest small deltas once there are more than `max_deltas`
-        (`ann_max_deltas` unless given)."""
-        segments = self._vector_segments(h)
-        most = self.cfg.ann_max_deltas if max_deltas is None else max_deltas
-        tail = self._small_newest(segments) if len(segments) > most else 0
-        if tail <= 1:
-            return {}
-        # Every optimize folds the new rows into a delta of the ANN index and a search
-        # probes each delta: after a 100k bulk load, 45 deltas made it 27 ms instead of 6.
-        # The newest small deltas are merged into one, large ones are kept (merging them
-        # again and again would rebuild most of the index each time, ~0.4 ms per row).
-        # It runs outside the table lock: indexing goes on, Lance rebases the merge
-        # onto newer appends.
-        started = time.monotonic()
-        h.for_maintenance().optimize.optimize_indices(index_names=["vector_idx"], num_indices_to_merge=tail)
-        with h.lock:
-            h.table.checkout_latest()
-            h.refresh()
-        return {"merged_vector_deltas": tail, "merge_s": time.monotonic() - started}
-
-    def _renew_bloated_session(self, h: _Handle) -> tuple[int, int] | None:
-        """Give the tenant a new Lance session when the old one holds far more than the
-        indices on disk. Optimizes, delta merges and compactions write index files anew, and
-        the session keeps the superseded ones (never read again, still resident) until its
-        caps are full: right after a 100k load it held 321 MB where a fresh one, warm after a
-        minute of searches, held 85 MB; with the tenant's handle opened afresh the server's
-        peak RSS over the next minute was ~200 MB lower at the same throughput. The new
-        session replaces the old one first and is warmed after (the whole ANN index read
-        here in maintenance): warming it beside the old one held both, and reading the index
-        briefly takes twice what it keeps (at 100k rows +130 MB for 65 MB kept), which set
-        the bench's high-water mark (VmHWM sampled every 0.1 s: each renewal +70 MB for a
-        moment, the highest at 1,379 MiB). Searches already on the old session finish there,
-        which frees it; one that arrives while the index loads waits for that one load
-        (Lance shares it: four cold searches at once took 100-103 ms and as much memory as
-        one), ~100 ms at 100k rows. Returns the MB held before and after, or None when
-        nothing was renewed."""
-        if self.cfg.cache_renew_factor <= 0:
-            return None
-        held = h.session.size_bytes()
-        descriptions = h.reader.describe_indices()
-        # A table has an ANN or full-text index only when no in-memory index answers its
-        # searches (_wants_ann_index, _wants_text_index): then the searches read it, and it
-        # is warmed.
-        on_disk = sum(seg.size_bytes for d in descriptions for seg in d.segments)
-        # Past a size a fresh session reached before, or the next renewal would come at once.
-        baseline = max(self.cfg.cache_renew_factor * on_disk, h.warm_session_bytes)
-        if held <= baseline + (self.cfg.cache_renew_slack_mb << 20):
-            return None
-        import lance
-
-        session = self._new_session()
-        with h.lock:
-            h.session = session
-            h.refresh()
-        fresh = lance.dataset(h.uri, session=session)
-        if any(d.name == "vector_idx" for d in descriptions):
-            self._read_whole_ann_index(fresh)
-        if h.has_text_index:
-            fresh.to_table(columns=["id", "_score"], full_text_query="warm", limit=1)
-        warm = session.size_bytes()
-        with h.lock:
-            if h.session is session:
-                h.warm_session_bytes = warm
-        return held >> 20, warm >> 20
-
-    def _optimize_beside_writes(self, h: _Handle, before: PendingRows | None) -> None:
-        """Compact, fold the rows outside the indices in and drop old versions while the
-        index worker goes on writing. Under the table lock this held every write back for
-        its whole length, at 100k rows up to 3 s for an optimize and 5 s for a compaction
-        that rewrote the large fragment: the p99 of created -> searchable in the bench.
-        Lance commits these beside the appends (as it does the ANN merges). `before` is the
-        pending set when the work began: its rows are all in the indices afterwards, so the
-        rows written since are the ones left pending."""
-        if self._needs_compaction(h):
-            self._compact_files(h)
-        self._fold_and_clean(h)
-        with h.lock:
-            h.table.checkout_latest()
-            h.refresh()
-            if h.pending is not None and before is not None:
-                h.pending = h.pending.written_since(before)
-
-    @staticmethod
-    def _settle_pending(h: _Handle) -> None:
-        """Once the ANN index holds every row, start keeping the rows written after it
-        (caller holds the table lock or owns the handle alone)."""
-        h.pending = PendingRows() if LanceIndex._outside(h, "vector_idx") == 0 else None
-
-    @staticmethod
-    def _outside(h: _Handle, index_name: str) -> int | None:
-        """Rows the named index does not cover yet, None if the table has no such index."""
-        stats = h.table.index_stats(index_name)
-        return None if stats is None else int(stats.num_unindexed_rows)
-
-    @staticmethod
-    def _vector_segments(h: _Handle) -> list[Any]:
-        """The ANN index's deltas (each optimize that adds rows adds one)."""
-        return next((list(d.segments) for d in h.reader.describe_indices() if d.name == "vector_idx"), [])
-
-    @staticmethod
-    def _small_newest(segments: list[Any]) -> int:
-        """How many of the newest ANN deltas are each under a tenth of the index's size."""
-        total = sum(seg.size_bytes for seg in segments) or 1
-        count = 0
-        for seg in sorted(segments, key=lambda seg: seg.created_at, reverse=True):
-            if seg.size_bytes >= total / 10:
-                break
-            count += 1
-        return count
+        return self._maintenance.optimize(h, merge_deltas=merge_deltas, max_deltas=max_deltas)
 
     def vector_deltas(self, tenant_id: str) -> int:
         h = self._handle(tenant_id, load=False)
-        return 0 if h is None else len(self._vector_segments(h))
+        return 0 if h is None else len(vector_segments(h))
 
     def cache_use(self, tenant_id: str) -> CacheUse:
         """What this tenant's searches keep in memory (zeros for a tenant with no table, or
@@ -873,7 +582,7 @@ class LanceIndex:
             "graph_queued": h.graph.queued() if h.graph is not None else None,
             "indices": {
                 n: {"indexed": ix.num_indexed_rows, "unindexed": ix.num_unindexed_rows}
-                for n, ix in self._index_names(h.table).items()
+                for n, ix in index_names(h.table).items()
             },
         }
 
@@ -887,7 +596,7 @@ class LanceIndex:
             return 0
         if not h.has_text_index:
             return int(h.reader.count_rows())
-        return self._outside(h, "text_idx") or 0
+        return rows_outside(h, "text_idx") or 0
 
     def rows_to_fold(self, tenant_id: str) -> int:
         """Rows outside the indices that only an optimize takes in: those the full-text
@@ -897,7 +606,7 @@ class LanceIndex:
         h = self._handle(tenant_id, load=False)
         if h is None:
             return 0
-        outside_ann = (self._outside(h, "vector_idx") or 0) if h.pending is None else 0
+        outside_ann = (rows_outside(h, "vector_idx") or 0) if h.pending is None else 0
         return max(outside_ann, self.unindexed_rows(tenant_id))
 
     # --- reads -----------------------------------------------------------------------
@@ -968,7 +677,7 @@ class LanceIndex:
         return self._leg_hits(h, ids, [scores[i] for i in ids])
 
     def _search_in_memory(
-        self, h: _Handle, vector: npt.NDArray[np.float32], k: int, f: MemoryFilter
+        self, h: TableHandle, vector: npt.NDArray[np.float32], k: int, f: MemoryFilter
     ) -> list[tuple[str, float]]:
         """With the graph, LanceDB keeps no ANN index (see _wants_ann_index): an unfiltered
         search asks the graph; one filtered on other columns but no scopes asks it for more
@@ -993,7 +702,7 @@ class LanceIndex:
         return h.vectors.search(vector, k, scopes, allowed)
 
     @staticmethod
-    def _ids_matching(h: _Handle, f: MemoryFilter) -> frozenset[str]:
+    def _ids_matching(h: TableHandle, f: MemoryFilter) -> frozenset[str]:
         """The ids of the rows that pass a filter, read from the table (scalar columns only).
         A row written after this read is left out of the search, as it would be from an
         index search a moment earlier; DuckDB checks every hit that is returned. The last
@@ -1015,7 +724,7 @@ class LanceIndex:
         h = self._handle(tenant_id, create=False)
         return None if h is None or not h.vectors.loaded else h.vectors.rows_in([scope_key])
 
-    def _exact_in_memory(self, h: _Handle, f: MemoryFilter, scopes: list[str]) -> bool:
+    def _exact_in_memory(self, h: TableHandle, f: MemoryFilter, scopes: list[str]) -> bool:
         """Whether a search is answered from the scope vectors: filtered by scopes alone,
         few enough rows to scan (past ~30k rows at 100k a scan costs more than LanceDB's)."""
         return (
@@ -1055,7 +764,7 @@ class LanceIndex:
 
     def _then_filter(
         self,
-        h: _Handle,
+        h: TableHandle,
         k: int,
         f: MemoryFilter,
         search: Callable[[int], list[tuple[str, float]] | None],
@@ -1080,7 +789,7 @@ class LanceIndex:
 
     # --- residency (index/residency.py) -----------------------------------------------
 
-    def _load(self, tenant_id: str, h: _Handle) -> None:
+    def _load(self, tenant_id: str, h: TableHandle) -> None:
         """Load a kept table's in-memory indices, once: the loading thread's work, or
         warm-up's (a second caller waits under load_lock, then finds it done). Writes go on
         meanwhile (each load reads under the table lock)."""
@@ -1099,7 +808,7 @@ class LanceIndex:
         if self.on_load is not None:
             self.on_load(tenant_id)
 
-    def _await_load(self, tenant_id: str, h: _Handle) -> None:
+    def _await_load(self, tenant_id: str, h: TableHandle) -> None:
         """A search's wait for the tenant's indices: their load is queued (once) for the
         loading thread, and waited for at most index.load_wait_s; then UNAVAILABLE, which
         clients retry. Never loaded inside the call: a compute slot held for a large
@@ -1141,7 +850,7 @@ class LanceIndex:
         return sorted(self.tenants(), key=written, reverse=True)
 
     @staticmethod
-    def _rows_in_memory(h: _Handle) -> int:
+    def _rows_in_memory(h: TableHandle) -> int:
         if not h.ready:
             return 0
         return max(h.vectors.rows() if h.vectors.loaded else 0, h.texts.rows() if h.texts.loaded else 0)
@@ -1223,7 +932,7 @@ class LanceIndex:
         return True
 
     @contextmanager
-    def _writable(self, tenant_id: str, *, create: bool) -> Iterator[_Handle | None]:
+    def _writable(self, tenant_id: str, *, create: bool) -> Iterator[TableHandle | None]:
         """The tenant's table with its lock held, for a write that must reach the in-memory
         indices of the handle searches use: one dropped meanwhile is opened again."""
         while True:
@@ -1239,7 +948,7 @@ class LanceIndex:
     # --- hit attributes -----------------------------------------------------------------
 
     @staticmethod
-    def _load_attrs(h: _Handle, most: int) -> int:
+    def _load_attrs(h: TableHandle, most: int) -> int:
         """Fill the attribute cache from the table (~0.7 s per 100k rows, paid by the load
         instead of by the first searches). Returns the entries cached."""
         data = h.reader.to_table(columns=["id", *ATTR_COLUMNS], limit=most)
@@ -1250,7 +959,7 @@ class LanceIndex:
     def _keeps_scope_vectors(self) -> bool:
         return self.cfg.exact_scope_search_max_rows > 0
 
-    def _load_scope_vectors(self, h: _Handle) -> int:
+    def _load_scope_vectors(self, h: TableHandle) -> int:
         """Read every row's vector into the scope vectors (0.5–0.9 s per 100k rows, in
         batches to bound the memory it takes). Under the table lock, so no write is missed
         between the read and the writes that follow. Returns the rows loaded."""
@@ -1268,7 +977,7 @@ class LanceIndex:
             )
             return h.vectors.rows()
 
-    def _load_text_postings(self, h: _Handle) -> int:
+    def _load_text_postings(self, h: TableHandle) -> int:
         """Read every row's text into the in-memory full-text postings. Under the table
         lock, like _load_scope_vectors. Returns the rows loaded."""
         if not self.cfg.memory_text_search:
@@ -1287,7 +996,7 @@ class LanceIndex:
             )
             return h.texts.rows()
 
-    def _load_vector_graph(self, tenant_id: str, h: _Handle) -> int:
+    def _load_vector_graph(self, tenant_id: str, h: TableHandle) -> int:
         """Read the tenant's saved vector graph and put right what changed since it was saved,
         or build it from its scope vectors (after _load_scope_vectors: a build takes ~40 s per
         100k rows, a saved graph's read ~0.1 s). Returns the rows in the graph."""
@@ -1303,7 +1012,7 @@ class LanceIndex:
         return h.graph.rows()
 
     @staticmethod
-    def _adopt_graph(h: _Handle, saved: HnswGraph) -> bool:
+    def _adopt_graph(h: TableHandle, saved: HnswGraph) -> bool:
         """Make a saved graph hold exactly the rows of a snapshot of the scope vectors taken
         under the table lock (later writes are queued for it); False if it differs from them
         too much to be worth repairing (graph_files.MAX_STALE_SHARE)."""
@@ -1341,7 +1050,7 @@ class LanceIndex:
         return True
 
     @staticmethod
-    def _build_graph(h: _Handle) -> None:
+    def _build_graph(h: TableHandle) -> None:
         """Build the graph from a snapshot of the scope vectors taken under the table lock:
         the writes after it are queued for the new graph, so it misses none."""
         graph = h.graph
@@ -1364,7 +1073,7 @@ class LanceIndex:
         h = self._handle(tenant_id, create=False)
         return {} if h is None or not ids else self._attrs_of(h, ids)
 
-    def _attrs_of(self, h: _Handle, ids: Sequence[str]) -> dict[str, Attrs]:
+    def _attrs_of(self, h: TableHandle, ids: Sequence[str]) -> dict[str, Attrs]:
         found, missing = h.attrs.lookup(ids)
         if missing:
             data = h.reader.to_table(columns=["id", *ATTR_COLUMNS], filter=_in("id", missing))
@@ -1373,7 +1082,7 @@ class LanceIndex:
             found.update(read)
         return found
 
-    def _leg_hits(self, h: _Handle, ids: list[str], scores: list[float]) -> list[LegHit]:
+    def _leg_hits(self, h: TableHandle, ids: list[str], scores: list[float]) -> list[LegHit]:
         """A hit whose row is gone by the time its attributes are read is dropped."""
         attrs = self._attrs_of(h, ids)
         return [LegHit(i, s, attrs[i]) for i, s in zip(ids, scores, strict=True) if i in attrs]

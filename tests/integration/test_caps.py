@@ -47,3 +47,64 @@ def test_oldest_unpinned_are_pruned_per_scope_and_type(start_server: Callable[..
         timeout=5,
     ).memories
     assert [m.content for m in episodic] == ["e2", "e1"]
+
+
+def test_a_batch_and_an_import_past_a_cap_say_what_was_pruned(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    live = start_server(caps={"episodic": 3})
+    t = TenantClient(provision(live, "capped-writes"), live.channel())
+    stub = t.memory()
+    scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="batch")
+    episodic = common_pb2.MEMORY_TYPE_EPISODIC
+    results = stub.BatchCreateMemories(
+        pb.BatchCreateMemoriesRequest(
+            requests=[
+                pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"b{i}", type=episodic, scope=scope))
+                for i in range(5)
+            ]
+        ),
+        metadata=t.md,
+        timeout=10,
+    ).results
+    # The two oldest of the five went at once; the answer says so, as GetMemory does.
+    answered = {r.memory.content: r.memory.HasField("delete_time") for r in results}
+    assert answered == {"b0": True, "b1": True, "b2": False, "b3": False, "b4": False}
+    for r in results:
+        stored = stub.GetMemory(pb.GetMemoryRequest(id=r.memory.id), metadata=t.md, timeout=5).memory
+        assert stored.HasField("delete_time") == r.memory.HasField("delete_time")
+        assert (stored.delete_time, stored.update_time) == (r.memory.delete_time, r.memory.update_time)
+
+    # An import counts against the cap too: six imported into a new scope leave the newest three.
+    source = TenantClient(provision(live, "exporter"), live.channel())
+    other = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="imported")
+    for i in range(6):
+        source.memory().CreateMemory(
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"i{i}", type=episodic, scope=other)),
+            metadata=source.md,
+            timeout=5,
+        )
+    # The exporter's own cap kept three of the six: export them with their tombstones,
+    # revived as live copies, so the import brings six live memories.
+    exported = [
+        m
+        for r in source.memory().ExportMemories(
+            pb.ExportMemoriesRequest(include_deleted=True), metadata=source.md, timeout=10
+        )
+        for m in r.memories
+    ]
+    assert len(exported) == 6
+    for m in exported:
+        m.ClearField("delete_time")
+    done = list(
+        stub.ImportMemories(iter([pb.ImportMemoriesRequest(memories=exported)]), metadata=t.md, timeout=10)
+    )
+    assert done[-1].imported_count == 6
+    live_in_scope = stub.ListMemories(
+        pb.ListMemoriesRequest(filter=memory_pb2.MemoryFilter(scopes=[other])), metadata=t.md, timeout=5
+    ).memories
+    assert sorted(m.content for m in live_in_scope) == ["i3", "i4", "i5"]
+    history = stub.GetMemoryHistory(
+        pb.GetMemoryHistoryRequest(id=exported[0].id), metadata=t.md, timeout=5
+    ).entries
+    assert [e.action for e in history] == ["import", "prune"]

@@ -120,3 +120,45 @@ def test_reimport_is_skipped_and_clear_then_import_restores(tenant_a: TenantClie
     assert back[-1].imported_count == 3
     _wait_indexed(tenant_a)
     assert _export(tenant_a, include_deleted=False) == before
+
+
+def test_an_import_restores_a_tombstoned_id_unless_its_content_lives_on_elsewhere(
+    tenant_a: TenantClient,
+) -> None:
+    stub = tenant_a.memory()
+
+    def create(content: str) -> memory_pb2.Memory:
+        m: memory_pb2.Memory = stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=content)), metadata=tenant_a.md, timeout=5
+        ).memory
+        return m
+
+    def import_one(m: memory_pb2.Memory) -> tuple[int, int]:
+        batches = iter([pb.ImportMemoriesRequest(memories=[m])])
+        done = list(stub.ImportMemories(batches, metadata=tenant_a.md, timeout=10))
+        return done[-1].imported_count, done[-1].skipped_count
+
+    def get(memory_id: str) -> memory_pb2.Memory:
+        m: memory_pb2.Memory = stub.GetMemory(
+            pb.GetMemoryRequest(id=memory_id), metadata=tenant_a.md, timeout=5
+        ).memory
+        return m
+
+    restored = create("the VPN config lives in the wiki")
+    [snapshot] = [m for m in _export(tenant_a) if m.id == restored.id]
+    stub.DeleteMemory(pb.DeleteMemoryRequest(id=restored.id), metadata=tenant_a.md, timeout=5)
+    assert import_one(snapshot) == (1, 0)  # a tombstone gives way to its export
+    assert not get(restored.id).HasField("delete_time")
+
+    kept = create("standup moved to 9:30")
+    [snapshot] = [m for m in _export(tenant_a) if m.id == kept.id]
+    stub.DeleteMemory(pb.DeleteMemoryRequest(id=kept.id), metadata=tenant_a.md, timeout=5)
+    again = create("Standup moved to 9:30.")  # the same content, live under a new id
+    assert again.id != kept.id
+    assert import_one(snapshot) == (0, 1)
+    # Skipped for its content: the tombstone and its history are still there.
+    assert get(kept.id).HasField("delete_time")
+    history = stub.GetMemoryHistory(
+        pb.GetMemoryHistoryRequest(id=kept.id), metadata=tenant_a.md, timeout=5
+    ).entries
+    assert [e.action for e in history] == ["create", "delete"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -35,6 +35,11 @@ def require_same_memory(holder: Memory, scope: Scope, content_hash: str, field: 
             reason="EXTERNAL_ID_TAKEN",
             metadata={"memory_id": holder.id},
         )
+
+
+def pruned_at(m: Memory, now: int) -> Memory:
+    """A memory as a cap's prune leaves it (memory_repo.tombstone's UPDATE)."""
+    return replace(m, delete_time_ns=now, update_time_ns=now, revision=m.revision + 1)
 
 
 @dataclass(frozen=True)
@@ -227,17 +232,30 @@ class CreateWriter:
             ],
             now,
         )
-        pruned = self._enforce_caps(cur, tenant_id, [m for m, _ in to_insert], now)
+        pruned = self.enforce_caps(cur, tenant_id, [m for m, _ in to_insert], now)
+        if pruned:
+            # The caps may prune what this very write inserted (a batch larger than the room
+            # left, or rows older than the scope's newest); its answer says so.
+            gone = set(pruned)
+            results = [
+                CreateResult(pruned_at(r.memory, now), r.deduplicated)
+                if r.memory.id in gone and not r.deduplicated
+                else r
+                for r in results
+            ]
         return results, [m.id for m, _ in to_insert], pruned
 
     def _cap_for(self, mtype: MemoryType) -> int:
         cap: int = getattr(self.caps, mtype.value)
         return cap
 
-    def _enforce_caps(self, cur: Cursor, tenant_id: str, inserted: list[Memory], now: int) -> list[str]:
-        """Prune the oldest unpinned memories of every (scope, type) the insert pushed over its cap."""
+    def enforce_caps(self, cur: Cursor, tenant_id: str, inserted: Sequence[Memory], now: int) -> list[str]:
+        """Prune the oldest unpinned memories of every (scope, type) the insert pushed over its
+        cap (live `inserted` rows only count). Returns the ids tombstoned."""
         groups: dict[tuple[str, str, MemoryType], tuple[Scope, int]] = {}
         for m in inserted:
+            if m.deleted:
+                continue
             k = self.live_counts.key(tenant_id, m.scope, m.type)
             scope, n = groups.get(k, (m.scope, 0))
             groups[k] = (scope, n + 1)

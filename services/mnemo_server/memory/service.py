@@ -436,8 +436,11 @@ class MemoryService:
         field_prefix: str = "memories",
     ) -> tuple[int, int]:
         """Restore exported memories as they were. Returns (imported, skipped): ids that are
-        live already, or whose content is already live in the scope, are skipped; tombstoned
-        ids are restored."""
+        live already, or whose content is already live in the scope, are skipped; a
+        tombstoned id is restored as the import has it (so an export restores what a purge
+        tombstoned), unless it is skipped for its content, when it stays a tombstone. The
+        type caps apply as to creates: imported memories count, and the oldest unpinned
+        ones past a cap are pruned (imported ones included, counted as imported)."""
         if len(memories) > self.validator.limits.max_batch_size:
             raise InvalidArgument(field_prefix, f"at most {self.validator.limits.max_batch_size} per message")
         violations: list[FieldViolation] = []
@@ -486,9 +489,6 @@ class MemoryService:
                 tenant_id,
                 [m.external_id for m in memories if m.external_id and m.delete_time_ns is None],
             )
-            revive = [m.id for m in memories if m.id in existing and existing[m.id].deleted]
-            if revive:
-                memory_repo.delete_rows(cur, tenant_id, revive)
             rows: list[tuple[Memory, str]] = []
             seen: set[str] = set()
             for k, m in enumerate(memories):
@@ -516,6 +516,11 @@ class MemoryService:
                         norm.normalized,
                     )
                 )
+            # A tombstone gives way to the imported memory only once it is known to be
+            # imported: one skipped (its content live under another id) keeps its tombstone.
+            revive = [m.id for m, _ in rows if m.id in existing]
+            if revive:
+                memory_repo.delete_rows(cur, tenant_id, revive)
             seqs = self.db.memory_seqs.take(len(rows))
             rows = [(replace(m, seq=s), n) for (m, n), s in zip(rows, seqs, strict=True)]
             memory_repo.insert_many(cur, rows, self.db.stored)
@@ -523,8 +528,10 @@ class MemoryService:
                 cur, [(tenant_id, m.id, "import", "api", "", {}) for m, _ in rows], now
             )
             imported = [m.id for m, _ in rows]
+            # Counted afresh in this transaction: the cached counts never saw these rows.
             self.live_counts.forget(tenant_id)
-        self.indexer.submit(tenant_id, imported)
+            pruned = self.creates.enforce_caps(cur, tenant_id, [m for m, _ in rows], now)
+        self.indexer.submit(tenant_id, [*imported, *pruned])
         return len(imported), len(memories) - len(imported)
 
     @staticmethod

@@ -193,9 +193,12 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ImportMemories(self, request_iterator, context):
-        """Restores exported memories (ids, timestamps and all). Memories whose id already
-        exists in the tenant are skipped, so an import can be retried. Progress is streamed
-        back after each batch.
+        """Restores exported memories (ids, timestamps and all). Memories whose id is live in the
+        tenant are skipped, so an import can be retried, and so are live memories whose
+        content is already live in their scope under another id. A memory whose id is a
+        tombstone (deleted or purged, within the retention window) is restored as the import
+        has it, undoing the deletion: that is how an export restores what a purge removed.
+        Type caps apply as on CreateMemory. Progress is streamed back after each batch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

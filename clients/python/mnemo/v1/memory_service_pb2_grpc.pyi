@@ -63,9 +63,12 @@ class MemoryServiceStub:
     ExportMemories: _grpc.UnaryStreamMultiCallable[_memory_service_pb2.ExportMemoriesRequest, _memory_service_pb2.ExportMemoriesResponse]
     """Streams every matching memory in insertion order, in batches, with progress."""
     ImportMemories: _grpc.StreamStreamMultiCallable[_memory_service_pb2.ImportMemoriesRequest, _memory_service_pb2.ImportMemoriesResponse]
-    """Restores exported memories (ids, timestamps and all). Memories whose id already
-    exists in the tenant are skipped, so an import can be retried. Progress is streamed
-    back after each batch.
+    """Restores exported memories (ids, timestamps and all). Memories whose id is live in the
+    tenant are skipped, so an import can be retried, and so are live memories whose
+    content is already live in their scope under another id. A memory whose id is a
+    tombstone (deleted or purged, within the retention window) is restored as the import
+    has it, undoing the deletion: that is how an export restores what a purge removed.
+    Type caps apply as on CreateMemory. Progress is streamed back after each batch.
     """
     GetStatus: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetStatusRequest, _memory_service_pb2.GetStatusResponse]
     """Counts, index lag and model identity for the caller's tenant."""
@@ -116,9 +119,12 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     ExportMemories: _aio.UnaryStreamMultiCallable[_memory_service_pb2.ExportMemoriesRequest, _memory_service_pb2.ExportMemoriesResponse]  # type: ignore[assignment]
     """Streams every matching memory in insertion order, in batches, with progress."""
     ImportMemories: _aio.StreamStreamMultiCallable[_memory_service_pb2.ImportMemoriesRequest, _memory_service_pb2.ImportMemoriesResponse]  # type: ignore[assignment]
-    """Restores exported memories (ids, timestamps and all). Memories whose id already
-    exists in the tenant are skipped, so an import can be retried. Progress is streamed
-    back after each batch.
+    """Restores exported memories (ids, timestamps and all). Memories whose id is live in the
+    tenant are skipped, so an import can be retried, and so are live memories whose
+    content is already live in their scope under another id. A memory whose id is a
+    tombstone (deleted or purged, within the retention window) is restored as the import
+    has it, undoing the deletion: that is how an export restores what a purge removed.
+    Type caps apply as on CreateMemory. Progress is streamed back after each batch.
     """
     GetStatus: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetStatusRequest, _memory_service_pb2.GetStatusResponse]  # type: ignore[assignment]
     """Counts, index lag and model identity for the caller's tenant."""
@@ -232,9 +238,12 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_memory_service_pb2.ImportMemoriesRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_memory_service_pb2.ImportMemoriesResponse], _abc.AsyncIterator[_memory_service_pb2.ImportMemoriesResponse]]:
-        """Restores exported memories (ids, timestamps and all). Memories whose id already
-        exists in the tenant are skipped, so an import can be retried. Progress is streamed
-        back after each batch.
+        """Restores exported memories (ids, timestamps and all). Memories whose id is live in the
+        tenant are skipped, so an import can be retried, and so are live memories whose
+        content is already live in their scope under another id. A memory whose id is a
+        tombstone (deleted or purged, within the retention window) is restored as the import
+        has it, undoing the deletion: that is how an export restores what a purge removed.
+        Type caps apply as on CreateMemory. Progress is streamed back after each batch.
         """
 
     @_abc_1.abstractmethod

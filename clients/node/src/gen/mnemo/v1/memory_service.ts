@@ -7436,9 +7436,12 @@ export const MemoryServiceService = {
     responseDeserialize: (value: Buffer): ExportMemoriesResponse => ExportMemoriesResponse.decode(value),
   },
   /**
-   * Restores exported memories (ids, timestamps and all). Memories whose id already
-   * exists in the tenant are skipped, so an import can be retried. Progress is streamed
-   * back after each batch.
+   * Restores exported memories (ids, timestamps and all). Memories whose id is live in the
+   * tenant are skipped, so an import can be retried, and so are live memories whose
+   * content is already live in their scope under another id. A memory whose id is a
+   * tombstone (deleted or purged, within the retention window) is restored as the import
+   * has it, undoing the deletion: that is how an export restores what a purge removed.
+   * Type caps apply as on CreateMemory. Progress is streamed back after each batch.
    */
   importMemories: {
     path: "/mnemo.v1.MemoryService/ImportMemories" as const,
@@ -7533,9 +7536,12 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   /** Streams every matching memory in insertion order, in batches, with progress. */
   exportMemories: handleServerStreamingCall<ExportMemoriesRequest, ExportMemoriesResponse>;
   /**
-   * Restores exported memories (ids, timestamps and all). Memories whose id already
-   * exists in the tenant are skipped, so an import can be retried. Progress is streamed
-   * back after each batch.
+   * Restores exported memories (ids, timestamps and all). Memories whose id is live in the
+   * tenant are skipped, so an import can be retried, and so are live memories whose
+   * content is already live in their scope under another id. A memory whose id is a
+   * tombstone (deleted or purged, within the retention window) is restored as the import
+   * has it, undoing the deletion: that is how an export restores what a purge removed.
+   * Type caps apply as on CreateMemory. Progress is streamed back after each batch.
    */
   importMemories: handleBidiStreamingCall<ImportMemoriesRequest, ImportMemoriesResponse>;
   /** Counts, index lag and model identity for the caller's tenant. */
@@ -7721,9 +7727,12 @@ export interface MemoryServiceClient extends Client {
     options?: Partial<CallOptions>,
   ): ClientReadableStream<ExportMemoriesResponse>;
   /**
-   * Restores exported memories (ids, timestamps and all). Memories whose id already
-   * exists in the tenant are skipped, so an import can be retried. Progress is streamed
-   * back after each batch.
+   * Restores exported memories (ids, timestamps and all). Memories whose id is live in the
+   * tenant are skipped, so an import can be retried, and so are live memories whose
+   * content is already live in their scope under another id. A memory whose id is a
+   * tombstone (deleted or purged, within the retention window) is restored as the import
+   * has it, undoing the deletion: that is how an export restores what a purge removed.
+   * Type caps apply as on CreateMemory. Progress is streamed back after each batch.
    */
   importMemories(): ClientDuplexStream<ImportMemoriesRequest, ImportMemoriesResponse>;
   importMemories(options: Partial<CallOptions>): ClientDuplexStream<ImportMemoriesRequest, ImportMemoriesResponse>;

@@ -110,16 +110,19 @@ CASES: list[tuple[str, Callable[[object], object], list[str]]] = [
         ["requests"],
     ),
     (
-        "one bad entry fails the batch",
+        "bad entries fail the whole batch, each named",
         lambda s: s.BatchCreateMemories(  # type: ignore[attr-defined]
             pb.BatchCreateMemoriesRequest(
                 requests=[
-                    pb.CreateMemoryRequest(memory=M(content="fine")),
                     pb.CreateMemoryRequest(memory=M(content="")),
+                    pb.CreateMemoryRequest(memory=M(content="fine")),
+                    pb.CreateMemoryRequest(memory=M(content="too important", importance=5)),
+                    pb.CreateMemoryRequest(memory=M(content="x", external_id="e")),
+                    pb.CreateMemoryRequest(memory=M(content="y", external_id="e")),
                 ]
             )
         ),
-        ["requests[1].memory.content"],
+        ["requests[0].memory.content", "requests[2].memory.importance", "requests[4].memory.external_id"],
     ),
     ("recall without query", lambda s: s.Recall(pb.RecallRequest(query="  ")), ["query"]),  # type: ignore[attr-defined]
     (

@@ -100,3 +100,34 @@ def test_update_delete_and_purge_retries(tenant_a: TenantClient) -> None:
     )
     assert stub.PurgeMemories(preq, metadata=tenant_a.md, timeout=5).purge_count == 3  # replayed, not re-run
     assert _count(tenant_a) == 1
+
+
+def test_an_update_retry_returns_the_first_result_after_later_writes(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    m = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="rate limit is 100/s")),
+        metadata=tenant_a.md,
+        timeout=5,
+    ).memory
+
+    def set_importance(value: float, request_id: str = "") -> memory_pb2.Memory:
+        return stub.UpdateMemory(
+            pb.UpdateMemoryRequest(
+                memory=memory_pb2.Memory(id=m.id, importance=value),
+                update_mask=field_mask_pb2.FieldMask(paths=["importance"]),
+                request_id=request_id,
+            ),
+            metadata=tenant_a.md,
+            timeout=5,
+        ).memory
+
+    first = set_importance(0.7, "raise-it")
+    later = set_importance(0.1)
+    assert later.importance == pytest.approx(0.1) and later.update_time != first.update_time
+    retried = set_importance(0.7, "raise-it")
+    assert retried.importance == pytest.approx(0.7) and retried.update_time == first.update_time
+    stub.DeleteMemory(pb.DeleteMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=5)
+    after_delete = set_importance(0.7, "raise-it")  # still the first call's answer, not re-applied
+    assert after_delete.update_time == first.update_time and not after_delete.HasField("delete_time")
+    now = stub.GetMemory(pb.GetMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=5).memory
+    assert now.HasField("delete_time") and now.importance == pytest.approx(0.1)

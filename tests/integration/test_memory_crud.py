@@ -325,3 +325,30 @@ def test_concurrent_creates_are_each_written_once_and_counted(tenant_a: TenantCl
     assert 1 <= groups <= calls and 1 <= after.largest_group <= calls
     # The server's CPU since it started grows with the work it did (the bench reads it).
     assert 0 < cpu_before < status.process_cpu_seconds
+
+
+def test_fields_named_in_the_mask_and_left_unset_take_the_create_defaults(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    m = stub.CreateMemory(
+        pb.CreateMemoryRequest(
+            memory=_mem(
+                "the offsite moved to May",
+                importance=0.9,
+                confidence=0.4,
+                event_time=timestamp_pb2.Timestamp(seconds=1_600_000_000),
+            )
+        ),
+        metadata=tenant_a.md,
+        timeout=10,
+    ).memory
+    reset = stub.UpdateMemory(
+        pb.UpdateMemoryRequest(
+            memory=memory_pb2.Memory(id=m.id),
+            update_mask=field_mask_pb2.FieldMask(paths=["importance", "confidence", "event_time"]),
+        ),
+        metadata=tenant_a.md,
+        timeout=10,
+    ).memory
+    assert reset.importance == pytest.approx(0.5) and reset.confidence == pytest.approx(1.0)
+    # CreateMemory dates a memory sent without an event time at its creation.
+    assert reset.event_time == m.create_time and reset.event_time.seconds != 1_600_000_000

@@ -161,9 +161,11 @@ class MemoryService:
                 "requests",
                 f"holds {len(drafts)} memories; the limit is {self.validator.limits.max_batch_size}",
             )
-        prepared = [self._prepare(d, p) for d, p in zip(drafts, prefixes, strict=True)]
-        seen_external: dict[str, str] = {}
+        # Every entry is checked before any error is raised: a client fixing a batch learns
+        # of all its bad fields at once (the status lists the first 20: api/errors.py).
         violations: list[FieldViolation] = []
+        prepared = [self._prepare(d, p, violations) for d, p in zip(drafts, prefixes, strict=True)]
+        seen_external: dict[str, str] = {}
         for d, p in zip(prepared, prefixes, strict=True):
             if d.external_id:
                 if d.external_id in seen_external:
@@ -188,11 +190,12 @@ class MemoryService:
         limit = self.index_cfg.max_wait_for_index_s
         return limit if requested_s <= 0 else min(requested_s, limit)
 
-    def _prepare(self, d: MemoryDraft, prefix: str) -> MemoryDraft:
+    def _prepare(self, d: MemoryDraft, prefix: str, violations: list[FieldViolation]) -> MemoryDraft:
+        """The draft as it is written; what is wrong with it goes to `violations`."""
         scope = d.scope
         if scope.kind is ScopeKind.WORKSPACE and not scope.id:
             scope = Scope.workspace()
-        raise_if(self.validator.draft(replace(d, scope=scope), prefix))
+        violations.extend(self.validator.draft(replace(d, scope=scope), prefix))
         return replace(d, scope=scope, category=sanitize_category(d.category))
 
     # --- read --------------------------------------------------------------------------
@@ -280,12 +283,18 @@ class MemoryService:
             raise InvalidArgument("memory.id", "is required")
         changes = self._changes(patch, paths)
         now = self.clock()
+        first: Memory | None = None  # a retry's: the memory as the first call left it
         with self._write(tenant_id) as cur:
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
+            if replay is not None and "row" in replay:
+                first = memory_repo.decode_row(replay["row"])
             if replay is None:
                 current = memory_repo.get(cur, tenant_id, memory_id)
                 if current is None or current.deleted:
                     raise NotFound("memory", memory_id)
+                if "event_time_ns" in changes and changes["event_time_ns"] is None:
+                    # Named and unset: what CreateMemory gives a memory without one.
+                    changes["event_time_ns"] = current.create_time_ns
                 if "content_hash" in changes and changes["content_hash"] != current.content_hash:
                     dup = memory_repo.find_live_duplicates(
                         cur, self.db.stored.hashes, tenant_id, [changes["content_hash"]]
@@ -301,12 +310,22 @@ class MemoryService:
                 memory_repo.record_history(
                     cur, [(tenant_id, memory_id, "update", "api", "", {"paths": sorted(paths)})], now
                 )
-                idempotency_repo.record(
-                    cur, self.db.stored.requests, tenant_id, key, {"ids": [memory_id]}, now
-                )
+                if key is not None:
+                    # The row as this update left it: a retry answers with it, even after
+                    # later writes changed the memory (README: a retry returns the first result).
+                    row = memory_repo.get_row(cur, tenant_id, memory_id)
+                    idempotency_repo.record(
+                        cur, self.db.stored.requests, tenant_id, key, {"ids": [memory_id], "row": row}, now
+                    )
         self.indexer.submit(tenant_id, [memory_id])
         if wait_for_index:
             self.indexer.wait_indexed(tenant_id, [memory_id], self._wait_budget(wait_timeout_s))
+        if first is not None:
+            latest = memory_repo.read_many(self.db.reader(), self.db.rows, tenant_id, [memory_id]).get(
+                memory_id
+            )
+            # Unchanged since: the stored row with its index state now.
+            return latest if latest is not None and latest.revision == first.revision else first
         return self.get(tenant_id, memory_id)
 
     def _changes(self, patch: MemoryPatch, paths: Sequence[str]) -> dict[str, Any]:
@@ -340,9 +359,7 @@ class MemoryService:
             elif path == "metadata":
                 changes["metadata"] = patch.metadata or {}
             elif path == "event_time":
-                if patch.event_time_ns is None:
-                    raise InvalidArgument("memory.event_time", "is required when named in update_mask")
-                changes["event_time_ns"] = patch.event_time_ns
+                changes["event_time_ns"] = patch.event_time_ns  # None: the create time (update())
             else:
                 changes[path] = getattr(patch, path)
         return changes

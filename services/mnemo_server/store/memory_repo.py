@@ -259,10 +259,22 @@ def _stored_row(values: dict[str, Any]) -> Row:
     return tuple(stored[c] for c in _COLUMNS)
 
 
-def get(cur: Cursor, tenant_id: str, memory_id: str) -> Memory | None:
+def get_row(cur: Cursor, tenant_id: str, memory_id: str) -> list[Any] | None:
+    """A memory's stored row as SELECT_COLUMNS reads it, as a list of JSON values (an
+    idempotency record keeps it; decode_row makes the memory of it again)."""
     row = fetch_one(
         cur, f"SELECT {SELECT_COLUMNS} FROM memories WHERE id = ? AND tenant_id = ?", [memory_id, tenant_id]
     )
+    return None if row is None else list(row)
+
+
+def decode_row(row: Sequence[Any]) -> Memory:
+    """The memory of a row get_row gave."""
+    return _decode(row)
+
+
+def get(cur: Cursor, tenant_id: str, memory_id: str) -> Memory | None:
+    row = get_row(cur, tenant_id, memory_id)
     return None if row is None else _decode(row)
 
 

@@ -318,7 +318,9 @@ export interface ListMemoriesResponse {
 export interface UpdateMemoryRequest {
   /**
    * id identifies the memory; the fields named in update_mask are applied. A named field
-   * left unset takes the value CreateMemory would give it (importance 0.5, confidence 1).
+   * left unset takes the value CreateMemory would give it (importance 0.5, confidence 1,
+   * event_time the memory's create_time). A retry with the same request_id answers with
+   * the memory as the first call left it, even if later writes have changed it since.
    */
   memory?: Memory | undefined;
   updateMask?: string[] | undefined;
@@ -775,7 +777,11 @@ export interface StartSessionResponse {
 }
 
 export interface MemoryFeedback {
-  /** An injected memory of the session; at most one entry per memory. */
+  /**
+   * A candidate of the session: one it injected, or one its candidate pool held without
+   * injecting it (a memory the agent found and used anyway is the clearest sign the ranking
+   * missed it). Any other id is INVALID_ARGUMENT. At most one entry per memory.
+   */
   memoryId: string;
   /** -1 (harmful) .. 1 (essential); 0 means unused. */
   relevance: number;
@@ -786,8 +792,8 @@ export interface MemoryFeedback {
 export interface EndSessionRequest {
   sessionId: string;
   /**
-   * For injected memories; those without feedback are scored from the transcript when
-   * one is given, else counted as unused.
+   * For the session's candidates (see MemoryFeedback); injected memories without feedback
+   * are scored from the transcript when one is given, else counted as unused.
    */
   feedback: MemoryFeedback[];
   /** The session's transcript (optional), kept and used for continuity scoring. */

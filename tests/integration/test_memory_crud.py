@@ -352,3 +352,21 @@ def test_fields_named_in_the_mask_and_left_unset_take_the_create_defaults(tenant
     assert reset.importance == pytest.approx(0.5) and reset.confidence == pytest.approx(1.0)
     # CreateMemory dates a memory sent without an event time at its creation.
     assert reset.event_time == m.create_time and reset.event_time.seconds != 1_600_000_000
+
+
+def test_a_category_filter_matches_as_categories_are_stored(tenant_a: TenantClient) -> None:
+    stub = tenant_a.memory()
+    m = stub.CreateMemory(
+        pb.CreateMemoryRequest(
+            memory=_mem("rotate the on-call pager weekly", category="On-Call"), wait_for_index=True
+        ),
+        metadata=tenant_a.md,
+        timeout=30,
+    ).memory
+    assert m.category == "on_call"
+    for asked in ("On-Call", "ON_CALL", "on_call"):
+        f = memory_pb2.MemoryFilter(categories=[asked])
+        listed = stub.ListMemories(pb.ListMemoriesRequest(filter=f), metadata=tenant_a.md, timeout=5).memories
+        assert [x.id for x in listed] == [m.id], asked
+        hits = stub.Recall(pb.RecallRequest(query="pager", filter=f), metadata=tenant_a.md, timeout=10).hits
+        assert [h.memory.id for h in hits] == [m.id], asked

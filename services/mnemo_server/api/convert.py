@@ -24,6 +24,7 @@ from mnemo_server.memory.model import (
     Source,
     TimeRange,
 )
+from mnemo_server.memory.normalize import sanitize_category
 
 _TYPE_TO_PB = {
     MemoryType.SEMANTIC: common_pb2.MEMORY_TYPE_SEMANTIC,
@@ -230,7 +231,8 @@ def filter_from_pb(msg: Message, name: str = "filter") -> MemoryFilter:
         types=tuple(
             memory_type_from_pb(t, f"{name}.types[{i}]", default=None) for i, t in enumerate(f.types)
         ),
-        categories=tuple(f.categories),
+        # As a category is stored, so "Ops" finds what was created as "Ops" (stored "ops").
+        categories=tuple(sanitize_category(c) for c in f.categories),
         create_time=time_range_from_pb(f, "create_time", name),
         event_time=time_range_from_pb(f, "event_time", name),
         pinned_only=f.pinned_only,

@@ -131,6 +131,7 @@ export interface MemoryFilter {
   /** Memories in any of these scopes; empty means every scope of the tenant. */
   scopes: Scope[];
   types: MemoryType[];
+  /** Compared as CreateMemory stores a category: "Ops" and "OPS" both find "ops". */
   categories: string[];
   createTime?: TimeRange | undefined;
   eventTime?: TimeRange | undefined;

@@ -97,7 +97,7 @@ def test_a_dropped_tenant_answers_the_same_after_its_next_search_loads_it(
     assert (stats.tenants, stats.rows, stats.max_tenants, stats.drops) == (2, 60, 2, 1)
     assert (tmp_path / "graphs" / "t_a" / "graph.json").exists()  # saved as it was dropped
 
-    with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
+    with caplog.at_level(logging.INFO, logger="mnemo_server.index"):
         assert _answers(index, "a", dict(enumerate(vectors["a"]))) == before["a"]
     assert "vector graph of" in caplog.text and "loaded: 30 rows, 0 removed and 0 added" in caplog.text
     assert index.is_kept("a") and index.residency().loads == 1

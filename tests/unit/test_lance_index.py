@@ -808,7 +808,7 @@ def _saved_graph_then(path: Path, rows: list[IndexRow], later: Callable[[LanceIn
 
 def _warmed_with_graph(path: Path, graphs: Path, caplog: pytest.LogCaptureFixture, rows: int) -> LanceIndex:
     index = LanceIndex(path / "lance", DIM, IndexConfig(), graph_dir=graphs)
-    with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
+    with caplog.at_level(logging.INFO, logger="mnemo_server.index"):
         assert index.warm(TENANT)["vector_graph"] == rows
     return index
 
@@ -868,7 +868,7 @@ def test_a_graph_is_saved_while_serving_once_writes_pause(
             assert time.monotonic() < deadline, "the feeder never saved the graph"
             time.sleep(0.05)
         restarted = LanceIndex(tmp_path / "lance", DIM, cfg, graph_dir=graphs)
-        with caplog.at_level(logging.INFO, logger="mnemo_server.index.lance_index"):
+        with caplog.at_level(logging.INFO, logger="mnemo_server.index"):
             assert restarted.warm(TENANT)["vector_graph"] == 20
         assert "loaded: 20 rows, 0 removed and 0 added" in caplog.text
         assert restarted.vector_search(TENANT, vectors[4], 1, ANY)[0].id == "m4"

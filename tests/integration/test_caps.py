@@ -104,6 +104,16 @@ def test_a_batch_and_an_import_past_a_cap_say_what_was_pruned(
         pb.ListMemoriesRequest(filter=memory_pb2.MemoryFilter(scopes=[other])), metadata=t.md, timeout=5
     ).memories
     assert sorted(m.content for m in live_in_scope) == ["i3", "i4", "i5"]
+    # The counts the import left are exact: one more create prunes one, the oldest.
+    stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="i6", type=episodic, scope=other)),
+        metadata=t.md,
+        timeout=5,
+    )
+    live_in_scope = stub.ListMemories(
+        pb.ListMemoriesRequest(filter=memory_pb2.MemoryFilter(scopes=[other])), metadata=t.md, timeout=5
+    ).memories
+    assert sorted(m.content for m in live_in_scope) == ["i4", "i5", "i6"]
     history = stub.GetMemoryHistory(
         pb.GetMemoryHistoryRequest(id=exported[0].id), metadata=t.md, timeout=5
     ).entries

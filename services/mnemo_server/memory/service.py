@@ -545,8 +545,8 @@ class MemoryService:
                 cur, [(tenant_id, m.id, "import", "api", "", {}) for m, _ in rows], now
             )
             imported = [m.id for m, _ in rows]
-            # Counted afresh in this transaction: the cached counts never saw these rows.
-            self.live_counts.forget(tenant_id)
+            # Keeps the live counts in step as a create does (a revived tombstone was not
+            # counted; an imported one is not either), so each batch counts no scope again.
             pruned = self.creates.enforce_caps(cur, tenant_id, [m for m, _ in rows], now)
         self.indexer.submit(tenant_id, [*imported, *pruned])
         return len(imported), len(memories) - len(imported)

@@ -41,6 +41,10 @@ class InferenceConfig:
     intra_op_threads: int = 1
     # Candidates scored per request at most (the server's session pool is at most 70).
     max_candidates: int = 100
+    # Characters a query or a candidate's text may hold: the server's default limit on a
+    # memory's content (limits.max_content_chars; a server allowed longer needs this raised
+    # too, or its sessions go unranked). Longer is INVALID_ARGUMENT, not megabytes stored.
+    max_text_chars: int = 20_000
     # Margin kept from the caller's deadline for the reply to travel back.
     deadline_margin_ms: float = 3.0
     # Where the embedding blend's model is prepared (~9 s the first time, at start-up, then

@@ -221,6 +221,11 @@ class RankingEngine:
     # --- feedback ----------------------------------------------------------------------
 
     def submit(self, tenant: str, session: FeedbackSession) -> SubmitResult:
+        if not session.candidates:
+            # Nothing to learn from or judge by (a session whose pool was empty): neither
+            # stored nor counted towards health and the training trigger.
+            snapshot = self.health.snapshot(tenant, self.ranker(tenant) is not None)
+            return SubmitResult(False, self.store.counts(tenant)[1], snapshot, False)
         relevance = {c.candidate.id: c.relevance for c in session.candidates}
         baseline = [
             c.candidate.id for c in sorted(session.candidates, key=lambda c: c.baseline_rank or 10**9)

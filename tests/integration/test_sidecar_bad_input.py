@@ -46,6 +46,14 @@ def _session(
     )
 
 
+def _session_where(change: Callable[[rpb.TrainingSession], object]) -> rpb.SubmitTrainingPairsRequest:
+    request = _session()
+    change(request.session)
+    return request
+
+
+LONG = "x" * 20_001  # one past the default inference.max_text_chars
+
 CASES: list[tuple[str, Callable[[Any], object], list[str]]] = [
     (
         "end time in year 1",
@@ -86,6 +94,57 @@ CASES: list[tuple[str, Callable[[Any], object], list[str]]] = [
         ["candidates[0].baseline_score"],
     ),
     (
+        "a candidate id twice in a session",
+        lambda s: s.SubmitTrainingPairs(
+            _session_where(lambda t: setattr(t.candidates[2].candidate, "id", "m0"))
+        ),
+        ["session.candidates[2].id"],
+    ),
+    (
+        "a feature name twice in a session",
+        lambda s: s.SubmitTrainingPairs(_session_where(lambda t: t.feature_names.append("a"))),
+        ["session.feature_names[2]"],
+    ),
+    (
+        "a session's query too long",
+        lambda s: s.SubmitTrainingPairs(_session_where(lambda t: setattr(t, "query", LONG))),
+        ["session.query"],
+    ),
+    (
+        "a candidate id twice in a rerank",
+        lambda s: s.Rerank(
+            rpb.RerankRequest(tenant_id="acme", query="q", candidates=[_candidate(0), _candidate(0)])
+        ),
+        ["candidates[1].id"],
+    ),
+    (
+        "a candidate text too long",
+        lambda s: s.Rerank(
+            rpb.RerankRequest(
+                tenant_id="acme",
+                query="q",
+                candidates=[rpb.Candidate(id="m0", text=LONG, baseline_score=0.5)],
+            )
+        ),
+        ["candidates[0].text"],
+    ),
+    (
+        "a feature name twice in a score",
+        lambda s: s.Score(
+            rpb.ScoreRequest(
+                tenant_id="acme", query="q", feature_names=["a", "a"], candidates=[_candidate(0)]
+            )
+        ),
+        ["feature_names[1]"],
+    ),
+    (
+        "a score's query too long",
+        lambda s: s.Score(
+            rpb.ScoreRequest(tenant_id="acme", query=LONG, feature_names=NAMES, candidates=[_candidate(0)])
+        ),
+        ["query"],
+    ),
+    (
         "unknown model kind",
         lambda s: list(
             s.Train(rpb.TrainRequest(tenant_id="acme", models=[rpb.MODEL_KIND_RANKER, 99], force=True))
@@ -115,3 +174,20 @@ def test_bad_ranking_input_is_invalid_argument_and_stores_nothing(
     # The same session, well formed, is taken: what was refused was the field named.
     stored = stub.SubmitTrainingPairs(_session(), timeout=10)
     assert (stored.duplicate, stored.stored_pairs) == (False, 3)
+
+
+def test_a_session_without_candidates_is_taken_and_changes_nothing(start_sidecar: Callable[..., Any]) -> None:
+    side = start_sidecar()
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+    empty = _session_where(lambda t: t.ClearField("candidates"))
+    answer = stub.SubmitTrainingPairs(empty, timeout=10)
+    assert (answer.duplicate, answer.stored_pairs, answer.health.sessions, answer.training_started) == (
+        False,
+        0,
+        0,
+        False,
+    )
+    status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="acme"), timeout=5)
+    assert (status.stored_sessions, status.stored_pairs, status.health.sessions) == (0, 0, 0)
+    # Its id stays free: the session with its candidates is stored under it.
+    assert stub.SubmitTrainingPairs(_session(), timeout=10).stored_pairs == 3

@@ -41,15 +41,43 @@ def tenant_of(tenant_id: str) -> str:
     return tenant_id
 
 
-def candidates(items: list[rpb.Candidate], field: str, n_features: int | None, cap: int) -> list[Candidate]:
+def query(text: str, field: str, max_chars: int) -> str:
+    if len(text) > max_chars:
+        raise InvalidArgument(field, f"longer than {max_chars} characters")
+    return text
+
+
+def feature_names(names: Sequence[str], field: str) -> list[str]:
+    """The names, each once: a feature named twice could not be told apart from its twin."""
+    first: dict[str, int] = {}
+    out: list[FieldViolation] = []
+    for i, name in enumerate(names):
+        if name in first:
+            out.append(FieldViolation(f"{field}[{i}]", f"repeats {field}[{first[name]}] ({name!r})"))
+        first.setdefault(name, i)
+    if out:
+        raise InvalidArgument.many(out)
+    return list(names)
+
+
+def candidates(
+    items: list[rpb.Candidate], field: str, n_features: int | None, cap: int, max_text_chars: int
+) -> list[Candidate]:
+    """Scores go back by id, and a session's pairs are keyed by it: an id twice is refused."""
     if len(items) > cap:
         raise InvalidArgument(
             field, f"holds {len(items)} candidates; the limit is {cap}", reason="TOO_MANY_CANDIDATES"
         )
     out: list[FieldViolation] = []
+    first: dict[str, int] = {}
     for i, c in enumerate(items):
         if not c.id:
             out.append(FieldViolation(f"{field}[{i}].id", "is required"))
+        elif c.id in first:
+            out.append(FieldViolation(f"{field}[{i}].id", f"repeats {field}[{first[c.id]}].id"))
+        first.setdefault(c.id, i)
+        if len(c.text) > max_text_chars:
+            out.append(FieldViolation(f"{field}[{i}].text", f"longer than {max_text_chars} characters"))
         if not math.isfinite(c.baseline_score):
             out.append(FieldViolation(f"{field}[{i}].baseline_score", "must be a finite number"))
         if n_features is not None and len(c.features) != n_features:
@@ -66,10 +94,14 @@ def candidates(items: list[rpb.Candidate], field: str, n_features: int | None, c
     return [Candidate(c.id, c.text, c.baseline_score, tuple(c.features)) for c in items]
 
 
-def feedback_session(s: rpb.TrainingSession, cap: int) -> FeedbackSession:
+def feedback_session(s: rpb.TrainingSession, cap: int, max_text_chars: int) -> FeedbackSession:
     if not s.session_id:
         raise InvalidArgument("session.session_id", "is required")
-    items = candidates([c.candidate for c in s.candidates], "session.candidates", len(s.feature_names), cap)
+    query(s.query, "session.query", max_text_chars)
+    feature_names(s.feature_names, "session.feature_names")
+    items = candidates(
+        [c.candidate for c in s.candidates], "session.candidates", len(s.feature_names), cap, max_text_chars
+    )
     if len(s.session_id) > MAX_SESSION_ID_CHARS:
         raise InvalidArgument("session.session_id", f"longer than {MAX_SESSION_ID_CHARS} characters")
     end_time_ns = ts_to_ns(s.end_time, "session.end_time")

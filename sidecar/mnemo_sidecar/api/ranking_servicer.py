@@ -37,12 +37,14 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
 
     def Rerank(self, request: rpb.RerankRequest, context: grpc.ServicerContext) -> rpb.RerankResponse:
         tenant = convert.tenant_of(request.tenant_id)
+        inf = self.cfg.inference
+        query = convert.query(request.query, "query", inf.max_text_chars)
         items = convert.candidates(
-            list(request.candidates), "candidates", None, self.cfg.inference.max_candidates
+            list(request.candidates), "candidates", None, inf.max_candidates, inf.max_text_chars
         )
         deadline = self._deadline(context)
         with self.stats.track("Rerank"), self.gate.admit(deadline):
-            result = self.engine.rerank(tenant, request.query, items, deadline)
+            result = self.engine.rerank(tenant, query, items, deadline)
         method = (
             rpb.RERANK_METHOD_CROSS_ENCODER if result.cross_encoder else rpb.RERANK_METHOD_EMBEDDING_BLEND
         )
@@ -56,15 +58,15 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
 
     def Score(self, request: rpb.ScoreRequest, context: grpc.ServicerContext) -> rpb.ScoreResponse:
         tenant = convert.tenant_of(request.tenant_id)
+        inf = self.cfg.inference
+        query = convert.query(request.query, "query", inf.max_text_chars)
+        names = convert.feature_names(request.feature_names, "feature_names")
         items = convert.candidates(
-            list(request.candidates),
-            "candidates",
-            len(request.feature_names),
-            self.cfg.inference.max_candidates,
+            list(request.candidates), "candidates", len(names), inf.max_candidates, inf.max_text_chars
         )
         deadline = self._deadline(context)
         with self.stats.track("Score"), self.gate.admit(deadline):
-            result = self.engine.score(tenant, request.query, list(request.feature_names), items, deadline)
+            result = self.engine.score(tenant, query, names, items, deadline)
         if result.scores is None:
             return rpb.ScoreResponse(cold_start=True)
         return rpb.ScoreResponse(
@@ -79,7 +81,8 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
         self, request: rpb.SubmitTrainingPairsRequest, context: grpc.ServicerContext
     ) -> rpb.SubmitTrainingPairsResponse:
         tenant = convert.tenant_of(request.tenant_id)
-        session = convert.feedback_session(request.session, self.cfg.inference.max_candidates * 4)
+        inf = self.cfg.inference
+        session = convert.feedback_session(request.session, inf.max_candidates * 4, inf.max_text_chars)
         with self.stats.track("SubmitTrainingPairs"):
             result = self.engine.submit(tenant, session)
         return rpb.SubmitTrainingPairsResponse(

@@ -88,7 +88,8 @@ class RankingServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SubmitTrainingPairs(self, request, context):
-        """Feedback of one finished session. Idempotent by (tenant_id, session.session_id).
+        """Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
+        session with no candidates changes nothing: there is nothing to learn from or judge by.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

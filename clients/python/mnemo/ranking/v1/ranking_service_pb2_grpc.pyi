@@ -44,7 +44,9 @@ class RankingServiceStub:
     Score: _grpc.UnaryUnaryMultiCallable[_ranking_service_pb2.ScoreRequest, _ranking_service_pb2.ScoreResponse]
     """Learned-ranker scores for one session-start request's candidates."""
     SubmitTrainingPairs: _grpc.UnaryUnaryMultiCallable[_ranking_service_pb2.SubmitTrainingPairsRequest, _ranking_service_pb2.SubmitTrainingPairsResponse]
-    """Feedback of one finished session. Idempotent by (tenant_id, session.session_id)."""
+    """Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
+    session with no candidates changes nothing: there is nothing to learn from or judge by.
+    """
     Train: _grpc.UnaryStreamMultiCallable[_ranking_service_pb2.TrainRequest, _ranking_service_pb2.TrainResponse]
     """Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
     promotes a new version only if it beats the current one on held-back sessions.
@@ -67,7 +69,9 @@ class RankingServiceAsyncStub(RankingServiceStub):
     Score: _aio.UnaryUnaryMultiCallable[_ranking_service_pb2.ScoreRequest, _ranking_service_pb2.ScoreResponse]  # type: ignore[assignment]
     """Learned-ranker scores for one session-start request's candidates."""
     SubmitTrainingPairs: _aio.UnaryUnaryMultiCallable[_ranking_service_pb2.SubmitTrainingPairsRequest, _ranking_service_pb2.SubmitTrainingPairsResponse]  # type: ignore[assignment]
-    """Feedback of one finished session. Idempotent by (tenant_id, session.session_id)."""
+    """Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
+    session with no candidates changes nothing: there is nothing to learn from or judge by.
+    """
     Train: _aio.UnaryStreamMultiCallable[_ranking_service_pb2.TrainRequest, _ranking_service_pb2.TrainResponse]  # type: ignore[assignment]
     """Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
     promotes a new version only if it beats the current one on held-back sessions.
@@ -105,7 +109,9 @@ class RankingServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ranking_service_pb2.SubmitTrainingPairsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ranking_service_pb2.SubmitTrainingPairsResponse, _abc.Awaitable[_ranking_service_pb2.SubmitTrainingPairsResponse]]:
-        """Feedback of one finished session. Idempotent by (tenant_id, session.session_id)."""
+        """Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
+        session with no candidates changes nothing: there is nothing to learn from or judge by.
+        """
 
     @_abc_1.abstractmethod
     def Train(

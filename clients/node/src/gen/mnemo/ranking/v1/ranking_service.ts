@@ -107,7 +107,9 @@ export function modelKindToJSON(object: ModelKind): string {
 }
 
 export interface Candidate {
+  /** Unique within the request: scores and training pairs are keyed by it. */
   id: string;
+  /** At most the sidecar's inference.max_text_chars (20,000 by default), as is a query. */
   text: string;
   /** The caller's own score (first stage / baseline), used for blending and fallback; finite. */
   baselineScore: number;
@@ -141,6 +143,7 @@ export interface ScoreRequest {
   tenantId: string;
   sessionId: string;
   query: string;
+  /** Each name once. */
   featureNames: string[];
   candidates: Candidate[];
 }
@@ -169,6 +172,7 @@ export interface TrainingCandidate {
 export interface TrainingSession {
   sessionId: string;
   query: string;
+  /** Each name once. */
   featureNames: string[];
   candidates: TrainingCandidate[];
   /** Between 1677-09-22 and 2262-04-11 (64-bit nanoseconds), as every time Mnemo takes. */
@@ -3161,7 +3165,10 @@ export const RankingServiceService = {
     responseSerialize: (value: ScoreResponse): Buffer => Buffer.from(ScoreResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ScoreResponse => ScoreResponse.decode(value),
   },
-  /** Feedback of one finished session. Idempotent by (tenant_id, session.session_id). */
+  /**
+   * Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
+   * session with no candidates changes nothing: there is nothing to learn from or judge by.
+   */
   submitTrainingPairs: {
     path: "/mnemo.ranking.v1.RankingService/SubmitTrainingPairs" as const,
     requestStream: false as const,
@@ -3207,7 +3214,10 @@ export interface RankingServiceServer extends UntypedServiceImplementation {
   rerank: handleUnaryCall<RerankRequest, RerankResponse>;
   /** Learned-ranker scores for one session-start request's candidates. */
   score: handleUnaryCall<ScoreRequest, ScoreResponse>;
-  /** Feedback of one finished session. Idempotent by (tenant_id, session.session_id). */
+  /**
+   * Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
+   * session with no candidates changes nothing: there is nothing to learn from or judge by.
+   */
   submitTrainingPairs: handleUnaryCall<SubmitTrainingPairsRequest, SubmitTrainingPairsResponse>;
   /**
    * Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
@@ -3253,7 +3263,10 @@ export interface RankingServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ScoreResponse) => void,
   ): ClientUnaryCall;
-  /** Feedback of one finished session. Idempotent by (tenant_id, session.session_id). */
+  /**
+   * Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
+   * session with no candidates changes nothing: there is nothing to learn from or judge by.
+   */
   submitTrainingPairs(
     request: SubmitTrainingPairsRequest,
     callback: (error: ServiceError | null, response: SubmitTrainingPairsResponse) => void,

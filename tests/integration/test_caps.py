@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
@@ -57,6 +57,13 @@ def test_a_batch_and_an_import_past_a_cap_say_what_was_pruned(
     stub = t.memory()
     scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="batch")
     episodic = common_pb2.MEMORY_TYPE_EPISODIC
+
+    def answered_as_stored(answers: Sequence[pb.CreateMemoryResponse]) -> None:
+        for r in answers:
+            stored = stub.GetMemory(pb.GetMemoryRequest(id=r.memory.id), metadata=t.md, timeout=5).memory
+            assert stored.HasField("delete_time") == r.memory.HasField("delete_time")
+            assert (stored.delete_time, stored.update_time) == (r.memory.delete_time, r.memory.update_time)
+
     results = stub.BatchCreateMemories(
         pb.BatchCreateMemoriesRequest(
             requests=[
@@ -70,10 +77,23 @@ def test_a_batch_and_an_import_past_a_cap_say_what_was_pruned(
     # The two oldest of the five went at once; the answer says so, as GetMemory does.
     answered = {r.memory.content: r.memory.HasField("delete_time") for r in results}
     assert answered == {"b0": True, "b1": True, "b2": False, "b3": False, "b4": False}
-    for r in results:
-        stored = stub.GetMemory(pb.GetMemoryRequest(id=r.memory.id), metadata=t.md, timeout=5).memory
-        assert stored.HasField("delete_time") == r.memory.HasField("delete_time")
-        assert (stored.delete_time, stored.update_time) == (r.memory.delete_time, r.memory.update_time)
+    answered_as_stored(results)
+    # A duplicate of the scope's oldest memory names it, and the new one beside it prunes it.
+    again = stub.BatchCreateMemories(
+        pb.BatchCreateMemoriesRequest(
+            requests=[
+                pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"b{i}", type=episodic, scope=scope))
+                for i in (2, 5)
+            ]
+        ),
+        metadata=t.md,
+        timeout=10,
+    ).results
+    assert [(r.memory.content, r.deduplicated, r.memory.HasField("delete_time")) for r in again] == [
+        ("b2", True, True),
+        ("b5", False, False),
+    ]
+    answered_as_stored(again)
 
     # An import counts against the cap too: six imported into a new scope leave the newest three.
     source = TenantClient(provision(live, "exporter"), live.channel())

@@ -234,13 +234,12 @@ class CreateWriter:
         )
         pruned = self.enforce_caps(cur, tenant_id, [m for m, _ in to_insert], now)
         if pruned:
-            # The caps may prune what this very write inserted (a batch larger than the room
-            # left, or rows older than the scope's newest); its answer says so.
+            # The caps may prune what this very write answers with: a memory it inserted (a
+            # batch larger than the room left) or the one a duplicate names (the scope's
+            # oldest); the answer says so, as GetMemory would.
             gone = set(pruned)
             results = [
-                CreateResult(pruned_at(r.memory, now), r.deduplicated)
-                if r.memory.id in gone and not r.deduplicated
-                else r
+                CreateResult(pruned_at(r.memory, now), r.deduplicated) if r.memory.id in gone else r
                 for r in results
             ]
         return results, [m.id for m, _ in to_insert], pruned

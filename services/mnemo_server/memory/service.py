@@ -286,7 +286,7 @@ class MemoryService:
         first: Memory | None = None  # a retry's: the memory as the first call left it
         with self._write(tenant_id) as cur:
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
-            if replay is not None and "row" in replay:
+            if replay is not None and replay.get("row"):
                 first = memory_repo.decode_row(replay["row"])
             if replay is None:
                 current = memory_repo.get(cur, tenant_id, memory_id)

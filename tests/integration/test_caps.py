@@ -49,63 +49,69 @@ def test_oldest_unpinned_are_pruned_per_scope_and_type(start_server: Callable[..
     assert [m.content for m in episodic] == ["e2", "e1"]
 
 
-def test_a_batch_and_an_import_past_a_cap_say_what_was_pruned(
-    start_server: Callable[..., LiveServer],
-) -> None:
+def _episodic(content: str, scope: common_pb2.Scope) -> pb.CreateMemoryRequest:
+    return pb.CreateMemoryRequest(
+        memory=memory_pb2.Memory(content=content, type=common_pb2.MEMORY_TYPE_EPISODIC, scope=scope)
+    )
+
+
+def _live_in(t: TenantClient, scope: common_pb2.Scope) -> list[str]:
+    listed = (
+        t.memory()
+        .ListMemories(
+            pb.ListMemoriesRequest(filter=memory_pb2.MemoryFilter(scopes=[scope])), metadata=t.md, timeout=5
+        )
+        .memories
+    )
+    return sorted(m.content for m in listed)
+
+
+def test_a_write_answers_with_what_its_caps_pruned(start_server: Callable[..., LiveServer]) -> None:
     live = start_server(caps={"episodic": 3})
     t = TenantClient(provision(live, "capped-writes"), live.channel())
     stub = t.memory()
     scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="batch")
-    episodic = common_pb2.MEMORY_TYPE_EPISODIC
 
-    def answered_as_stored(answers: Sequence[pb.CreateMemoryResponse]) -> None:
-        for r in answers:
+    def batch(*contents: str) -> Sequence[pb.CreateMemoryResponse]:
+        answers = stub.BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(requests=[_episodic(c, scope) for c in contents]),
+            metadata=t.md,
+            timeout=10,
+        ).results
+        for r in answers:  # as GetMemory has it
             stored = stub.GetMemory(pb.GetMemoryRequest(id=r.memory.id), metadata=t.md, timeout=5).memory
-            assert stored.HasField("delete_time") == r.memory.HasField("delete_time")
             assert (stored.delete_time, stored.update_time) == (r.memory.delete_time, r.memory.update_time)
+        return answers
 
-    results = stub.BatchCreateMemories(
-        pb.BatchCreateMemoriesRequest(
-            requests=[
-                pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"b{i}", type=episodic, scope=scope))
-                for i in range(5)
-            ]
-        ),
-        metadata=t.md,
-        timeout=10,
-    ).results
-    # The two oldest of the five went at once; the answer says so, as GetMemory does.
-    answered = {r.memory.content: r.memory.HasField("delete_time") for r in results}
-    assert answered == {"b0": True, "b1": True, "b2": False, "b3": False, "b4": False}
-    answered_as_stored(results)
+    # The two oldest of the five went at once.
+    first = batch("b0", "b1", "b2", "b3", "b4")
+    assert [(r.memory.content, r.memory.HasField("delete_time")) for r in first] == [
+        ("b0", True),
+        ("b1", True),
+        ("b2", False),
+        ("b3", False),
+        ("b4", False),
+    ]
     # A duplicate of the scope's oldest memory names it, and the new one beside it prunes it.
-    again = stub.BatchCreateMemories(
-        pb.BatchCreateMemoriesRequest(
-            requests=[
-                pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"b{i}", type=episodic, scope=scope))
-                for i in (2, 5)
-            ]
-        ),
-        metadata=t.md,
-        timeout=10,
-    ).results
+    again = batch("b2", "b5")
     assert [(r.memory.content, r.deduplicated, r.memory.HasField("delete_time")) for r in again] == [
         ("b2", True, True),
         ("b5", False, False),
     ]
-    answered_as_stored(again)
+    assert _live_in(t, scope) == ["b3", "b4", "b5"]
 
-    # An import counts against the cap too: six imported into a new scope leave the newest three.
+
+def test_an_import_past_a_cap_prunes_the_oldest_and_keeps_the_counts(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    live = start_server(caps={"episodic": 3})
     source = TenantClient(provision(live, "exporter"), live.channel())
-    other = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="imported")
+    t = TenantClient(provision(live, "importer"), live.channel())
+    scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="imported")
     for i in range(6):
-        source.memory().CreateMemory(
-            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"i{i}", type=episodic, scope=other)),
-            metadata=source.md,
-            timeout=5,
-        )
-    # The exporter's own cap kept three of the six: export them with their tombstones,
-    # revived as live copies, so the import brings six live memories.
+        source.memory().CreateMemory(_episodic(f"i{i}", scope), metadata=source.md, timeout=5)
+    # The exporter's own cap kept three of the six: exported with their tombstones and made
+    # live again, they bring six live memories.
     exported = [
         m
         for r in source.memory().ExportMemories(
@@ -116,25 +122,15 @@ def test_a_batch_and_an_import_past_a_cap_say_what_was_pruned(
     assert len(exported) == 6
     for m in exported:
         m.ClearField("delete_time")
-    done = list(
-        stub.ImportMemories(iter([pb.ImportMemoriesRequest(memories=exported)]), metadata=t.md, timeout=10)
+    batches = iter([pb.ImportMemoriesRequest(memories=exported)])
+    assert list(t.memory().ImportMemories(batches, metadata=t.md, timeout=10))[-1].imported_count == 6
+    assert _live_in(t, scope) == ["i3", "i4", "i5"]
+    history = (
+        t.memory()
+        .GetMemoryHistory(pb.GetMemoryHistoryRequest(id=exported[0].id), metadata=t.md, timeout=5)
+        .entries
     )
-    assert done[-1].imported_count == 6
-    live_in_scope = stub.ListMemories(
-        pb.ListMemoriesRequest(filter=memory_pb2.MemoryFilter(scopes=[other])), metadata=t.md, timeout=5
-    ).memories
-    assert sorted(m.content for m in live_in_scope) == ["i3", "i4", "i5"]
-    # The counts the import left are exact: one more create prunes one, the oldest.
-    stub.CreateMemory(
-        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="i6", type=episodic, scope=other)),
-        metadata=t.md,
-        timeout=5,
-    )
-    live_in_scope = stub.ListMemories(
-        pb.ListMemoriesRequest(filter=memory_pb2.MemoryFilter(scopes=[other])), metadata=t.md, timeout=5
-    ).memories
-    assert sorted(m.content for m in live_in_scope) == ["i4", "i5", "i6"]
-    history = stub.GetMemoryHistory(
-        pb.GetMemoryHistoryRequest(id=exported[0].id), metadata=t.md, timeout=5
-    ).entries
     assert [e.action for e in history] == ["import", "prune"]
+    # The counts the import left are exact: one more create prunes one, the oldest.
+    t.memory().CreateMemory(_episodic("i6", scope), metadata=t.md, timeout=5)
+    assert _live_in(t, scope) == ["i4", "i5", "i6"]

@@ -228,7 +228,7 @@ class IndexConfig:
     # With it (and the scope vectors, which it is built from) tables get no ANN index:
     # filtered searches scan the scope vectors (LanceDB's ann_* settings then do nothing).
     vector_graph: bool = True
-    graph_dtype: str = "i8"
+    graph_dtype: Literal["i8", "f16", "f32"] = "i8"
     graph_expansion_search: int = 64
     graph_max_queued: int = 2_000
     # The graphs are saved in the data directory at an orderly shutdown and read back at
@@ -380,7 +380,21 @@ _T = TypeVar("_T")
 _C = TypeVar("_C")
 
 
+# Ranges of integer keys of any section, by name: out of range is refused at start-up (a
+# port of 70000 was taken modulo 65536 by the gRPC bind, and 0 workers failed later).
+_INT_RANGES = {"port": (0, 65_535), "max_workers": (1, 4_096)}
+
+
 def _coerce(value: Any, typ: Any, where: str) -> Any:
+    if typ is int and not isinstance(value, bool):
+        # A TOML float (port = 1.7) or true would otherwise pass through int() as 1.
+        number = value if isinstance(value, int) else _int_text(value, where)
+        lo, hi = _INT_RANGES.get(where.rsplit(".", 1)[-1], (None, None))
+        if (lo is not None and number < lo) or (hi is not None and number > hi):
+            raise FailedPrecondition(f"config {where}: {number} is outside {lo}..{hi}", reason="BAD_CONFIG")
+        return number
+    if typ in (int, float) and isinstance(value, bool):
+        raise FailedPrecondition(f"config {where}: expected a number, got {value!r}", reason="BAD_CONFIG")
     if get_origin(typ) is Literal:  # one of a few words: anything else is refused at start-up
         allowed = get_args(typ)
         if value in allowed:
@@ -396,8 +410,6 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             return value.lower() in {"1", "true", "yes", "on"}
         raise FailedPrecondition(f"config {where}: expected a boolean, got {value!r}", reason="BAD_CONFIG")
     try:
-        if typ is int:
-            return int(value)
         if typ is float:
             return float(value)
         if typ is str:
@@ -407,6 +419,16 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             f"config {where}: expected {typ.__name__}, got {value!r}", reason="BAD_CONFIG"
         ) from None
     raise FailedPrecondition(f"config {where}: unsupported type", reason="BAD_CONFIG")
+
+
+def _int_text(value: Any, where: str) -> int:
+    """An integer from the environment's text ("8", " 8 "); anything else is refused."""
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise FailedPrecondition(f"config {where}: expected an integer, got {value!r}", reason="BAD_CONFIG")
 
 
 def _apply_section(section: _T, values: Mapping[str, Any], where: str) -> _T:
@@ -451,8 +473,10 @@ def read_toml(file: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise FailedPrecondition(f"config file {file} does not exist", reason="BAD_CONFIG") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise FailedPrecondition(f"config file {file}: {exc}", reason="BAD_CONFIG") from None
+    except OSError as exc:  # a directory, unreadable
+        raise FailedPrecondition(f"config file {file}: {exc.strerror or exc}", reason="BAD_CONFIG") from None
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:

@@ -40,6 +40,11 @@ def test_config_file_from_env_var(tmp_path: Path) -> None:
         ({"MNEMO_SERVER__NOPE": "1"}, "unknown key 'nope'"),
         ({"MNEMO_NOPE__X": "1"}, r"unknown section 'nope'"),
         ({"MNEMO_AUTH__ENABLED": "maybe"}, "auth.enabled"),
+        ({"MNEMO_SERVER__PORT": "70000"}, r"server\.port: 70000 is outside 0\.\.65535"),
+        ({"MNEMO_SERVER__PORT": "-5"}, r"server\.port: -5 is outside"),
+        ({"MNEMO_SERVER__PORT": "1.7"}, r"server\.port: expected an integer"),
+        ({"MNEMO_SERVER__MAX_WORKERS": "0"}, r"server\.max_workers: 0 is outside"),
+        ({"MNEMO_INDEX__GRAPH_DTYPE": "q3"}, r"index\.graph_dtype: expected one of 'i8', 'f16', 'f32'"),
     ],
 )
 def test_bad_values_are_clear_errors(env: dict[str, str], message: str) -> None:
@@ -54,6 +59,22 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("[server\n")
     with pytest.raises(FailedPrecondition, match=r"bad\.toml"):
         load_config(bad, env={})
+    bad.write_bytes(b"\xff\xfe[server]\n")  # not UTF-8
+    with pytest.raises(FailedPrecondition, match=r"bad\.toml: 'utf-8' codec"):
+        load_config(bad, env={})
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"), [("port = 1.7", "expected an integer"), ("port = true", "expected a number")]
+)
+def test_a_toml_number_of_the_wrong_kind_is_refused_not_truncated(
+    tmp_path: Path, toml: str, message: str
+) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(f"[server]\n{toml}\n")
+    with pytest.raises(FailedPrecondition, match=rf"server\.port: {message}"):
+        load_config(file, env={})
+    assert load_config(env={"MNEMO_SERVER__PORT": " 8080 "}).server.port == 8080
 
 
 def test_a_word_outside_a_settings_choices_is_refused_at_start_up() -> None:

@@ -41,6 +41,10 @@ def wait_for_stop(stop: threading.Event, poll_s: float = 0.5) -> None:
         pass
 
 
+class LaunchFailed(RuntimeError):
+    """A launched process ended, or did not answer in time, before it was serving."""
+
+
 @dataclass
 class LaunchedProcess:
     name: str
@@ -87,6 +91,9 @@ class Launcher:
         """Run `python -m <argv> --port-file F` and wait for F. env adds to this process's
         environment, or replaces it entirely with replace_env."""
         port_file = self.root / f"{name}.port"
+        # One left by an earlier run (kept directories: `mnemo up`) would be taken for this
+        # process's answer, naming the old port or a process that failed to start.
+        port_file.unlink(missing_ok=True)
         log = self.root / f"{name}.log"
         full_env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
         with log.open("wb") as out:
@@ -108,7 +115,7 @@ class Launcher:
         while not port_file.exists():
             if popen.poll() is not None or time.monotonic() > deadline:
                 popen.kill()
-                raise RuntimeError(f"{name} failed to start:\n{log.read_text()[-4000:]}")
+                raise LaunchFailed(f"{name} failed to start (log: {log}):\n{log.read_text()[-4000:]}")
             time.sleep(0.05)
         proc = LaunchedProcess(name, popen, int(port_file.read_text()), log)
         self.processes.append(proc)
@@ -160,6 +167,8 @@ class Launcher:
                 except subprocess.TimeoutExpired:
                     proc.popen.kill()
                     proc.popen.wait(10)
+        for proc in self.processes:
+            (self.root / f"{proc.name}.port").unlink(missing_ok=True)
         self.processes.clear()
         if not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -141,6 +141,27 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, model_cache: Path) -> None:
     assert out.returncode == 2 and "server.port" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_up_does_not_take_a_port_file_left_by_an_earlier_run(tmp_path: Path, model_cache: Path) -> None:
+    """A kept data directory may hold sidecar.port from a run before: it named the old port
+    to the server, and hid a sidecar that failed to start."""
+    import socket
+
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "sidecar.port").write_text("59999")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        out = run(
+            ["up", "--data-dir", str(data), "--port", "0", "--sidecar-port", str(taken)],
+            base_env(model_cache),
+        )
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "sidecar failed to start" in out.stderr and f"cannot listen on 127.0.0.1:{taken}" in out.stderr
+    assert not (data / "sidecar.port").exists() and not (data / "server.port").exists()
+
+
 def test_bench_score_measures_score_idle_and_while_the_sidecar_trains(
     tmp_path: Path, model_cache: Path
 ) -> None:

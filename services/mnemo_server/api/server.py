@@ -61,13 +61,16 @@ class GrpcServer:
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
         address = f"{self.cfg.host}:{self.cfg.port}"
-        if self.cfg.tls_cert_file:
-            creds = grpc.ssl_server_credentials(
-                [(Path(self.cfg.tls_key_file).read_bytes(), Path(self.cfg.tls_cert_file).read_bytes())]
-            )
-            self.port = self.server.add_secure_port(address, creds)
-        else:
-            self.port = self.server.add_insecure_port(address)
+        try:
+            if self.cfg.tls_cert_file:
+                creds = grpc.ssl_server_credentials(
+                    [(Path(self.cfg.tls_key_file).read_bytes(), Path(self.cfg.tls_cert_file).read_bytes())]
+                )
+                self.port = self.server.add_secure_port(address, creds)
+            else:
+                self.port = self.server.add_insecure_port(address)
+        except RuntimeError:  # a port in use: grpcio raises where older versions returned 0
+            self.port = 0
         if self.port == 0:
             raise FailedPrecondition(f"cannot listen on {address} (in use?)", reason="BIND_FAILED")
         self.server.start()

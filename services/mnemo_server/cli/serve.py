@@ -134,16 +134,19 @@ def up(
 ) -> None:
     """Run Mnemo locally: the memory server on 127.0.0.1 and the ranking sidecar as its own
     process, data in a local directory, unauthenticated (local mode). Ctrl-C stops both."""
-    from mnemo_server.launcher import Launcher
+    from mnemo_server.launcher import Launcher, LaunchFailed
 
     data_dir.mkdir(parents=True, exist_ok=True)
     launcher = Launcher(root=data_dir, keep=True)
     address = ""
     try:
         if not no_sidecar:
-            sidecar = launcher.start_sidecar(
-                data_dir=data_dir / "sidecar", port=sidecar_port, cross_encoder=cross_encoder
-            )
+            try:
+                sidecar = launcher.start_sidecar(
+                    data_dir=data_dir / "sidecar", port=sidecar_port, cross_encoder=cross_encoder
+                )
+            except LaunchFailed as exc:
+                raise click.ClickException(str(exc)) from None
             address = sidecar.address
             click.echo(f"mnemo up: sidecar on {address} (log: {sidecar.log})", err=True)
         cfg = local_config(config_file, data_dir, port, address)

@@ -85,6 +85,17 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
     ]
     shown = run(["memory", "history", ids[1]], env).stdout
     assert "create" in shown and "purge" in shown and '{"type": "episodic"}' in shown
+    # A file with a bad line imports nothing, and says which line; an export that fails
+    # (no server) leaves the file it would have replaced as it was.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(export.read_text() + "{not json\n")
+    refused = run(["memory", "import", str(bad)], env)
+    assert refused.returncode == 1 and f"{bad}:6: not an exported memory" in refused.stderr
+    assert "Traceback" not in refused.stderr and run(["memory", "list", "--json"], env).stdout == ""
+    before = export.read_text()
+    gone = run(["memory", "export", "-o", str(export)], base_env(model_cache, MNEMO_SERVER="127.0.0.1:1"))
+    assert gone.returncode != 0 and "Traceback" not in gone.stderr
+    assert export.read_text() == before and not list(tmp_path.glob("*.part"))
     imported = run(["memory", "import", str(export)], env)
     assert imported.returncode == 0 and "imported 5" in imported.stderr
     export2 = tmp_path / "export2.jsonl"

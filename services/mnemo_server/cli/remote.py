@@ -243,8 +243,12 @@ def _progress() -> Progress:
 @click.pass_context
 def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> None:
     """Export memories as JSONL (everything needed to restore them with `import`)."""
-    out = sys.stdout if str(output) == "-" else output.open("w", encoding="utf-8")
+    # Written beside the output and renamed over it once complete: a failed export (a
+    # server gone away) leaves an earlier file as it was, not emptied or cut short.
+    part = None if str(output) == "-" else output.with_name(output.name + ".part")
+    out = sys.stdout if part is None else part.open("w", encoding="utf-8")
     n = 0
+    done = False
     try:
         with _connect(ctx) as client, _progress() as bar:
             task = bar.add_task("exporting", total=None)
@@ -255,27 +259,41 @@ def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> No
                     )
                 n = batch.exported_count
                 bar.update(task, completed=batch.exported_count, total=batch.total_count)
+        done = True
     except MnemoError as err:
         _fail(err)
     finally:
-        if out is not sys.stdout:
+        if part is not None:
             out.close()
+            if done:
+                part.replace(output)
+            else:
+                part.unlink(missing_ok=True)
     _console.print(f"exported {n} memories")
+
+
+def _memories(path: Path) -> Iterator[memory_pb2.Memory]:
+    """The file's memories, one a line; a line that is not one is a one-line error naming it."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json_format.Parse(line, memory_pb2.Memory())
+                except json_format.ParseError as exc:
+                    raise click.ClickException(f"{path}:{lineno}: not an exported memory ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(f"{path}: not UTF-8 text ({exc})") from None
 
 
 def _read_batches(path: Path, size: int) -> Iterator[list[memory_pb2.Memory]]:
     batch: list[memory_pb2.Memory] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                batch.append(json_format.Parse(line, memory_pb2.Memory()))
-            except json_format.ParseError as exc:
-                raise click.ClickException(f"{path}:{lineno}: not an exported memory ({exc})") from None
-            if len(batch) == size:
-                yield batch
-                batch = []
+    for m in _memories(path):
+        batch.append(m)
+        if len(batch) == size:
+            yield batch
+            batch = []
     if batch:
         yield batch
 
@@ -285,7 +303,9 @@ def _read_batches(path: Path, size: int) -> Iterator[list[memory_pb2.Memory]]:
 @click.pass_context
 def memory_import(ctx: click.Context, path: Path) -> None:
     """Restore memories from an export (already-present ids are skipped, so re-running is safe)."""
-    total = sum(1 for line in path.open(encoding="utf-8") if line.strip())
+    # The whole file is read once before anything is sent: a bad line fails the command
+    # with nothing imported, not after the batches before it.
+    total = sum(1 for _ in _memories(path))
     last = None
     try:
         with _connect(ctx) as client, _progress() as bar:

@@ -11,6 +11,7 @@ from mnemo_server.api.interceptor import ApiInterceptor
 from mnemo_server.api.server import GrpcServer
 from mnemo_server.config import ServerConfig
 from mnemo_server.errors import Unauthenticated
+from mnemo_server.store.database import make_data_dir
 from mnemo_server.tenancy.tenants import Principal
 from mnemo_sidecar.api.ranking_servicer import RankingServicer
 from mnemo_sidecar.api.stats import LatencyStats
@@ -29,7 +30,7 @@ class SidecarServer:
     def __init__(self, cfg: SidecarConfig):
         self.cfg = cfg
         data = cfg.data_path
-        data.mkdir(parents=True, exist_ok=True)
+        make_data_dir(data)
         self.store = PairStore(data / "pairs.sqlite", cfg.training.max_stored_sessions)
         self.engine = RankingEngine.over(
             cfg, self.store, data / "models", {ModelKind.CROSS_ENCODER: cfg.cross_encoder.max_resident}

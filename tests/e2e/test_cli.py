@@ -150,6 +150,14 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, model_cache: Path) -> None:
     env = base_env(model_cache, MNEMO_SERVER__PORT="not-a-port")
     out = run(["serve", "--data-dir", str(tmp_path / "d")], env)
     assert out.returncode == 2 and "server.port" in out.stderr and "Traceback" not in out.stderr
+    # A data directory that cannot be one, or a store that is not a database: the path named.
+    (tmp_path / "a-file").write_text("")
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "mnemo.duckdb").write_text("not a database")
+    for data_dir, said in ((tmp_path / "a-file" / "sub", "Not a directory"), (junk, "cannot be opened")):
+        out = run(["serve", "--data-dir", str(data_dir), "--port", "0"], base_env(model_cache))
+        assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_up_does_not_take_a_port_file_left_by_an_earlier_run(tmp_path: Path, model_cache: Path) -> None:

@@ -135,8 +135,9 @@ def up(
     """Run Mnemo locally: the memory server on 127.0.0.1 and the ranking sidecar as its own
     process, data in a local directory, unauthenticated (local mode). Ctrl-C stops both."""
     from mnemo_server.launcher import Launcher, LaunchFailed
+    from mnemo_server.store.database import make_data_dir
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_data_dir(data_dir)
     launcher = Launcher(root=data_dir, keep=True)
     address = ""
     try:

@@ -98,6 +98,17 @@ class _CursorWrapper:
         return self._cur.unregister(view_name)
 
 
+def make_data_dir(path: Path) -> None:
+    """Create a data directory (and its parents); a path that cannot be one (a file in the
+    way, no permission) is a one-line start-up error naming it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FailedPrecondition(
+            f"data directory {path}: {exc.strerror or exc}", reason="BAD_DATA_DIR"
+        ) from None
+
+
 class TransactionCursor(_CursorWrapper):
     """A write transaction's cursor: BEGIN waits for its first statement, so a body that
     runs none makes no call. A text's BEGIN goes in the same call as the statement; a parsed
@@ -263,7 +274,7 @@ class Database:
         # `transaction` (see row_cache, recent_ids).
         self.rows = rows or RowCache(0)
         self.recent = recent or RecentIds(0)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_data_dir(path.parent)
         try:
             self._conn = duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
@@ -273,7 +284,11 @@ class Database:
                     "directory?)",
                     reason="DATA_DIR_LOCKED",
                 ) from None
-            raise
+            # Not a database (a stray file, a folder of that name), or unreadable.
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise FailedPrecondition(
+                f"{path} cannot be opened: {first_line}", reason="BAD_DATA_DIR"
+            ) from None
         if memory_limit:
             if not re.fullmatch(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", memory_limit):
                 self._conn.close()

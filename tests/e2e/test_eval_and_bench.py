@@ -64,6 +64,30 @@ def test_eval_locomo_agrees_with_reference_scorer(tmp_path: Path, model_cache: P
     assert ours["timings"]["query_p50_ms"] > 0
 
 
+def test_eval_of_a_directory_not_in_the_format_is_one_line_and_starts_nothing(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    data = _subset(tmp_path)
+    with (data / "memories.jsonl").open("a") as fh:
+        fh.write("{not json\n")
+    lines = len((data / "memories.jsonl").read_text().splitlines())
+    for args in (
+        ["locomo", "--data", str(data), "--out", str(tmp_path / "run.jsonl")],
+        ["locomo-split", "--data", str(data), "--convs", "conv-26", "--out", str(tmp_path / "split")],
+    ):
+        out = subprocess.run(
+            [*MNEMO, "eval", *args],
+            env=base_env(model_cache),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 1 and f"memories.jsonl:{lines}: bad JSON" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and "starting" not in out.stderr
+    assert not (tmp_path / "split").exists() and not (tmp_path / "run.jsonl").exists()
+
+
 def test_eval_stage_switches_change_the_result(tmp_path: Path, model_cache: Path) -> None:
     data = _subset(tmp_path, n_queries=20)
     results = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -87,11 +88,12 @@ def locomo(
             data, out, json_out, server, sidecar, api_key, train_sessions, cross_encoder, tenant, keep_data
         )
         return
-    from mnemo_server.evaluation.locomo import evaluate_locomo, read_dataset
+    from mnemo_server.evaluation.locomo import evaluate_locomo
     from mnemo_server.launcher import Launcher, stopped_after
 
     if top_k < 10:
         raise click.BadParameter("must be at least 10", param_hint="--top-k")
+    n_mem, n_q = (len(x) for x in _dataset(data))  # checked before any server starts
     console = Console(stderr=True)
     launcher = None if server else Launcher(keep=keep_data)
     with stopped_after(launcher, console.print):
@@ -99,7 +101,6 @@ def locomo(
             console.print("starting a fresh server ...")
             server = launcher.start_server().address
         assert server is not None
-        n_mem, n_q = (len(x) for x in read_dataset(data))
         with (
             MnemoClient(server, api_key, timeout_s=120) as client,
             Progress(
@@ -153,12 +154,14 @@ def _locomo_sessions(
     tenant: str,
     keep_data: bool,
 ) -> None:
-    from mnemo_server.evaluation.locomo import read_dataset, write_run
+    from mnemo_server.evaluation.locomo import write_run
     from mnemo_server.evaluation.session_eval import SidecarControl, evaluate_with_training
     from mnemo_server.launcher import Launcher, stopped_after
 
     if (server is None) != (sidecar is None):
         raise click.UsageError("--server and --sidecar go together (or neither: both are started)")
+    data_rows, data_queries = _dataset(data)  # both checked before any server starts
+    train_rows, train_queries = _dataset(train)
     console = Console(stderr=True)
     launcher = None if server else Launcher(keep=keep_data)
     with stopped_after(launcher, console.print):
@@ -177,8 +180,6 @@ def _locomo_sessions(
             ).address
         assert server is not None
         assert sidecar is not None
-        data_rows, data_queries = read_dataset(data)
-        train_rows, train_queries = read_dataset(train)
         with MnemoClient(server, api_key, timeout_s=120) as client:
             result = evaluate_with_training(
                 client,
@@ -216,6 +217,17 @@ def _locomo_sessions(
         json_out.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def _dataset(data: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The directory's memories and queries with gold ids, or a one-line error naming the
+    file and line that is not in the format."""
+    from mnemo_server.evaluation.locomo import DatasetError, read_dataset
+
+    try:
+        return read_dataset(data)
+    except DatasetError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def phase_run_path(out: Path, phase: str) -> Path:
     """RUN.jsonl -> RUN.<phase>.jsonl ("+" in a phase's name becomes "-")."""
     return out.with_name(f"{out.stem}.{phase.replace('+', '-')}{out.suffix or '.jsonl'}")
@@ -228,12 +240,15 @@ def phase_run_path(out: Path, phase: str) -> Path:
 def locomo_split(data: Path, convs: str, out: Path) -> None:
     """Write the subset of a LoCoMo-format directory that covers some conversations."""
     keep = {c.strip() for c in convs.split(",") if c.strip()}
+    from mnemo_server.evaluation import locomo as fmt
+
+    try:  # the whole directory is checked before anything is written
+        memories = list(fmt.read_jsonl(data / "memories.jsonl", fmt.MEMORY_FIELDS, fmt.MEMORY_OPTIONAL))
+        queries = list(fmt.read_jsonl(data / "queries.jsonl", fmt.QUERY_FIELDS, fmt.QUERY_OPTIONAL))
+    except fmt.DatasetError as exc:
+        raise click.ClickException(str(exc)) from None
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("memories.jsonl", "queries.jsonl"):
-        lines = [
-            line
-            for line in (data / name).read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line)["conv_id"] in keep
-        ]
+    for name, rows in (("memories.jsonl", memories), ("queries.jsonl", queries)):
+        lines = [json.dumps(row, ensure_ascii=False) for row in rows if row["conv_id"] in keep]
         (out / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
         click.echo(f"{out / name}: {len(lines)} lines")

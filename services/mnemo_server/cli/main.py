@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from mnemo_client.client import MnemoError as ClientError
 from mnemo_server import __version__
 from mnemo_server.cli.bench import bench
 from mnemo_server.cli.bench_tenants import bench_tenants
@@ -56,6 +57,9 @@ def main() -> None:
     except MnemoError as exc:
         click.echo(f"error: {exc.message}", err=True)
         sys.exit(2)
+    except ClientError as exc:  # a call to a server (--server) failed: its status, one line
+        click.echo(f"error: {exc.code.name}: {exc.message}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -27,14 +27,68 @@ from mnemo_server.evaluation.metrics import Judged, category_label, evaluate
 BATCH = 500
 
 
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
+class DatasetError(ValueError):
+    """A data directory not in the format of ../shared/eval/locomo (its README), said in
+    one line that names the file and line."""
+
+
+# What a line must hold (a JSON type, or None for any value), and what it may hold, of
+# which type. Only what the eval needs is checked: a held-out split in the same format may
+# carry other fields, or null where DEV has none (a turn's text is put into its memory as
+# given; a query without gold ids is neither run nor scored, as score.py does).
+Fields = dict[str, type | tuple[type, ...] | None]
+MEMORY_FIELDS: Fields = {"conv_id": str, "memory_id": str, "speaker": None, "text": None, "session": None}
+MEMORY_OPTIONAL: Fields = {"ts": (str, type(None))}
+QUERY_FIELDS: Fields = {"conv_id": str, "query_id": str, "question": str}
+QUERY_OPTIONAL: Fields = {"gold_memory_ids": (list, type(None))}
+
+
+def read_jsonl(
+    path: Path, required: Fields | None = None, optional: Fields | None = None
+) -> Iterator[dict[str, Any]]:
+    """The file's JSON objects, each checked to hold the `required` fields (of their types)
+    and the `optional` ones, where present, of theirs."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
                 try:
-                    yield json.loads(line)
+                    row = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: bad JSON ({exc})") from None
+                    raise DatasetError(f"{path}:{n}: bad JSON ({exc})") from None
+                problem = _problem(row, required or {}, optional or {})
+                if problem:
+                    raise DatasetError(f"{path}:{n}: {problem}")
+                yield row
+    except OSError as exc:
+        raise DatasetError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path}: not UTF-8 text ({exc})") from None
+
+
+def _problem(row: Any, required: Fields, optional: Fields) -> str:
+    """What is wrong with a line's value ("" if nothing)."""
+    if not isinstance(row, dict):
+        return "expected a JSON object"
+    missing = [name for name in required if name not in row]
+    if missing:
+        return f"{missing[0]!r} is missing"
+    for name, kind in (*required.items(), *optional.items()):
+        if name in row and kind is not None and not isinstance(row[name], kind):
+            return f"{name!r} is not a {_kind_name(kind)}"
+    if row.get("ts"):
+        try:
+            datetime.fromisoformat(row["ts"])
+        except ValueError:
+            return "'ts' is not an ISO 8601 time"
+    return ""
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {str: "string", list: "list", type(None): "null"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 def conversation_scope(conv_id: str) -> common_pb2.Scope:
@@ -153,8 +207,14 @@ def write_run(path: Path, run: dict[str, list[str]]) -> None:
 
 
 def read_dataset(data: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    memories = list(read_jsonl(data / "memories.jsonl"))
-    queries = [q for q in read_jsonl(data / "queries.jsonl") if q.get("gold_memory_ids")]
+    """(memories, queries with gold ids) of a data directory; DatasetError if it is not in
+    the format."""
+    memories = list(read_jsonl(data / "memories.jsonl", MEMORY_FIELDS, MEMORY_OPTIONAL))
+    queries = [
+        q
+        for q in read_jsonl(data / "queries.jsonl", QUERY_FIELDS, QUERY_OPTIONAL)
+        if q.get("gold_memory_ids")
+    ]
     return memories, queries
 
 

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from mnemo_server.errors import DeadlineExceeded
 from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
 from mnemo_sidecar.crossencoder.data import (
+    PairsError,
     RerankRow,
     cap_per_source,
     labelled_pairs,
@@ -165,6 +166,27 @@ def test_group_split_gives_every_source_with_enough_groups_a_validation_share() 
     split = split_by_group(rows, validation_fraction=0.0001)  # hashing alone would hold out nothing
     assert len({r.group for r in split.validation}) == 1
     assert len({r.group for r in split.train}) == 3
+
+
+@pytest.mark.parametrize(
+    ("lines", "said"),
+    [
+        ('{"query": "q", "positive": "p"}\n{oops\n', r"p\.jsonl:2: bad JSON"),
+        ('["q", "p"]\n', r"p\.jsonl:1: expected an object"),
+        ('{"query": "q", "positive": "p", "negatives": 3}\n', r"p\.jsonl:1: expected an object with a list"),
+    ],
+)
+def test_pairs_that_cannot_be_read_are_one_error_naming_the_line(
+    tmp_path: Path, lines: str, said: str
+) -> None:
+    (tmp_path / "p.jsonl").write_text(lines)
+    with pytest.raises(PairsError, match=said):
+        load_rows(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PairsError, match=r"no \.jsonl files in"):
+        load_rows(tmp_path / "empty")
+    with pytest.raises(PairsError, match=r"absent\.jsonl: No such file"):
+        load_rows(tmp_path / "absent.jsonl")
 
 
 @pytest.mark.skipif(not RERANK.exists(), reason="public rerank pairs not present")

@@ -23,6 +23,7 @@ from rich.table import Table
 from mnemo_sidecar.crossencoder.data import (
     DEFAULT_PER_SOURCE_CAP,
     DEFAULT_VALIDATION_FRACTION,
+    PairsError,
     RerankRow,
     cap_per_source,
     limit_pairs,
@@ -191,9 +192,14 @@ def finetune_cross_encoder(
     console = Console()
     if not console.is_terminal:  # a log file: do not squeeze the tables into 80 columns
         console = Console(width=150)
+    try:  # read before torch and the model are loaded: a bad file is said at once
+        rows = load_rows(pairs_dir)
+    except PairsError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not rows:
+        raise click.ClickException(f"{pairs_dir}: no rows with a query and a positive to train on")
     configure_torch(threads)
     base = base or bundled_base()
-    rows = load_rows(pairs_dir)
     split = split_by_group(rows, validation_fraction=validation_fraction)
     train_rows = cap_per_source(split.train, max_queries=per_source_cap, seed=seed)
     validation = cap_per_source(split.validation, max_queries=validation_cap, rows_per_query=None, seed=seed)

@@ -13,7 +13,7 @@ import hashlib
 import json
 import random
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,29 +97,48 @@ def _jsonl_files(paths: Path | Sequence[Path]) -> list[Path]:
     return [Path(p) for p in paths]
 
 
+class PairsError(ValueError):
+    """Pairs files that cannot be read as such, said in one line naming the file and line."""
+
+
 def load_rows(paths: Path | Sequence[Path]) -> list[RerankRow]:
     """Rows from a directory of ``*.jsonl`` files (sorted by name) or an explicit file list.
-    Rows without a query or positive are skipped; negatives equal to the positive are dropped."""
+    Rows without a query or positive are skipped; negatives equal to the positive are dropped.
+    PairsError if there is no file, or a line is not a JSON object."""
     files = _jsonl_files(paths)
     if not files:
-        raise FileNotFoundError(f"no .jsonl files in {paths}")
+        raise PairsError(f"no .jsonl files in {paths}")
     rows: list[RerankRow] = []
     for file in files:
-        with file.open(encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                obj: dict[str, Any] = json.loads(line)
-                query = str(obj.get("query") or "").strip()
-                positive = str(obj.get("positive") or "").strip()
-                if not query or not positive:
-                    continue
-                negatives = tuple(
-                    n for n in (str(x).strip() for x in obj.get("negatives") or []) if n and n != positive
-                )
-                source = str(obj.get("source") or file.stem)
-                rows.append(RerankRow(source, query, positive, negatives, str(obj.get("group") or query)))
+        try:
+            rows.extend(_rows_of(file))
+        except OSError as exc:
+            raise PairsError(f"{file}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise PairsError(f"{file}: not UTF-8 text ({exc})") from None
     return rows
+
+
+def _rows_of(file: Path) -> Iterator[RerankRow]:
+    with file.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PairsError(f"{file}:{lineno}: bad JSON ({exc})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("negatives") or [], list):
+                raise PairsError(f"{file}:{lineno}: expected an object with a list of negatives")
+            query = str(obj.get("query") or "").strip()
+            positive = str(obj.get("positive") or "").strip()
+            if not query or not positive:
+                continue
+            negatives = tuple(
+                n for n in (str(x).strip() for x in obj.get("negatives") or []) if n and n != positive
+            )
+            source = str(obj.get("source") or file.stem)
+            yield RerankRow(source, query, positive, negatives, str(obj.get("group") or query))
 
 
 def _unit_hash(text: str) -> float:

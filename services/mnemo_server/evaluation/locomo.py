@@ -23,6 +23,7 @@ from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client.client import MnemoClient
 from mnemo_server.evaluation.metrics import Judged, category_label, evaluate
+from mnemo_server.jsonl import json_lines
 
 BATCH = 500
 
@@ -48,23 +49,11 @@ def read_jsonl(
 ) -> Iterator[dict[str, Any]]:
     """The file's JSON objects, each checked to hold the `required` fields (of their types)
     and the `optional` ones, where present, of theirs."""
-    try:
-        with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DatasetError(f"{path}:{n}: bad JSON ({exc})") from None
-                problem = _problem(row, required or {}, optional or {})
-                if problem:
-                    raise DatasetError(f"{path}:{n}: {problem}")
-                yield row
-    except OSError as exc:
-        raise DatasetError(f"{path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise DatasetError(f"{path}: not UTF-8 text ({exc})") from None
+    for n, row in json_lines(path, DatasetError):
+        problem = _problem(row, required or {}, optional or {})
+        if problem:
+            raise DatasetError(f"{path}:{n}: {problem}")
+        yield row
 
 
 def _problem(row: Any, required: Fields, optional: Fields) -> str:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mnemo_server.jsonl import json_lines
+
 DEFAULT_PER_SOURCE_CAP = 400
 DEFAULT_VALIDATION_FRACTION = 0.1
 
@@ -108,37 +110,22 @@ def load_rows(paths: Path | Sequence[Path]) -> list[RerankRow]:
     files = _jsonl_files(paths)
     if not files:
         raise PairsError(f"no .jsonl files in {paths}")
-    rows: list[RerankRow] = []
-    for file in files:
-        try:
-            rows.extend(_rows_of(file))
-        except OSError as exc:
-            raise PairsError(f"{file}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError as exc:
-            raise PairsError(f"{file}: not UTF-8 text ({exc})") from None
-    return rows
+    return [row for file in files for row in _rows_of(file)]
 
 
 def _rows_of(file: Path) -> Iterator[RerankRow]:
-    with file.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PairsError(f"{file}:{lineno}: bad JSON ({exc})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("negatives") or [], list):
-                raise PairsError(f"{file}:{lineno}: expected an object with a list of negatives")
-            query = str(obj.get("query") or "").strip()
-            positive = str(obj.get("positive") or "").strip()
-            if not query or not positive:
-                continue
-            negatives = tuple(
-                n for n in (str(x).strip() for x in obj.get("negatives") or []) if n and n != positive
-            )
-            source = str(obj.get("source") or file.stem)
-            yield RerankRow(source, query, positive, negatives, str(obj.get("group") or query))
+    for lineno, obj in json_lines(file, PairsError):
+        if not isinstance(obj, dict) or not isinstance(obj.get("negatives") or [], list):
+            raise PairsError(f"{file}:{lineno}: expected an object with a list of negatives")
+        query = str(obj.get("query") or "").strip()
+        positive = str(obj.get("positive") or "").strip()
+        if not query or not positive:
+            continue
+        negatives = tuple(
+            n for n in (str(x).strip() for x in obj.get("negatives") or []) if n and n != positive
+        )
+        source = str(obj.get("source") or file.stem)
+        yield RerankRow(source, query, positive, negatives, str(obj.get("group") or query))
 
 
 def _unit_hash(text: str) -> float:

@@ -90,7 +90,7 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
     bad = tmp_path / "bad.jsonl"
     bad.write_text(export.read_text() + "{not json\n")
     refused = run(["memory", "import", str(bad)], env)
-    assert refused.returncode == 1 and f"{bad}:6: not an exported memory" in refused.stderr
+    assert refused.returncode == 1 and f"{bad}:6: bad JSON" in refused.stderr
     assert "Traceback" not in refused.stderr and run(["memory", "list", "--json"], env).stdout == ""
     before = export.read_text()
     gone = run(["memory", "export", "-o", str(export)], base_env(model_cache, MNEMO_SERVER="127.0.0.1:1"))

@@ -17,6 +17,7 @@ from rich.table import Table
 from mnemo.v1 import memory_pb2
 from mnemo_client.client import MEMORY_TYPES, TYPE_NAMES, MnemoClient, MnemoError
 from mnemo_server.cli.common import F
+from mnemo_server.jsonl import json_lines
 
 _console = Console(stderr=True)
 
@@ -272,19 +273,20 @@ def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> No
     _console.print(f"exported {n} memories")
 
 
+class _BadExportFile(ValueError):
+    pass
+
+
 def _memories(path: Path) -> Iterator[memory_pb2.Memory]:
     """The file's memories, one a line; a line that is not one is a one-line error naming it."""
     try:
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json_format.Parse(line, memory_pb2.Memory())
-                except json_format.ParseError as exc:
-                    raise click.ClickException(f"{path}:{lineno}: not an exported memory ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise click.ClickException(f"{path}: not UTF-8 text ({exc})") from None
+        for lineno, value in json_lines(path, _BadExportFile):
+            try:
+                yield json_format.ParseDict(value, memory_pb2.Memory())
+            except json_format.ParseError as exc:
+                raise _BadExportFile(f"{path}:{lineno}: not an exported memory ({exc})") from None
+    except _BadExportFile as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _read_batches(path: Path, size: int) -> Iterator[list[memory_pb2.Memory]]:

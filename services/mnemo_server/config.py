@@ -382,7 +382,13 @@ _C = TypeVar("_C")
 
 # Ranges of integer keys of any section, by name: out of range is refused at start-up (a
 # port of 70000 was taken modulo 65536 by the gRPC bind, and 0 workers failed later).
-_INT_RANGES = {"port": (0, 65_535), "max_workers": (1, 4_096)}
+_INT_RANGES = {
+    "port": (0, 65_535),
+    "max_workers": (1, 4_096),
+    "batch_size": (1, 4_096),
+    "index_batch_size": (1, 4_096),
+    "max_batch_size": (1, 100_000),
+}
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:

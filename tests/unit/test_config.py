@@ -44,6 +44,7 @@ def test_config_file_from_env_var(tmp_path: Path) -> None:
         ({"MNEMO_SERVER__PORT": "-5"}, r"server\.port: -5 is outside"),
         ({"MNEMO_SERVER__PORT": "1.7"}, r"server\.port: expected an integer"),
         ({"MNEMO_SERVER__MAX_WORKERS": "0"}, r"server\.max_workers: 0 is outside"),
+        ({"MNEMO_EMBEDDING__BATCH_SIZE": "-3"}, r"embedding\.batch_size: -3 is outside 1\.\.4096"),
         ({"MNEMO_INDEX__GRAPH_DTYPE": "q3"}, r"index\.graph_dtype: expected one of 'i8', 'f16', 'f32'"),
     ],
 )

@@ -149,7 +149,9 @@ _TYPE_CHOICE = click.Choice(sorted(MEMORY_TYPES))
 @memory.command("list")
 @click.option("--type", "mtype", type=_TYPE_CHOICE)
 @click.option("--category")
-@click.option("--limit", type=int, default=20, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Memories to list at most."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
 def memory_list(

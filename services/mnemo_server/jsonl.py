@@ -4,14 +4,14 @@ and one error naming the file, and the line, for whatever cannot be read."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 
-def json_lines(path: Path, error: type[ValueError]) -> Iterator[tuple[int, Any]]:
-    """(line number, value) of each non-blank line; `error` for a line that is not JSON, a
-    file that cannot be opened, or one that is not UTF-8."""
+def json_lines(path: Path, error: Callable[[str], Exception]) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line; `error(message)` is raised for a line
+    that is not JSON, a file that cannot be opened, or one that is not UTF-8."""
     try:
         with path.open(encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):

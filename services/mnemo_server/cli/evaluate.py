@@ -93,7 +93,7 @@ def locomo(
 
     if top_k < 10:
         raise click.BadParameter("must be at least 10", param_hint="--top-k")
-    n_mem, n_q = (len(x) for x in _dataset(data))  # checked before any server starts
+    memories, queries = _dataset(data)  # checked before any server starts
     console = Console(stderr=True)
     launcher = None if server else Launcher(keep=keep_data)
     with stopped_after(launcher, console.print):
@@ -111,11 +111,12 @@ def locomo(
                 console=console,
             ) as bar,
         ):
-            load_task = bar.add_task("loading memories", total=n_mem)
-            query_task = bar.add_task("recall per query", total=n_q)
+            load_task = bar.add_task("loading memories", total=len(memories))
+            query_task = bar.add_task("recall per query", total=len(queries))
             result = evaluate_locomo(
                 client,
-                data,
+                memories,
+                queries,
                 out,
                 top_k=top_k,
                 disabled_stages=[STAGES[s] for s in disabled],
@@ -217,13 +218,13 @@ def _locomo_sessions(
         json_out.write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def _dataset(data: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The directory's memories and queries with gold ids, or a one-line error naming the
-    file and line that is not in the format."""
+def _dataset(data: Path, *, scored_only: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The directory's memories and queries (with gold ids only, unless `scored_only` is
+    off), or a one-line error naming the file and line that is not in the format."""
     from mnemo_server.evaluation.locomo import DatasetError, read_dataset
 
     try:
-        return read_dataset(data)
+        return read_dataset(data, scored_only=scored_only)
     except DatasetError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -240,13 +241,7 @@ def phase_run_path(out: Path, phase: str) -> Path:
 def locomo_split(data: Path, convs: str, out: Path) -> None:
     """Write the subset of a LoCoMo-format directory that covers some conversations."""
     keep = {c.strip() for c in convs.split(",") if c.strip()}
-    from mnemo_server.evaluation import locomo as fmt
-
-    try:  # the whole directory is checked before anything is written
-        memories = list(fmt.read_jsonl(data / "memories.jsonl", fmt.MEMORY_FIELDS, fmt.MEMORY_OPTIONAL))
-        queries = list(fmt.read_jsonl(data / "queries.jsonl", fmt.QUERY_FIELDS, fmt.QUERY_OPTIONAL))
-    except fmt.DatasetError as exc:
-        raise click.ClickException(str(exc)) from None
+    memories, queries = _dataset(data, scored_only=False)  # checked before anything is written
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("memories.jsonl", memories), ("queries.jsonl", queries)):
         lines = [json.dumps(row, ensure_ascii=False) for row in rows if row["conv_id"] in keep]

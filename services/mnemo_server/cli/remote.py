@@ -275,20 +275,13 @@ def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> No
     _console.print(f"exported {n} memories")
 
 
-class _BadExportFile(ValueError):
-    pass
-
-
 def _memories(path: Path) -> Iterator[memory_pb2.Memory]:
     """The file's memories, one a line; a line that is not one is a one-line error naming it."""
-    try:
-        for lineno, value in json_lines(path, _BadExportFile):
-            try:
-                yield json_format.ParseDict(value, memory_pb2.Memory())
-            except json_format.ParseError as exc:
-                raise _BadExportFile(f"{path}:{lineno}: not an exported memory ({exc})") from None
-    except _BadExportFile as exc:
-        raise click.ClickException(str(exc)) from None
+    for lineno, value in json_lines(path, click.ClickException):
+        try:
+            yield json_format.ParseDict(value, memory_pb2.Memory())
+        except json_format.ParseError as exc:
+            raise click.ClickException(f"{path}:{lineno}: not an exported memory ({exc})") from None
 
 
 def _read_batches(path: Path, size: int) -> Iterator[list[memory_pb2.Memory]]:

@@ -195,21 +195,20 @@ def write_run(path: Path, run: dict[str, list[str]]) -> None:
             out.write(json.dumps({"query_id": qid, "ranked_memory_ids": ids}) + "\n")
 
 
-def read_dataset(data: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(memories, queries with gold ids) of a data directory; DatasetError if it is not in
-    the format."""
+def read_dataset(
+    data: Path, *, scored_only: bool = True
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(memories, queries) of a data directory, the queries with gold ids only unless
+    `scored_only` is off; DatasetError if it is not in the format."""
     memories = list(read_jsonl(data / "memories.jsonl", MEMORY_FIELDS, MEMORY_OPTIONAL))
-    queries = [
-        q
-        for q in read_jsonl(data / "queries.jsonl", QUERY_FIELDS, QUERY_OPTIONAL)
-        if q.get("gold_memory_ids")
-    ]
-    return memories, queries
+    queries = list(read_jsonl(data / "queries.jsonl", QUERY_FIELDS, QUERY_OPTIONAL))
+    return memories, [q for q in queries if q.get("gold_memory_ids") or not scored_only]
 
 
 def evaluate_locomo(
     client: MnemoClient,
-    data: Path,
+    memories: Sequence[dict[str, Any]],
+    queries: Sequence[dict[str, Any]],
     out: Path,
     *,
     top_k: int = 50,
@@ -218,7 +217,6 @@ def evaluate_locomo(
     on_load: Callable[[int], None] | None = None,
     on_query: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    memories, queries = read_dataset(data)
     load_s, searchable_s = load_memories(client, memories, on_load)
     run, timings = run_queries(
         client, queries, top_k=top_k, disabled_stages=disabled_stages, progress=on_query

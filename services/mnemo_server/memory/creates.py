@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -35,11 +35,6 @@ def require_same_memory(holder: Memory, scope: Scope, content_hash: str, field: 
             reason="EXTERNAL_ID_TAKEN",
             metadata={"memory_id": holder.id},
         )
-
-
-def pruned_at(m: Memory, now: int) -> Memory:
-    """A memory as a cap's prune leaves it (memory_repo.tombstone's UPDATE)."""
-    return replace(m, delete_time_ns=now, update_time_ns=now, revision=m.revision + 1)
 
 
 @dataclass(frozen=True)
@@ -239,7 +234,9 @@ class CreateWriter:
             # oldest); the answer says so, as GetMemory would.
             gone = set(pruned)
             results = [
-                CreateResult(pruned_at(r.memory, now), r.deduplicated) if r.memory.id in gone else r
+                CreateResult(memory_repo.tombstoned(r.memory, now), r.deduplicated)
+                if r.memory.id in gone
+                else r
                 for r in results
             ]
         return results, [m.id for m, _ in to_insert], pruned

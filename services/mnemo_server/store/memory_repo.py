@@ -7,7 +7,7 @@ import json
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -541,6 +541,11 @@ def oldest_unpinned(cur: Cursor, tenant_id: str, scope: Scope, mtype: MemoryType
         [tenant_id, scope.kind.value, scope.id, mtype.value, n],
     ).fetchall()
     return [r[0] for r in rows]
+
+
+def tombstoned(m: Memory, now_ns: int) -> Memory:
+    """A live memory as `tombstone` leaves its row."""
+    return replace(m, delete_time_ns=now_ns, update_time_ns=now_ns, revision=m.revision + 1)
 
 
 def tombstone(cur: Cursor, tenant_id: str, ids: Sequence[str], now_ns: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from google.protobuf import timestamp_pb2
 
@@ -47,14 +47,17 @@ def query(text: str, field: str, max_chars: int) -> str:
     return text
 
 
+def repeats(values: Sequence[str]) -> Iterator[tuple[int, int]]:
+    """(index, index of its first occurrence) of each value seen before."""
+    first: dict[str, int] = {}
+    for i, value in enumerate(values):
+        if first.setdefault(value, i) != i:
+            yield i, first[value]
+
+
 def feature_names(names: Sequence[str], field: str) -> list[str]:
     """The names, each once: a feature named twice could not be told apart from its twin."""
-    first: dict[str, int] = {}
-    out: list[FieldViolation] = []
-    for i, name in enumerate(names):
-        if name in first:
-            out.append(FieldViolation(f"{field}[{i}]", f"repeats {field}[{first[name]}] ({name!r})"))
-        first.setdefault(name, i)
+    out = [FieldViolation(f"{field}[{i}]", f"repeats {field}[{j}] ({names[i]!r})") for i, j in repeats(names)]
     if out:
         raise InvalidArgument.many(out)
     return list(names)
@@ -68,14 +71,11 @@ def candidates(
         raise InvalidArgument(
             field, f"holds {len(items)} candidates; the limit is {cap}", reason="TOO_MANY_CANDIDATES"
         )
-    out: list[FieldViolation] = []
-    first: dict[str, int] = {}
+    ids = [c.id for c in items]
+    out = [FieldViolation(f"{field}[{i}].id", f"repeats {field}[{j}].id") for i, j in repeats(ids) if ids[i]]
     for i, c in enumerate(items):
         if not c.id:
             out.append(FieldViolation(f"{field}[{i}].id", "is required"))
-        elif c.id in first:
-            out.append(FieldViolation(f"{field}[{i}].id", f"repeats {field}[{first[c.id]}].id"))
-        first.setdefault(c.id, i)
         if len(c.text) > max_text_chars:
             out.append(FieldViolation(f"{field}[{i}].text", f"longer than {max_text_chars} characters"))
         if not math.isfinite(c.baseline_score):

@@ -277,7 +277,7 @@ class LanceIndex:
             # A new table is empty: its vectors and texts are all known. An existing one's are
             # loaded at warm-up (load_scope_vectors, load_text_postings); until then LanceDB
             # answers every search.
-            handle.vectors.loaded = self._keeps_scope_vectors and not existed
+            handle.vectors.loaded = self._loader.keeps_scope_vectors and not existed
             handle.texts.loaded = self.cfg.memory_text_search and not existed
             if not existed:
                 handle.settled.set()
@@ -325,7 +325,7 @@ class LanceIndex:
     def _keeps_graph(self) -> bool:
         """Whether each tenant has a vector graph: built from the scope vectors, so only
         with them."""
-        return self.cfg.vector_graph and self._keeps_scope_vectors
+        return self.cfg.vector_graph and self._loader.keeps_scope_vectors
 
     @property
     def _wants_ann_index(self) -> bool:
@@ -945,10 +945,6 @@ class LanceIndex:
                     return
 
     # --- hit attributes -----------------------------------------------------------------
-
-    @property
-    def _keeps_scope_vectors(self) -> bool:
-        return self.cfg.exact_scope_search_max_rows > 0
 
     def attrs(self, tenant_id: str, ids: Sequence[str]) -> dict[str, Attrs]:
         """Indexed attributes by id (from the cache when there); ids not indexed are absent."""

@@ -45,7 +45,7 @@ class TableMaintenance:
         (Lance 14) left an ANN delta whose rows had since been rewritten unreadable, and
         every vector search of the table failed from then on, optimize or not. Measured at
         100k rows, compacting a few writes' fragments costs the same either way (~10 ms)."""
-        if not self.needs_compaction(h):
+        if not self._needs_compaction(h):
             return 0
         metrics = self._compact_files(h)
         with h.lock:
@@ -53,7 +53,7 @@ class TableMaintenance:
             h.refresh()
         return int(metrics.fragments_removed)
 
-    def needs_compaction(self, h: TableHandle) -> bool:
+    def _needs_compaction(self, h: TableHandle) -> bool:
         return len(h.reader.get_fragments()) >= self.cfg.compact_min_fragments
 
     def _compact(self, h: TableHandle) -> Any:
@@ -222,7 +222,7 @@ class TableMaintenance:
         Lance commits these beside the appends (as it does the ANN merges). `before` is the
         pending set when the work began: its rows are all in the indices afterwards, so the
         rows written since are the ones left pending."""
-        if self.needs_compaction(h):
+        if self._needs_compaction(h):
             self._compact_files(h)
         self._fold_and_clean(h)
         with h.lock:

@@ -608,6 +608,18 @@ def test_sessions_ending_together_are_delivered_and_recorded_in_one_transaction(
     assert core.delivery.deliver_due() == 0  # nothing left to send
 
 
+def test_a_session_with_nothing_to_score_queues_nothing(server: LiveServer, tenant_a: TenantClient) -> None:
+    """A session that injected nothing (an empty tenant) and got no feedback has no training
+    pairs: nothing is queued for the sidecar, and its feedback counts as delivered."""
+    assert not start(tenant_a, "empty", "anything at all?").memories
+    stub = tenant_a.memory()
+    done = stub.EndSession(pb.EndSessionRequest(session_id="empty"), metadata=tenant_a.md, timeout=5)
+    assert done.training_pairs == 0 and not done.continuity
+    assert server.server.core.delivery.pending() == 0
+    got = stub.GetSession(pb.GetSessionRequest(session_id="empty"), metadata=tenant_a.md, timeout=5).session
+    assert got.state == pb.SESSION_STATE_ENDED and got.feedback_delivered
+
+
 def test_feedback_survives_sidecar_and_server_restarts(
     start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any], tmp_path: Any
 ) -> None:

@@ -483,7 +483,8 @@ class SessionService:
                 )
             if ending is None or not self._end(cur, req, ending):
                 ending = self._end_as_found(cur, req)
-            session_repo.enqueue(cur, tenant_id, session_id, ending.payload, now)
+            if ending.pairs:  # a session without pairs has nothing to teach the sidecar
+                session_repo.enqueue(cur, tenant_id, session_id, ending.payload, now)
             result = [(mid, rel, src) for mid, (rel, src) in ending.continuity.items()]
             idempotency_repo.record(
                 cur,

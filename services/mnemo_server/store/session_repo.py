@@ -129,11 +129,13 @@ def end_session(
     where a read of its state first would cost another ~1 ms inside the write lock)."""
     continuity = json.dumps([[mid, rel, src] for mid, (rel, src) in relevance.items()]) if relevance else None
     # DuckDB answers an UPDATE with the number of rows it changed (RETURNING doubled its cost).
+    # A session with nothing to score has no training pairs to send: its feedback counts
+    # as delivered at once (the caller queues nothing for it).
     changed = fetch_one(
         cur,
-        "UPDATE sessions SET state = 'ended', end_time_ns = ?, continuity = ? "
+        "UPDATE sessions SET state = 'ended', end_time_ns = ?, continuity = ?, feedback_delivered = ? "
         "WHERE tenant_id = ? AND id = ? AND state = 'active' AND start_time_ns = ?",
-        [now_ns, continuity, tenant_id, session_id, start_time_ns],
+        [now_ns, continuity, not relevance, tenant_id, session_id, start_time_ns],
     )
     if changed is None or changed[0] == 0:
         return False

@@ -833,7 +833,7 @@ export interface Session {
   endTime?:
     | Date
     | undefined;
-  /** Whether the training pairs reached the sidecar yet. */
+  /** Whether the training pairs reached the sidecar yet (true once ended when it had none). */
   feedbackDelivered: boolean;
 }
 

@@ -109,6 +109,31 @@ def test_promote_then_revoke_the_source(server: LiveServer, tenant_a: TenantClie
     )
 
 
+def test_superseding_the_source_revokes_its_skills(server: LiveServer, tenant_a: TenantClient) -> None:
+    """A skill copies its source's procedure: once a newer learning replaces that procedure,
+    the skill would teach the old steps, so it is revoked with the supersession."""
+    api = Api(tenant_a)
+    proc = api.learning()
+    skill = api.promote(proc.id, "cut-release")
+    candidate = api.learnings.CreateLearningCandidate(
+        lpb.CreateLearningCandidateRequest(
+            candidate=lpb.LearningCandidate(content="1. tag from CI", kind=lpb.LEARNING_KIND_PROCEDURE)
+        ),
+        metadata=api.md,
+        timeout=10,
+    ).candidate
+    newer = api.learnings.PublishLearningCandidate(
+        lpb.PublishLearningCandidateRequest(id=candidate.id, supersedes_id=proc.id),
+        metadata=api.md,
+        timeout=10,
+    ).learning
+    assert api.get(skill.id).state == pb.SKILL_STATE_REVOKED
+    trail = learning_repo.events_for(server.server.core.db.reader(), "tenant-a", skill.id)
+    assert [(e.from_state, e.to_state) for e in trail] == [("", "draft"), ("draft", "revoked")]
+    assert trail[-1].reason == f"source learning {proc.id} superseded by {newer.id}"
+    assert api.promote(newer.id, "cut-release-ci").state == pb.SKILL_STATE_DRAFT  # the new steps can be
+
+
 def test_promote_errors(tenant_a: TenantClient) -> None:
     api = Api(tenant_a)
     proc = api.learning()

@@ -2,8 +2,10 @@
 published learnings can be superseded or revoked.
 
 Every write is one short transaction that also records a lifecycle event per state change,
-so the audit trail never disagrees with the rows. Revoking a learning revokes the skills
-promoted from it in the same transaction: a skill must never outlive its source.
+so the audit trail never disagrees with the rows. Revoking or superseding a learning
+revokes the skills promoted from it in the same transaction: a skill must never outlive
+its source (kheish-learning-and-skills.txt: "revoking or superseding a promoted source
+learning also revokes the linked promoted skill").
 """
 
 from __future__ import annotations
@@ -319,6 +321,13 @@ class LearningService:
                         now,
                     )
                 )
+                events += _revoke_skills_from(
+                    cur,
+                    tenant_id,
+                    supersedes_id,
+                    f"source learning {supersedes_id} superseded by {learning.id}",
+                    now,
+                )
             learning_repo.record_events(cur, tenant_id, events)
             idempotency_repo.record(
                 cur,
@@ -441,8 +450,6 @@ class LearningService:
                     metadata={"learning_id": learning_id, "state": current.state.value},
                 )
             learning_repo.revoke_learning(cur, tenant_id, learning_id, reason, now)
-            skills = skill_repo.unrevoked_skills_from(cur, tenant_id, learning_id)
-            skill_repo.set_state(cur, tenant_id, [s.id for s in skills], SkillState.REVOKED, now)
             learning_repo.record_events(
                 cur,
                 tenant_id,
@@ -455,16 +462,8 @@ class LearningService:
                         reason,
                         now,
                     ),
-                    *(
-                        LifecycleEvent(
-                            SubjectKind.SKILL,
-                            s.id,
-                            s.state,
-                            SkillState.REVOKED,
-                            f"source learning {learning_id} revoked: {reason}",
-                            now,
-                        )
-                        for s in skills
+                    *_revoke_skills_from(
+                        cur, tenant_id, learning_id, f"source learning {learning_id} revoked: {reason}", now
                     ),
                 ],
             )
@@ -475,3 +474,12 @@ class LearningService:
         if found is None:
             raise NotFound("learning", learning_id)
         return found
+
+
+def _revoke_skills_from(
+    cur: Cursor, tenant_id: str, learning_id: str, why: str, now: int
+) -> list[LifecycleEvent]:
+    """Revoke the skills promoted from a learning that stops being active; their events."""
+    skills = skill_repo.unrevoked_skills_from(cur, tenant_id, learning_id)
+    skill_repo.set_state(cur, tenant_id, [s.id for s in skills], SkillState.REVOKED, now)
+    return [LifecycleEvent(SubjectKind.SKILL, s.id, s.state, SkillState.REVOKED, why, now) for s in skills]

@@ -127,7 +127,8 @@ class LearningServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RevokeLearning(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Revokes an active learning, and the skills promoted from it.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -44,6 +44,7 @@ class LearningServiceStub:
     GetLearning: _grpc.UnaryUnaryMultiCallable[_learning_service_pb2.GetLearningRequest, _learning_service_pb2.GetLearningResponse]
     ListLearnings: _grpc.UnaryUnaryMultiCallable[_learning_service_pb2.ListLearningsRequest, _learning_service_pb2.ListLearningsResponse]
     RevokeLearning: _grpc.UnaryUnaryMultiCallable[_learning_service_pb2.RevokeLearningRequest, _learning_service_pb2.RevokeLearningResponse]
+    """Revokes an active learning, and the skills promoted from it."""
 
 @_typing.type_check_only
 class LearningServiceAsyncStub(LearningServiceStub):
@@ -61,6 +62,7 @@ class LearningServiceAsyncStub(LearningServiceStub):
     GetLearning: _aio.UnaryUnaryMultiCallable[_learning_service_pb2.GetLearningRequest, _learning_service_pb2.GetLearningResponse]  # type: ignore[assignment]
     ListLearnings: _aio.UnaryUnaryMultiCallable[_learning_service_pb2.ListLearningsRequest, _learning_service_pb2.ListLearningsResponse]  # type: ignore[assignment]
     RevokeLearning: _aio.UnaryUnaryMultiCallable[_learning_service_pb2.RevokeLearningRequest, _learning_service_pb2.RevokeLearningResponse]  # type: ignore[assignment]
+    """Revokes an active learning, and the skills promoted from it."""
 
 class LearningServiceServicer(metaclass=_abc_1.ABCMeta):
     """Durable learnings and the review workflow that produces them: a candidate is created,
@@ -122,6 +124,7 @@ class LearningServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _learning_service_pb2.RevokeLearningRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_learning_service_pb2.RevokeLearningResponse, _abc.Awaitable[_learning_service_pb2.RevokeLearningResponse]]: ...
+    ) -> _typing.Union[_learning_service_pb2.RevokeLearningResponse, _abc.Awaitable[_learning_service_pb2.RevokeLearningResponse]]:
+        """Revokes an active learning, and the skills promoted from it."""
 
 def add_LearningServiceServicer_to_server(servicer: LearningServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -243,7 +243,10 @@ export interface ListLearningCandidatesResponse {
 export interface PublishLearningCandidateRequest {
   id: string;
   reason: string;
-  /** An active learning of the same scope and kind that the new one replaces. */
+  /**
+   * An active learning of the same scope and kind that the new one replaces. Skills
+   * promoted from the replaced learning are revoked with it.
+   */
   supersedesId: string;
   requestId: string;
 }
@@ -2331,6 +2334,7 @@ export const LearningServiceService = {
       Buffer.from(ListLearningsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListLearningsResponse => ListLearningsResponse.decode(value),
   },
+  /** Revokes an active learning, and the skills promoted from it. */
   revokeLearning: {
     path: "/mnemo.v1.LearningService/RevokeLearning" as const,
     requestStream: false as const,
@@ -2353,6 +2357,7 @@ export interface LearningServiceServer extends UntypedServiceImplementation {
   rejectLearningCandidate: handleUnaryCall<RejectLearningCandidateRequest, RejectLearningCandidateResponse>;
   getLearning: handleUnaryCall<GetLearningRequest, GetLearningResponse>;
   listLearnings: handleUnaryCall<ListLearningsRequest, ListLearningsResponse>;
+  /** Revokes an active learning, and the skills promoted from it. */
   revokeLearning: handleUnaryCall<RevokeLearningRequest, RevokeLearningResponse>;
 }
 
@@ -2463,6 +2468,7 @@ export interface LearningServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListLearningsResponse) => void,
   ): ClientUnaryCall;
+  /** Revokes an active learning, and the skills promoted from it. */
   revokeLearning(
     request: RevokeLearningRequest,
     callback: (error: ServiceError | null, response: RevokeLearningResponse) => void,

@@ -41,7 +41,7 @@ from mnemo_server.retrieval.recall import RecallPipeline
 from mnemo_server.sessions.access_counts import AccessCounts
 from mnemo_server.sessions.service import SessionService
 from mnemo_server.skills.service import SkillService
-from mnemo_server.store import memory_repo
+from mnemo_server.store import index_marks, memory_repo
 from mnemo_server.store.database import Database
 from mnemo_server.store.recent_ids import RecentIds
 from mnemo_server.tenancy.tenants import Principal, TenantService
@@ -266,7 +266,7 @@ class Core:
         """Drop LanceDB and re-embed every live memory from DuckDB (offline command)."""
         self.index.drop_all()
         with self.db.transaction() as cur:
-            memory_repo.reset_index_marks(cur)
+            index_marks.reset_index_marks(cur)
         total = self.indexer.reconcile()
         self.indexer.start()
         try:
@@ -293,7 +293,7 @@ class Core:
         for tenant_id in self.index.drop_outdated(check.layout):
             log.info("index table dropped (older layout or unreadable): re-indexing tenant %s", tenant_id)
             with self.db.transaction() as cur:
-                memory_repo.reset_index_marks(cur, tenant_id)
+                index_marks.reset_index_marks(cur, tenant_id)
         in_step.record_layout(self.index)  # what a start after a crash need not check again
         self.indexer.forget_missing_tables()
         tables = self.indexer.check_rows(check.rows)

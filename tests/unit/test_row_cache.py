@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mnemo_server.memory.model import Memory, MemoryFilter, MemoryType, Scope, ScopeKind, Source
-from mnemo_server.store import memory_repo, row_cache, session_repo, write_changes
+from mnemo_server.store import index_marks, memory_repo, row_cache, session_repo, write_changes
 from mnemo_server.store.database import Cursor, Database, WriteDomain
 from mnemo_server.store.row_cache import Row, RowCache, RowChange, RowPatch
 from mnemo_server.store.stored_summary import StoredSummary
@@ -50,7 +50,7 @@ WRITES: dict[str, Callable[[Cursor], None]] = {
     "update_columns": lambda cur: memory_repo.update_columns(
         cur, StoredSummary(), "t", "m3", {"content": "changed", "importance": 0.9, "pinned": True}, 99
     ),
-    "mark_indexed": lambda cur: memory_repo.mark_indexed(cur, [("t", "m4", 1), ("t", "m5", 1)], "m"),
+    "mark_indexed": lambda cur: index_marks.mark_indexed(cur, [("t", "m4", 1), ("t", "m5", 1)], "m"),
     "add_accesses": lambda cur: session_repo.add_accesses(cur, [("t", "m0", 2, 99), ("t", "m6", 1, 99)]),
     "delete_rows": lambda cur: memory_repo.delete_rows(cur, "t", ["m7"]),
 }
@@ -88,7 +88,7 @@ def test_an_index_mark_of_a_changed_or_deleted_row_patches_it_as_duckdb_does(tmp
         memory_repo.update_columns(cur, db.stored, "t", "m2", {"content": "new"}, 5)  # revision 2
     _cached(db)
     with db.transaction(WriteDomain.MEMORIES) as cur:
-        memory_repo.mark_indexed(cur, [("t", "m1", 1), ("t", "m2", 1), ("t", "m3", 1)], "m2-model")
+        index_marks.mark_indexed(cur, [("t", "m1", 1), ("t", "m2", 1), ("t", "m3", 1)], "m2-model")
     misses = db.rows.stats().misses
     cached = _cached(db)
     assert cached == _truth(db) and db.rows.stats().misses == misses
@@ -230,7 +230,7 @@ def test_rows_created_a_few_at_a_time_are_cached_as_duckdb_stored_them(tmp_path:
     with db.transaction(WriteDomain.MEMORIES) as cur:
         memory_repo.insert_many(cur, [(stored_memory(10, 10), "memory 10")], db.stored)
         memory_repo.update_columns(cur, db.stored, "t", "m10", {"importance": 0.9}, 11)
-        memory_repo.mark_indexed(cur, [("t", "m10", 2)], "m")
+        index_marks.mark_indexed(cur, [("t", "m10", 2)], "m")
     assert memory_repo.read_many(db.reader(), db.rows, "t", ["m10"]) == memory_repo.get_many(
         db.reader(), "t", ["m10"]
     )
@@ -276,22 +276,22 @@ def test_bulk_inserts_are_cached_only_into_room_and_rolled_back_ones_never(tmp_p
 def test_index_mark_resets_and_purges_are_seen(tmp_path: Path) -> None:
     db = _db(tmp_path / "d.duckdb")
     with db.transaction() as cur:
-        memory_repo.mark_indexed(cur, [("t", i, 1) for i in _ids()], "m")
+        index_marks.mark_indexed(cur, [("t", i, 1) for i in _ids()], "m")
     assert all(m.indexed for m in _cached(db).values())
     with db.transaction() as cur:
-        memory_repo.reset_index_marks(cur, "t")
+        index_marks.reset_index_marks(cur, "t")
     assert not any(m.indexed for m in _cached(db).values())
     with db.transaction() as cur:
-        memory_repo.mark_indexed(cur, [("t", i, 1) for i in _ids()], "m")
+        index_marks.mark_indexed(cur, [("t", i, 1) for i in _ids()], "m")
     _cached(db)
     with db.transaction() as cur:
-        memory_repo.reset_index_marks(cur)
+        index_marks.reset_index_marks(cur)
     assert not any(m.indexed for m in _cached(db).values())
     with db.transaction() as cur:
-        memory_repo.mark_indexed(cur, [("t", "m1", 1)], "m")
+        index_marks.mark_indexed(cur, [("t", "m1", 1)], "m")
     _cached(db)
     with db.transaction() as cur:
-        memory_repo.forget_index_marks(cur, "t", ["m1"])
+        index_marks.forget_index_marks(cur, "t", ["m1"])
     assert not _cached(db)["m1"].indexed
     with db.transaction() as cur:
         memory_repo.tombstone(cur, "t", ["m2"], 5)

@@ -33,7 +33,7 @@ from mnemo_server.embed.embedder import Embedder
 from mnemo_server.errors import is_storage_full
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
 from mnemo_server.index.maintenance import MaintenanceSchedule
-from mnemo_server.store import memory_repo
+from mnemo_server.store import index_marks, memory_repo
 from mnemo_server.store.database import Database, WriteDomain
 
 log = logging.getLogger(__name__)
@@ -266,10 +266,10 @@ class IndexWorker:
         if gone:
             self.index.delete(tenant_id, gone)
         with self.db.transaction(WriteDomain.MEMORIES) as cur:
-            memory_repo.mark_indexed(
+            index_marks.mark_indexed(
                 cur, [(tenant_id, m.id, m.revision) for m in live], self.embedder.model_id
             )
-            memory_repo.mark_unindexed(cur, [(tenant_id, i) for i in gone])
+            index_marks.mark_unindexed(cur, [(tenant_id, i) for i in gone])
         self.stats.indexed += len(live)
         self.stats.removed += len(gone)
         self.stats.batches += 1
@@ -284,7 +284,7 @@ class IndexWorker:
         n = 0
         after = ("", "")
         while True:
-            tasks = memory_repo.needing_index(self.db.reader(), self.embedder.model_id, 5000, after)
+            tasks = index_marks.needing_index(self.db.reader(), self.embedder.model_id, 5000, after)
             if not tasks:
                 break
             by_tenant: dict[str, list[str]] = defaultdict(list)
@@ -367,12 +367,12 @@ class IndexWorker:
     def forget_missing_tables(self) -> None:
         """Rows DuckDB marks as indexed in a table that does not exist (deleted, or a LanceDB
         directory put back from before the tenant's first write) are marked unindexed."""
-        marked = set(memory_repo.tenants_with_index_marks(self.db.reader()))
+        marked = set(index_marks.tenants_with_index_marks(self.db.reader()))
         missing = sorted(marked - set(self.index.tenants()))
         for tenant_id in missing:
             log.warning("tenant %s has no index table: its memories are indexed again", tenant_id)
             with self.db.transaction() as cur:
-                memory_repo.reset_index_marks(cur, tenant_id)
+                index_marks.reset_index_marks(cur, tenant_id)
 
     def _put_right(self, tables: list[tuple[str, dict[str, int]]]) -> int:
         """tables: (tenant, id -> revision LanceDB holds). Rows DuckDB does not hold as live
@@ -380,7 +380,7 @@ class IndexWorker:
         another revision are indexed again."""
         if not tables:
             return 0
-        marks = memory_repo.live_index_marks(self.db.reader(), [t for t, _ in tables])
+        marks = index_marks.live_index_marks(self.db.reader(), [t for t, _ in tables])
         removed = 0
         for tenant_id, indexed in tables:
             live = marks.get(tenant_id, {})
@@ -393,7 +393,7 @@ class IndexWorker:
             ]
             if stale:
                 with self.db.transaction() as cur:
-                    memory_repo.forget_index_marks(cur, tenant_id, stale)
+                    index_marks.forget_index_marks(cur, tenant_id, stale)
                 self.submit(tenant_id, stale)
                 removed += len(stale)
         return removed

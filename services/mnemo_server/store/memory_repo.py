@@ -30,15 +30,13 @@ from mnemo_server.store.recent_ids import RecentIds
 from mnemo_server.store.row_cache import (
     Row,
     RowCache,
-    all_rows_changed,
     rows_changed,
-    rows_patched,
     rows_written,
 )
 from mnemo_server.store.stored_summary import StoredSummary
 
-# Column order shared by SELECTs and the row decoder.
-_COLUMNS = (
+# Column order shared by SELECTs, the row decoder and rows in the row cache.
+COLUMNS = (
     "tenant_id",
     "id",
     "seq",
@@ -69,10 +67,8 @@ _COLUMNS = (
     "indexed_model",
     "access_count",
 )
-SELECT_COLUMNS = ", ".join(_COLUMNS)
-_REVISION, _DELETE_TIME = _COLUMNS.index("revision"), _COLUMNS.index("delete_time_ns")
-_EMBEDDING_MODEL, _INDEXED_REVISION = _COLUMNS.index("embedding_model"), _COLUMNS.index("indexed_revision")
-_INDEXED_MODEL, _ACCESS_COUNT = _COLUMNS.index("indexed_model"), _COLUMNS.index("access_count")
+SELECT_COLUMNS = ", ".join(COLUMNS)
+_ACCESS_COUNT = COLUMNS.index("access_count")
 # Columns with few distinct values across a tenant's rows (numbered by their combination in
 # the row cache); scope ids, metadata and run ids can be one per row and stay in each row.
 _SHARED_COLUMNS: tuple[str, ...] = ("tenant_id", "scope_kind", "type", "category", "source_who")
@@ -81,7 +77,7 @@ _SHARED_COLUMNS += ("source_why", "embedding_model", "indexed_model")
 
 def new_row_cache(max_rows: int) -> RowCache:
     """A cache of `memories` rows as this module reads them (see `read_many`)."""
-    return RowCache(max_rows, _COLUMNS.index("id"), frozenset(_COLUMNS.index(c) for c in _SHARED_COLUMNS))
+    return RowCache(max_rows, COLUMNS.index("id"), frozenset(COLUMNS.index(c) for c in _SHARED_COLUMNS))
 
 
 @contextmanager
@@ -256,7 +252,7 @@ def _stored_row(values: dict[str, Any]) -> Row:
     stored = {**values, "access_count": 0}  # the column's default
     for column in _FLOAT32_COLUMNS:
         stored[column] = float(struct.unpack("f", struct.pack("f", stored[column]))[0])
-    return tuple(stored[c] for c in _COLUMNS)
+    return tuple(stored[c] for c in COLUMNS)
 
 
 def get_row(cur: Cursor, tenant_id: str, memory_id: str) -> list[Any] | None:
@@ -702,62 +698,6 @@ def session_neighbours(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> dict[
     return {r[0]: (r[1] or "", r[2] or "") for r in rows}
 
 
-# --- index bookkeeping -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class IndexTask:
-    tenant_id: str
-    id: str
-    revision: int
-    deleted: bool
-
-
-def needing_index(cur: Cursor, model: str, limit: int, after: tuple[str, str] = ("", "")) -> list[IndexTask]:
-    """Rows whose LanceDB state is behind DuckDB: new, changed, re-modelled, or tombstoned
-    but still indexed. Ordered by (tenant, id) for stable paging."""
-    rows = cur.execute(
-        "SELECT tenant_id, id, revision, delete_time_ns IS NOT NULL FROM memories "
-        "WHERE (tenant_id > ? OR (tenant_id = ? AND id > ?)) AND ("
-        " (delete_time_ns IS NULL AND (indexed_revision IS DISTINCT FROM revision "
-        "                              OR indexed_model IS DISTINCT FROM ?))"
-        " OR (delete_time_ns IS NOT NULL AND indexed_revision IS NOT NULL))"
-        " ORDER BY tenant_id, id LIMIT ?",
-        [after[0], after[0], after[1], model, limit],
-    ).fetchall()
-    return [IndexTask(t, i, r, bool(d)) for t, i, r, d in rows]
-
-
-def mark_indexed(cur: Cursor, done: Sequence[tuple[str, str, int]], model: str) -> None:
-    """done: (tenant, id, revision) now reflected in LanceDB. A row changed since keeps its
-    stale marker and is picked up again."""
-    # One UPDATE per (tenant, revision) with a literal id list: it uses the ART index on id,
-    # where a join against the batch would scan the table while holding the write lock.
-    groups: dict[tuple[str, int], list[str]] = {}
-    for t, i, r in done:
-        groups.setdefault((t, r), []).append(i)
-    for (tenant_id, revision), ids in groups.items():
-        rows_patched(tenant_id, ids, _index_mark(revision, model))
-        cur.execute(
-            f"UPDATE memories SET indexed_revision = revision, indexed_model = ?, embedding_model = ? "
-            f"WHERE id IN ({id_list(ids)}) AND tenant_id = ? AND revision = ? AND delete_time_ns IS NULL",
-            [model, model, tenant_id, revision],
-        )
-
-
-def _index_mark(revision: int, model: str) -> Callable[[Row], Row]:
-    """`mark_indexed`'s UPDATE applied to a cached row (row_cache: patched, not dropped)."""
-
-    def apply(row: Row) -> Row:
-        if row[_REVISION] != revision or row[_DELETE_TIME] is not None:
-            return row
-        new = list(row)
-        new[_INDEXED_REVISION], new[_INDEXED_MODEL], new[_EMBEDDING_MODEL] = revision, model, model
-        return tuple(new)
-
-    return apply
-
-
 def access_added(n: int) -> Callable[[Row], Row]:
     """`session_repo.add_accesses`' UPDATE applied to a cached row (its last access time is
     not among the columns read)."""
@@ -768,65 +708,6 @@ def access_added(n: int) -> Callable[[Row], Row]:
         return tuple(new)
 
     return apply
-
-
-def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:
-    """Tombstoned rows whose LanceDB row is gone."""
-    by_tenant: dict[str, list[str]] = {}
-    for t, i in removed:
-        by_tenant.setdefault(t, []).append(i)
-    for tenant_id, ids in by_tenant.items():
-        rows_changed(tenant_id, ids)
-        cur.execute(
-            "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL "
-            f"WHERE id IN ({id_list(ids)}) AND tenant_id = ? AND delete_time_ns IS NOT NULL",
-            [tenant_id],
-        )
-
-
-def forget_index_marks(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> None:
-    """These rows are indexed again (LanceDB lost them or holds another revision)."""
-    if ids:
-        rows_changed(tenant_id, ids)
-        cur.execute(
-            f"UPDATE memories SET indexed_revision = NULL WHERE id IN ({id_list(ids)}) AND tenant_id = ?",
-            [tenant_id],
-        )
-
-
-def live_index_marks(cur: Cursor, tenant_ids: Sequence[str]) -> dict[str, dict[str, tuple[int, int | None]]]:
-    """Per tenant, each live row's id -> (revision, indexed revision)."""
-    marks: dict[str, dict[str, tuple[int, int | None]]] = {t: {} for t in tenant_ids}
-    if not tenant_ids:
-        return marks
-    rows = cur.execute(
-        f"SELECT tenant_id, id, revision, indexed_revision FROM memories "
-        f"WHERE tenant_id IN ({id_list(tenant_ids)}) AND delete_time_ns IS NULL"
-    ).fetchall()
-    for tenant_id, memory_id, revision, indexed_revision in rows:
-        marks[tenant_id][memory_id] = (revision, indexed_revision)
-    return marks
-
-
-def tenants_with_index_marks(cur: Cursor) -> list[str]:
-    """Tenants with a row marked as indexed (live or tombstoned)."""
-    rows = cur.execute(
-        "SELECT DISTINCT tenant_id FROM memories WHERE indexed_revision IS NOT NULL"
-    ).fetchall()
-    return [r[0] for r in rows]
-
-
-def reset_index_marks(cur: Cursor, tenant_id: str | None = None) -> None:
-    """Forget what LanceDB holds (for one tenant, or all): those rows are indexed again."""
-    if tenant_id is None:
-        all_rows_changed()
-        cur.execute("UPDATE memories SET indexed_revision = NULL, indexed_model = NULL")
-    else:
-        rows_changed(tenant_id, None)
-        cur.execute(
-            "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL WHERE tenant_id = ?",
-            [tenant_id],
-        )
 
 
 # --- status and retention ----------------------------------------------------------------

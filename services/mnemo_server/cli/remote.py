@@ -301,7 +301,8 @@ def _read_batches(path: Path, size: int) -> Iterator[list[memory_pb2.Memory]]:
 def memory_import(ctx: click.Context, path: Path) -> None:
     """Restore memories from an export (already-present ids are skipped, so re-running is safe)."""
     # The whole file is read once before anything is sent: a bad line fails the command
-    # with nothing imported, not after the batches before it.
+    # with nothing imported, not after the batches before it. It is parsed again as it is
+    # sent rather than kept: an export of 100k memories would otherwise sit in memory whole.
     total = sum(1 for _ in _memories(path))
     last = None
     try:

@@ -150,7 +150,8 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListMemories(self, request, context):
-        """Newest first.
+        """Newest first: the most recently stored (created or imported) first. An update does not
+        move a memory, so paging is stable while memories are written.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -49,7 +49,9 @@ class MemoryServiceStub:
     (retention.history_days).
     """
     ListMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoriesRequest, _memory_service_pb2.ListMemoriesResponse]
-    """Newest first."""
+    """Newest first: the most recently stored (created or imported) first. An update does not
+    move a memory, so paging is stable while memories are written.
+    """
     UpdateMemory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.UpdateMemoryRequest, _memory_service_pb2.UpdateMemoryResponse]
     """Updates the fields named in update_mask: importance, confidence, pinned, category,
     metadata, event_time, content (re-embedded).
@@ -105,7 +107,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     (retention.history_days).
     """
     ListMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoriesRequest, _memory_service_pb2.ListMemoriesResponse]  # type: ignore[assignment]
-    """Newest first."""
+    """Newest first: the most recently stored (created or imported) first. An update does not
+    move a memory, so paging is stable while memories are written.
+    """
     UpdateMemory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.UpdateMemoryRequest, _memory_service_pb2.UpdateMemoryResponse]  # type: ignore[assignment]
     """Updates the fields named in update_mask: importance, confidence, pinned, category,
     metadata, event_time, content (re-embedded).
@@ -188,7 +192,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.ListMemoriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.ListMemoriesResponse, _abc.Awaitable[_memory_service_pb2.ListMemoriesResponse]]:
-        """Newest first."""
+        """Newest first: the most recently stored (created or imported) first. An update does not
+        move a memory, so paging is stable while memories are written.
+        """
 
     @_abc_1.abstractmethod
     def UpdateMemory(

@@ -7372,7 +7372,10 @@ export const MemoryServiceService = {
       Buffer.from(GetMemoryHistoryResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetMemoryHistoryResponse => GetMemoryHistoryResponse.decode(value),
   },
-  /** Newest first. */
+  /**
+   * Newest first: the most recently stored (created or imported) first. An update does not
+   * move a memory, so paging is stable while memories are written.
+   */
   listMemories: {
     path: "/mnemo.v1.MemoryService/ListMemories" as const,
     requestStream: false as const,
@@ -7526,7 +7529,10 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * (retention.history_days).
    */
   getMemoryHistory: handleUnaryCall<GetMemoryHistoryRequest, GetMemoryHistoryResponse>;
-  /** Newest first. */
+  /**
+   * Newest first: the most recently stored (created or imported) first. An update does not
+   * move a memory, so paging is stable while memories are written.
+   */
   listMemories: handleUnaryCall<ListMemoriesRequest, ListMemoriesResponse>;
   /**
    * Updates the fields named in update_mask: importance, confidence, pinned, category,
@@ -7639,7 +7645,10 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetMemoryHistoryResponse) => void,
   ): ClientUnaryCall;
-  /** Newest first. */
+  /**
+   * Newest first: the most recently stored (created or imported) first. An update does not
+   * move a memory, so paging is stable while memories are written.
+   */
   listMemories(
     request: ListMemoriesRequest,
     callback: (error: ServiceError | null, response: ListMemoriesResponse) => void,

@@ -154,12 +154,26 @@ def test_only_int8_graphs_are_saved(tmp_path: Path) -> None:
     assert not (tmp_path / "t_a").exists()
 
 
-def test_a_graph_with_many_removed_slots_is_built_afresh(tmp_path: Path) -> None:
-    graph, ids, _ = _graph(100)
-    graph.remove(ids[:30])  # usearch keeps them as tombstones
-    while graph.queued():
-        graph.apply_queued()
+def test_ghosts_are_saved_and_a_graph_with_many_is_built_afresh(tmp_path: Path) -> None:
+    graph, ids, codes = _graph(100)
+    graph.remove(ids[:10])  # kept in usearch as ghosts
+    graph.drain()
     _saved(tmp_path, graph)
+    loaded = graph_files.load(tmp_path, "t_a", DIM, PARAMS)
+    assert loaded is not None and loaded.ghosts == 10 and len(loaded.key_of) == 90
+    assert loaded.nearest(codes[0], 5, ()).keys().isdisjoint(ids[:10])
+    graph.remove(ids[10:30])
+    graph.drain()
+    _saved(tmp_path, graph)
+    assert graph_files.load(tmp_path, "t_a", DIM, PARAMS) is None  # 30 of 100 nodes
+
+
+def test_a_graph_saved_in_the_old_format_is_built_afresh(tmp_path: Path) -> None:
+    """Format 1 used usearch's removals, whose reused slots could leave rows unreachable."""
+    graph, _, _ = _graph(20)
+    manifest = _saved(tmp_path, graph)
+    described = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**described, "format": 1}))
     assert graph_files.load(tmp_path, "t_a", DIM, PARAMS) is None
 
 

@@ -26,17 +26,18 @@ from typing import Any
 
 import numpy as np
 
-from mnemo_server.index.vector_graph import GraphParams, HnswGraph
+from mnemo_server.index.vector_graph import MAX_GHOST_SHARE, GraphParams, HnswGraph
 from mnemo_server.store.durable import fsync_path, write_text_durably
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 1
+# 2: ghosts (vector_graph.HnswGraph.remove) instead of usearch's removals, whose reused
+# slots could leave rows unreachable: a graph saved in format 1 may be so, and is built afresh.
+_FORMAT = 2
 _MANIFEST = "graph.json"
 # A loaded graph that would take more removals and additions than this share of the table's
-# rows to put right (a changed row is one of each), or that holds that many removed slots (which
-# usearch keeps as tombstones), is built afresh: the repair would cost about as much, and a fresh
-# graph holds no tombstones.
+# rows to put right (a changed row is one of each) is built afresh: the repair would cost
+# about as much. So is one whose ghosts are past vector_graph.MAX_GHOST_SHARE.
 MAX_STALE_SHARE = 0.25
 
 
@@ -66,7 +67,7 @@ def save(directory: Path, name: str, graph: HnswGraph, dimension: int, params: G
         graph.index.save(str(index_file))
         keys = np.fromiter(graph.id_of.keys(), dtype=np.uint64, count=len(graph.id_of))
         ids = np.array([mid.encode() for mid in graph.id_of.values()], dtype=np.bytes_)
-        rows, next_key = len(graph.index), graph.next_key
+        nodes, next_key = len(graph.index), graph.next_key
     with keys_file.open("wb") as out:
         np.savez(out, keys=keys, ids=ids)
     for written in (index_file, keys_file):
@@ -75,7 +76,8 @@ def save(directory: Path, name: str, graph: HnswGraph, dimension: int, params: G
         **_describe(dimension, params),
         "index_file": index_file.name,
         "keys_file": keys_file.name,
-        "rows": rows,
+        "rows": len(keys),
+        "ghosts": nodes - len(keys),
         "next_key": next_key,
     }
     write_text_durably(folder / _MANIFEST, json.dumps(manifest))
@@ -107,20 +109,22 @@ def _read(folder: Path, dimension: int, params: GraphParams) -> HnswGraph | None
         return None
     index_file, keys_file = folder / manifest["index_file"], folder / manifest["keys_file"]
     meta = Index.metadata(str(index_file))
-    if meta is None or meta["dimensions"] != dimension or meta["count_present"] != manifest["rows"]:
+    rows, ghosts = int(manifest["rows"]), int(manifest["ghosts"])
+    if meta is None or meta["dimensions"] != dimension or meta["count_present"] != rows + ghosts:
         log.warning("saved vector graph %s does not match its manifest; built afresh", folder)
         return None
-    if meta["count_deleted"] > MAX_STALE_SHARE * max(1, meta["count_present"]):
-        log.info("saved vector graph %s holds %d removed slots; built afresh", folder, meta["count_deleted"])
+    if ghosts > MAX_GHOST_SHARE * max(1, rows + ghosts):  # the feeder would build it afresh anyway
+        log.info("saved vector graph %s holds %d ghosts; built afresh", folder, ghosts)
         return None
     graph = HnswGraph(dimension, params)
     graph.index.load(str(index_file))  # the expansions stay as HnswGraph set them
     with np.load(keys_file, allow_pickle=False) as stored:
         keys, ids = stored["keys"].tolist(), [mid.decode() for mid in stored["ids"].tolist()]
-    if len(keys) != len(ids) or len(graph.index) != len(keys):
+    if len(keys) != len(ids) or len(keys) != rows or len(graph.index) != rows + ghosts:
         log.warning("saved vector graph %s: keys and index disagree; built afresh", folder)
         return None
     graph.id_of = dict(zip(keys, ids, strict=True))
+    graph.ghosts = ghosts
     graph.key_of = {mid: key for key, mid in graph.id_of.items()}
     graph.next_key = max(int(manifest["next_key"]), max(keys, default=-1) + 1)
     return graph

@@ -32,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,7 +124,7 @@ class HnswGraph:
     def ghost_share(self) -> float:
         return self.ghosts / max(1, self.ghosts + len(self.key_of))
 
-    def nearest(self, codes: npt.NDArray[np.int8], k: int, skip: Container[str]) -> dict[str, float]:
+    def nearest(self, codes: npt.NDArray[np.int8], k: int, skip: Collection[str]) -> dict[str, float]:
         """Up to k rows nearest to the codes, leaving out those in `skip`: id -> cosine.
         Ghosts and skipped rows take places in usearch's answer, so a short answer is asked
         again for more until it has k rows or holds the whole graph."""

@@ -234,6 +234,39 @@ def test_update_with_field_mask(tenant_a: TenantClient) -> None:
     assert error_info(err.value)[1] == ["update_mask"]
 
 
+def test_an_update_waiting_for_the_index_returns_once_its_own_revision_is_searchable(
+    tenant_a: TenantClient,
+) -> None:
+    """An index batch that read the memory before this update indexes the older revision;
+    its completion must not end the wait (found by probing: the wait returned PENDING in 27
+    of 30 rounds)."""
+    stub = tenant_a.memory()
+    m = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("first draft"), wait_for_index=True),
+        metadata=tenant_a.md,
+        timeout=30,
+    ).memory
+
+    def update(content: str, wait: bool) -> memory_pb2.Memory:
+        req = pb.UpdateMemoryRequest(
+            memory=memory_pb2.Memory(id=m.id, content=content),
+            update_mask=field_mask_pb2.FieldMask(paths=["content"]),
+            wait_for_index=wait,
+        )
+        memory: memory_pb2.Memory = stub.UpdateMemory(req, metadata=tenant_a.md, timeout=30).memory
+        return memory
+
+    text_only = pb.RecallOptions(disabled_stages=[pb.RECALL_STAGE_VECTOR])
+    for n in range(12):
+        update(f"interim wording zqa{n}", False)  # the worker picks this revision up...
+        done = update(f"final wording zqb{n}", True)  # ...while this one waits
+        assert done.index_state == memory_pb2.INDEX_STATE_INDEXED, n
+        hits = stub.Recall(
+            pb.RecallRequest(query=f"zqb{n}", options=text_only), metadata=tenant_a.md, timeout=10
+        ).hits
+        assert [h.memory.id for h in hits if h.scores.text_rank > 0] == [m.id], n
+
+
 def test_delete_hides_at_once(tenant_a: TenantClient) -> None:
     stub = tenant_a.memory()
     m = stub.CreateMemory(

@@ -111,29 +111,44 @@ class IndexWorker:
             return len(self._queued)
 
     def wait_indexed(self, tenant_id: str, ids: Sequence[str], timeout_s: float) -> bool:
-        """Block until every id is searchable (or deleted), at most timeout_s."""
-        events: list[threading.Event] = []
-        with self._waiters_lock:
-            for i in ids:
-                ev = threading.Event()
-                self._waiters[(tenant_id, i)].append(ev)
-                events.append(ev)
-        # Check after registering so a completion in between is not missed.
-        current = memory_repo.get_many(self.db.reader(), tenant_id, list(ids))
-        for i, ev in zip(ids, events, strict=True):
-            m = current.get(i)
-            if m is None or m.deleted or m.indexed:
-                ev.set()
+        """Block until every id is searchable (or deleted), at most timeout_s. A batch
+        notifies every id it took, whatever revision it indexed: one read before a later
+        write indexes the older revision, so a notified id is read again and waited for
+        again until its current revision is the one indexed."""
         deadline = time.monotonic() + timeout_s
-        ok = all(ev.wait(max(0.0, deadline - time.monotonic())) for ev in events)
+        waiting = list(dict.fromkeys(ids))
+        while True:
+            events = self._register(tenant_id, waiting)
+            try:
+                # Read after registering, so a completion in between is not missed.
+                current = memory_repo.get_many(self.db.reader(), tenant_id, waiting)
+                waiting = [
+                    i
+                    for i in waiting
+                    if (m := current.get(i)) is not None and not m.deleted and not m.indexed
+                ]
+                if not waiting:
+                    return True
+                if not all(events[i].wait(max(0.0, deadline - time.monotonic())) for i in waiting):
+                    return False
+            finally:
+                self._unregister(tenant_id, events)
+
+    def _register(self, tenant_id: str, ids: Sequence[str]) -> dict[str, threading.Event]:
+        events = {i: threading.Event() for i in ids}
         with self._waiters_lock:
-            for i, ev in zip(ids, events, strict=True):
+            for i, ev in events.items():
+                self._waiters[(tenant_id, i)].append(ev)
+        return events
+
+    def _unregister(self, tenant_id: str, events: dict[str, threading.Event]) -> None:
+        with self._waiters_lock:
+            for i, ev in events.items():
                 lst = self._waiters.get((tenant_id, i))
                 if lst and ev in lst:
                     lst.remove(ev)
                     if not lst:
                         del self._waiters[(tenant_id, i)]
-        return ok
 
     def _notify(self, keys: Iterable[Key]) -> None:
         with self._waiters_lock:

@@ -131,3 +131,31 @@ def test_an_update_retry_returns_the_first_result_after_later_writes(tenant_a: T
     assert after_delete.update_time == first.update_time and not after_delete.HasField("delete_time")
     now = stub.GetMemory(pb.GetMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=5).memory
     assert now.HasField("delete_time") and now.importance == pytest.approx(0.1)
+
+
+def test_a_delete_retry_answers_with_the_tombstone_after_an_import_restored_the_memory(
+    tenant_a: TenantClient,
+) -> None:
+    stub = tenant_a.memory()
+    m = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="the cache TTL is 5 minutes")),
+        metadata=tenant_a.md,
+        timeout=5,
+    ).memory
+    delete = pb.DeleteMemoryRequest(id=m.id, request_id="drop-ttl")
+    first = stub.DeleteMemory(delete, metadata=tenant_a.md, timeout=5).memory
+    assert first.HasField("delete_time")
+    restored = memory_pb2.Memory()
+    restored.CopyFrom(m)
+    list(
+        stub.ImportMemories(
+            iter([pb.ImportMemoriesRequest(memories=[restored])]), metadata=tenant_a.md, timeout=10
+        )
+    )
+    live = stub.GetMemory(pb.GetMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=5).memory
+    assert not live.HasField("delete_time")
+    retried = stub.DeleteMemory(delete, metadata=tenant_a.md, timeout=5).memory
+    assert retried == first  # what the delete did, not the restored memory
+    assert not stub.GetMemory(pb.GetMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=5).memory.HasField(
+        "delete_time"
+    )  # and not done again

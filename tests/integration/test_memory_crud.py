@@ -267,6 +267,33 @@ def test_an_update_waiting_for_the_index_returns_once_its_own_revision_is_search
         assert [h.memory.id for h in hits if h.scores.text_rank > 0] == [m.id], n
 
 
+def test_concurrent_updates_each_answer_with_their_own_write_in_time_order(tenant_a: TenantClient) -> None:
+    """Six callers set one memory's category at once: each answer shows its own write (not a
+    read after the commit, which could show another's), and the times follow the order the
+    writes took the lock, so the one left standing is the newest."""
+    stub = tenant_a.memory()
+    m = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("shared knob")), metadata=tenant_a.md, timeout=10
+    ).memory
+
+    def set_category(name: str) -> memory_pb2.Memory:
+        req = pb.UpdateMemoryRequest(
+            memory=memory_pb2.Memory(id=m.id, category=name),
+            update_mask=field_mask_pb2.FieldMask(paths=["category"]),
+        )
+        memory: memory_pb2.Memory = stub.UpdateMemory(req, metadata=tenant_a.md, timeout=30).memory
+        return memory
+
+    with ThreadPoolExecutor(6) as pool:
+        for n in range(8):
+            names = [f"writer{n}x{w}" for w in range(6)]
+            answers = list(pool.map(set_category, names))
+            assert [a.category for a in answers] == names, n
+            final = stub.GetMemory(pb.GetMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=5).memory
+            newest = max(answers, key=lambda a: (a.update_time.seconds, a.update_time.nanos))
+            assert final.category == newest.category, n
+
+
 def test_delete_hides_at_once(tenant_a: TenantClient) -> None:
     stub = tenant_a.memory()
     m = stub.CreateMemory(

@@ -151,8 +151,8 @@ class LearningService:
         key: IdempotencyKey | None = None,
     ) -> LearningCandidate:
         draft, kind = self._checked(draft, origin)
-        now = self.clock()
         with self.db.transaction() as cur:
+            now = self.clock()  # under the write lock: lifecycle events stay in the order written
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
                 return self._candidate(cur, tenant_id, replay["id"])
@@ -257,8 +257,8 @@ class LearningService:
     ) -> PublishResult:
         require_id(candidate_id, "id")
         check_reason(reason, required=False)
-        now = self.clock()
         with self.db.transaction() as cur:
+            now = self.clock()  # under the write lock: lifecycle events stay in the order written
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
                 return PublishResult(
@@ -366,8 +366,8 @@ class LearningService:
     def reject_candidate(self, tenant_id: str, candidate_id: str, reason: str) -> LearningCandidate:
         require_id(candidate_id, "id")
         check_reason(reason, required=True)
-        now = self.clock()
         with self.db.transaction() as cur:
+            now = self.clock()  # under the write lock: lifecycle events stay in the order written
             candidate = self._pending(cur, tenant_id, candidate_id)
             learning_repo.review_candidate(
                 cur,
@@ -440,8 +440,8 @@ class LearningService:
     def revoke_learning(self, tenant_id: str, learning_id: str, reason: str) -> Learning:
         require_id(learning_id, "id")
         check_reason(reason, required=True)
-        now = self.clock()
         with self.db.transaction() as cur:
+            now = self.clock()  # under the write lock: lifecycle events stay in the order written
             current = self._learning(cur, tenant_id, learning_id)
             if current.state is not LearningState.ACTIVE:
                 raise FailedPrecondition(

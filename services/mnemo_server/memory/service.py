@@ -282,12 +282,14 @@ class MemoryService:
         if not memory_id:
             raise InvalidArgument("memory.id", "is required")
         changes = self._changes(patch, paths)
-        now = self.clock()
-        first: Memory | None = None  # a retry's: the memory as the first call left it
+        answer: Memory | None = None  # the memory as this update (or a retry's first call) left it
         with self._write(tenant_id) as cur:
+            # Read under the write lock: a time read before it could be older than one a
+            # write that took the lock first has stored, and the history would misorder them.
+            now = self.clock()
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None and replay.get("row"):
-                first = memory_repo.decode_row(replay["row"])
+                answer = memory_repo.decode_row(replay["row"])
             if replay is None:
                 current = memory_repo.get(cur, tenant_id, memory_id)
                 if current is None or current.deleted:
@@ -310,23 +312,34 @@ class MemoryService:
                 memory_repo.record_history(
                     cur, [(tenant_id, memory_id, "update", "api", "", {"paths": sorted(paths)})], now
                 )
-                if key is not None:
-                    # The row as this update left it: a retry answers with it, even after
-                    # later writes changed the memory (README: a retry returns the first result).
-                    row = memory_repo.get_row(cur, tenant_id, memory_id)
-                    idempotency_repo.record(
-                        cur, self.db.stored.requests, tenant_id, key, {"ids": [memory_id], "row": row}, now
-                    )
+                # The row as this update left it: the answer, not a read after the commit,
+                # which could show a concurrent caller's write; and a retry's (README: a retry
+                # returns the first result), even after later writes changed the memory.
+                row = memory_repo.get_row(cur, tenant_id, memory_id)
+                assert row is not None  # updated just now, under the write lock
+                answer = memory_repo.decode_row(row)
+                idempotency_repo.record(
+                    cur, self.db.stored.requests, tenant_id, key, {"ids": [memory_id], "row": row}, now
+                )
         self.indexer.submit(tenant_id, [memory_id])
         if wait_for_index:
             self.indexer.wait_indexed(tenant_id, [memory_id], self._wait_budget(wait_timeout_s))
-        if first is not None:
-            latest = memory_repo.read_many(self.db.reader(), self.db.rows, tenant_id, [memory_id]).get(
-                memory_id
-            )
-            # Unchanged since: the stored row with its index state now.
-            return latest if latest is not None and latest.revision == first.revision else first
-        return self.get(tenant_id, memory_id)
+        return self._as_left(tenant_id, memory_id, answer)
+
+    def _as_left(self, tenant_id: str, memory_id: str, answer: Memory | None) -> Memory:
+        """A write's answer: the memory as the write left it, with its index state now if no
+        later write changed it (a record from before rows were kept: as it is now)."""
+        latest = memory_repo.read_many(self.db.reader(), self.db.rows, tenant_id, [memory_id]).get(memory_id)
+        if answer is None:
+            if latest is None:
+                raise NotFound("memory", memory_id)
+            return latest
+        if latest is not None and (latest.revision, latest.update_time_ns) == (
+            answer.revision,
+            answer.update_time_ns,
+        ):
+            return latest
+        return answer
 
     def _changes(self, patch: MemoryPatch, paths: Sequence[str]) -> dict[str, Any]:
         if not paths:
@@ -367,9 +380,12 @@ class MemoryService:
     def delete(self, tenant_id: str, memory_id: str, *, key: IdempotencyKey | None = None) -> Memory:
         if not memory_id:
             raise InvalidArgument("id", "is required")
-        now = self.clock()
+        answer: Memory | None = None
         with self._write(tenant_id) as cur:
+            now = self.clock()  # under the write lock (see update)
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
+            if replay is not None and replay.get("row"):
+                answer = memory_repo.decode_row(replay["row"])
             if replay is None:
                 current = memory_repo.get(cur, tenant_id, memory_id)
                 if current is None or current.deleted:
@@ -377,11 +393,16 @@ class MemoryService:
                 memory_repo.tombstone(cur, tenant_id, [memory_id], now)
                 self.live_counts.removed(self.live_counts.key(tenant_id, current.scope, current.type), 1)
                 memory_repo.record_history(cur, [(tenant_id, memory_id, "delete", "api", "", {})], now)
+                # The tombstone as this call left it, for a retry: an import may restore the
+                # memory later, and the retry still answers with what the delete did.
+                row = memory_repo.get_row(cur, tenant_id, memory_id)
+                assert row is not None
+                answer = memory_repo.decode_row(row)
                 idempotency_repo.record(
-                    cur, self.db.stored.requests, tenant_id, key, {"ids": [memory_id]}, now
+                    cur, self.db.stored.requests, tenant_id, key, {"ids": [memory_id], "row": row}, now
                 )
         self.indexer.submit(tenant_id, [memory_id])
-        return self.get(tenant_id, memory_id)
+        return self._as_left(tenant_id, memory_id, answer)
 
     def purge(
         self,
@@ -400,8 +421,8 @@ class MemoryService:
             raise InvalidArgument("all_memories", "must not be set together with a filter")
         if not force:
             return memory_repo.count(self.db.reader(), tenant_id, f, include_deleted=False)
-        now = self.clock()
         with self._write(tenant_id) as cur:
+            now = self.clock()  # under the write lock (see update)
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
                 return int(replay["count"])
@@ -493,9 +514,9 @@ class MemoryService:
             if m.create_time_ns <= 0:
                 violations.append(FieldViolation(f"{p}.create_time", "is required"))
         raise_if(violations)
-        now = self.clock()
         imported: list[str] = []
         with self._write(tenant_id) as cur:
+            now = self.clock()  # under the write lock (see update)
             existing = memory_repo.get_many(cur, tenant_id, [m.id for m in memories])
             normalized = {m.id: normalize_content(m.content) for m in memories}
             dups = memory_repo.find_live_duplicates(

@@ -56,8 +56,8 @@ class SkillService:
             )
         raise_if(out)
         refuse_secret_material("description", description)  # shown with the skill to every agent
-        now = self.clock()
         with self.db.transaction() as cur:
+            now = self.clock()  # under the write lock: lifecycle events stay in the order written
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
                 return self._skill(cur, tenant_id, replay["id"])

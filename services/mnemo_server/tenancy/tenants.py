@@ -62,8 +62,8 @@ class TenantService:
             )
         if len(display_name) > 200:
             raise InvalidArgument("tenant.display_name", "longer than 200 characters")
-        now = self.clock()
         with self.db.transaction() as cur:
+            now = self.clock()  # under the write lock: times follow the order of the writes
             if idempotency_repo.lookup(cur, self.db.stored.requests, ADMIN_TENANT, key) is None:
                 if tenant_repo.get_tenant(cur, tenant_id) is not None:
                     raise AlreadyExists(f"tenant {tenant_id!r} already exists", reason="TENANT_EXISTS")
@@ -106,8 +106,8 @@ class TenantService:
         self.get_tenant(tenant_id)
         key_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)
-        now = self.clock()
         with self.db.transaction() as cur:
+            now = self.clock()  # under the write lock: times follow the order of the writes
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, ADMIN_TENANT, key)
             if replay is not None:
                 raise AlreadyExists(

@@ -125,6 +125,14 @@ def test_filters(tenant_a: TenantClient) -> None:
     assert sorted(h.memory.event_time.seconds for h in hits) == [300, 400]
     hits = _recall(tenant_a, "deploy", filter=memory_pb2.MemoryFilter(categories=["finance"]))
     assert [h.memory.category for h in hits] == ["finance"]
+    # The earliest time the API takes (-2**63 ns) is a bound like any other.
+    earliest = timestamp_pb2.Timestamp(seconds=-9_223_372_037, nanos=145_224_192)
+    for bounds, expected in (({"start_time": earliest}, len(FACTS)), ({"end_time": earliest}, 0)):
+        time_range = common_pb2.TimeRange(**bounds)  # type: ignore[arg-type]
+        scopes = [common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id=p) for p in ("alpha", "beta")]
+        f = memory_pb2.MemoryFilter(scopes=scopes, event_time=time_range)  # read from the table
+        hits = _recall(tenant_a, "anything", top_k=20, filter=f)
+        assert len(hits) == expected, bounds
 
 
 def test_stages_can_be_switched_off(tenant_a: TenantClient) -> None:

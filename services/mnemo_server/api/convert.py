@@ -54,7 +54,9 @@ def ts_to_ns(ts: timestamp_pb2.Timestamp, field: str) -> int:
         raise InvalidArgument(field, "nanos must be between 0 and 999,999,999")
     ns = int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
     if not _MIN_NS <= ns <= _MAX_NS:
-        raise InvalidArgument(field, "must lie between 1677-09-22 and 2262-04-11 (64-bit nanoseconds)")
+        raise InvalidArgument(
+            field, "must lie between 1677-09-21T00:12:43.145224192Z and 2262-04-11T23:47:16.854775807Z"
+        )
     return ns
 
 

@@ -136,10 +136,18 @@ def filter_sql(f: MemoryFilter) -> str | None:
         parts.append("pinned = true")
     for column, tr in (("create_time_ns", f.create_time), ("event_time_ns", f.event_time)):
         if tr.start_ns is not None:
-            parts.append(f"{column} >= {int(tr.start_ns)}")
+            parts.append(f"{column} >= {_int64(tr.start_ns)}")
         if tr.end_ns is not None:
-            parts.append(f"{column} < {int(tr.end_ns)}")
+            parts.append(f"{column} < {_int64(tr.end_ns)}")
     return " AND ".join(parts) if parts else None
+
+
+def _int64(value: int) -> str:
+    """An Int64 literal. DataFusion reads -9223372036854775808 as minus a number too large
+    for Int64, then as a float it refuses to compare with the column: so the smallest
+    time (-2**63 ns, which the API accepts) is written as an expression."""
+    value = int(value)
+    return f"({value + 1} - 1)" if value == -(2**63) else str(value)
 
 
 def size_lance_cpu_pool(threads: int) -> str:

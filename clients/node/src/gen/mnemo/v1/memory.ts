@@ -99,7 +99,8 @@ export interface Memory {
     | undefined;
   /**
    * When the remembered thing happened; defaults to create_time. Every time Mnemo takes,
-   * here and in filters, lies between 1677-09-22 and 2262-04-11 (64-bit nanoseconds).
+   * here and in filters, lies within 64-bit nanoseconds of the epoch: from
+   * 1677-09-21T00:12:43.145224192Z to 2262-04-11T23:47:16.854775807Z.
    */
   eventTime?:
     | Date

@@ -46,7 +46,10 @@ def _seed(t: TenantClient) -> None:
             pinned=i % 50 == 0,
             scope=common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id=f"p{i % 3}"),
             source=common_pb2.Source(who="agent", why="test", run_id=f"run{i}", session_id=f"s{i % 5}"),
-            event_time=timestamp_pb2.Timestamp(seconds=1_600_000_000 + i, nanos=123_456_789),
+            # The epoch is a time like any other (one memory has it).
+            event_time=timestamp_pb2.Timestamp(seconds=1_600_000_000 + i, nanos=123_456_789)
+            if i != 7
+            else timestamp_pb2.Timestamp(),
             external_id=f"ext-{i}" if i % 2 else "",
         )
         if i % 10 == 0:

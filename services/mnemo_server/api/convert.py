@@ -200,7 +200,11 @@ def memory_to_pb(m: Memory) -> memory_pb2.Memory:
 
 
 def exported_memory_from_pb(m: memory_pb2.Memory, field: str) -> Memory:
-    """A full memory from an export, server-owned fields included."""
+    """A full memory from an export, server-owned fields included. An event time left unset
+    is the create time, as CreateMemory gives it (an export always sets it; the epoch is a
+    time like any other)."""
+    create_time_ns = ts_to_ns(m.create_time, f"{field}.create_time")
+    event_time_ns = opt_ts(m, "event_time", field)
     return Memory(
         id=m.id,
         tenant_id="",
@@ -215,8 +219,8 @@ def exported_memory_from_pb(m: memory_pb2.Memory, field: str) -> Memory:
         pinned=m.pinned,
         source=source_from_pb(m.source),
         metadata=struct_to_dict(m.metadata, f"{field}.metadata"),
-        event_time_ns=ts_to_ns(m.event_time, f"{field}.event_time"),
-        create_time_ns=ts_to_ns(m.create_time, f"{field}.create_time"),
+        event_time_ns=create_time_ns if event_time_ns is None else event_time_ns,
+        create_time_ns=create_time_ns,
         update_time_ns=ts_to_ns(m.update_time, f"{field}.update_time"),
         delete_time_ns=opt_ts(m, "delete_time", field),
         supersedes_id=m.supersedes_id,

@@ -549,7 +549,7 @@ class MemoryService:
                             revision=1,
                             embedding_model=self.embedding_model,
                             update_time_ns=m.update_time_ns or m.create_time_ns,
-                            event_time_ns=m.event_time_ns or m.create_time_ns,
+                            event_time_ns=m.event_time_ns,
                         ),
                         norm.normalized,
                     )

@@ -8,7 +8,7 @@ from google.protobuf import field_mask_pb2
 
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-from tests.conftest import TenantClient
+from tests.conftest import TenantClient, error_info
 
 
 @pytest.fixture
@@ -151,3 +151,19 @@ def test_idempotency_keys_are_per_tenant(tenant_a: TenantClient, tenant_b: Tenan
         timeout=5,
     )
     assert a.memory.id != b.memory.id and b.memory.content == "from b"
+
+
+def test_a_page_token_is_refused_in_another_tenant(tenant_a: TenantClient, tenant_b: TenantClient) -> None:
+    """A token carries a position in one tenant's listing: in another it would silently
+    page B's rows from A's position (or end B's paging with an empty page)."""
+    a, b = tenant_a.memory(), tenant_b.memory()
+    for who, stub, md in (("a", a, tenant_a.md), ("b", b, tenant_b.md)):
+        reqs = [pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"{who} note {i}")) for i in range(3)]
+        stub.BatchCreateMemories(pb.BatchCreateMemoriesRequest(requests=reqs), metadata=md, timeout=10)
+    token = a.ListMemories(
+        pb.ListMemoriesRequest(page_size=1), metadata=tenant_a.md, timeout=5
+    ).next_page_token
+    assert token
+    with pytest.raises(grpc.RpcError) as err:
+        b.ListMemories(pb.ListMemoriesRequest(page_size=1, page_token=token), metadata=tenant_b.md, timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(err.value)[1] == ["page_token"]

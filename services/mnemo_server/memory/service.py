@@ -217,7 +217,7 @@ class MemoryService:
     ) -> tuple[list[Memory], str]:
         size = self.validator.page_size(page_size)
         raise_if(self.validator.filter(f))
-        fingerprint = query_fingerprint("list", f, show_deleted)
+        fingerprint = query_fingerprint("list", tenant_id, f, show_deleted)
         before = decode_token(page_token, fingerprint, _is_seq)
         cur = self.db.reader()
         if before is None and not show_deleted and f.scopes and f.scopes_only:
@@ -253,7 +253,7 @@ class MemoryService:
             if ident.startswith(EXTERNAL_PREFIX) or not memory_repo.has_history(cur, tenant_id, ident):
                 raise
             memory_id = ident
-        fingerprint = query_fingerprint("history", memory_id)
+        fingerprint = query_fingerprint("history", tenant_id, memory_id)
         position = decode_token(page_token, fingerprint, _is_history_position)
         from_ns, skip = position if position is not None else (0, 0)
         entries = memory_repo.history(cur, tenant_id, memory_id, from_ns=from_ns, skip=skip, limit=size + 1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -17,6 +19,13 @@ def client(server: LiveServer, tenant_a: TenantClient) -> MnemoClient:
     c = MnemoClient(server.address, tenant_a.token, timeout_s=30)
     yield c  # type: ignore[misc]
     c.close()
+
+
+def _wait_indexed(client: MnemoClient) -> None:
+    deadline = time.monotonic() + 30
+    while client.status().pending_index_count:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_client_round_trip_and_errors(client: MnemoClient) -> None:
@@ -61,10 +70,7 @@ def test_agent_tools_return_prompt_text(client: MnemoClient) -> None:
     assert tools.remember("the user prefers dark mode").startswith("Already remembered")
     assert "procedural" in tools.learn_procedure("Always run tests before deploying", category="deploy")
     assert "episodic" in tools.record_episode("Deployed v2.1; rollback needed", category="deploy")
-    deadline = time.monotonic() + 30
-    while client.status().pending_index_count:  # the tools do not wait for indexing
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _wait_indexed(client)  # the tools do not wait for indexing
     text = tools.recall("what theme does the user want?", top_k=2)
     first = text.split("\n\n---\n\n")[0]
     assert first.startswith("[Type: semantic | Category: prefs | Score: ")
@@ -79,3 +85,40 @@ def test_agent_tools_return_prompt_text(client: MnemoClient) -> None:
     # Scoped tools see only their scope.
     other = MemoryTools(client, scope=scope("project", "elsewhere"))
     assert other.recall("dark mode") == "No relevant memories found."
+
+
+def test_agent_tools_answer_bad_arguments_and_a_closed_client_with_an_error_line(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """README: the tools never raise. A model's arguments can be of any JSON type, and its
+    text can hold half an emoji (a lone surrogate, from JSON's "\\ud83d")."""
+    client = MnemoClient(server.address, tenant_a.token, timeout_s=30)
+    tools = MemoryTools(client)
+    assert tools.remember("the standup is at 9:30").startswith("Remembered")
+    calls: list[tuple[Callable[..., str], dict[str, Any], str]] = [
+        (tools.remember, {"content": "half an emoji \ud83d"}, "content is not valid Unicode text"),
+        (tools.remember, {"content": 12345}, "content must be a string, not int"),
+        (tools.record_episode, {"content": "ok", "category": ["a"]}, "category must be a string, not list"),
+        (tools.recall, {"query": "\ud83d"}, "query is not valid Unicode text"),
+        (tools.recall, {"query": "standup", "top_k": "many"}, "top_k must be an integer, not str"),
+        (tools.recall, {"query": "standup", "memory_types": 7}, "memory_types must be a list of strings"),
+        (tools.list_memories, {"limit": 0}, "limit must be at least 1"),
+        (tools.list_memories, {"limit": "3x"}, "limit must be an integer, not str"),
+        (tools.list_memories, {"memory_type": ["semantic"]}, "unknown memory type"),
+    ]
+    for tool, kwargs, reason in calls:
+        answer = tool(**kwargs)
+        assert answer.startswith("Error: ") and reason in answer, (kwargs, answer)
+    _wait_indexed(client)  # the tools do not wait for indexing
+    # What models send that can be taken as meant: a count as a string, one type as a string.
+    assert "standup" in tools.recall("standup", top_k="3", memory_types="semantic")
+    assert tools.list_memories(limit="1").count("\n") == 0
+    assert list(client.list_memories(limit=0)) == []
+    client.close()
+    for tool, args in (
+        (tools.remember, ("after close",)),
+        (tools.recall, ("standup",)),
+        (tools.list_memories, ()),
+    ):
+        answer = tool(*args)
+        assert answer.startswith("Error: "), answer

@@ -228,7 +228,9 @@ class MnemoClient:
         limit: int | None = None,
         show_deleted: bool = False,
     ) -> Iterator[memory_pb2.Memory]:
-        """Newest first, across pages, up to limit."""
+        """Newest first, across pages, up to limit (a limit below 1 lists nothing)."""
+        if limit is not None and limit < 1:
+            return
         token, n = "", 0
         while True:
             req = pb.ListMemoriesRequest(page_size=page_size, page_token=token, show_deleted=show_deleted)

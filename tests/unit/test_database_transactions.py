@@ -97,3 +97,15 @@ def test_no_fetchone_in_the_server() -> None:
         if ".fetchone(" in line
     ]
     assert offenders == []
+
+
+def test_a_fatal_error_marks_the_store_failed_and_other_errors_do_not(db: Database) -> None:
+    """DuckDB invalidates a database after a fatal error (a checkpoint inside a COMMIT failed
+    once under load); every statement fails from then on, so `mnemo serve` exits on it."""
+    with pytest.raises(duckdb.ConstraintException), db.transaction() as cur:
+        cur.execute("INSERT INTO tenants (id) VALUES (NULL)")
+    assert not db.failed.is_set() and db.failure is None
+    fatal = duckdb.FatalException("FATAL Error: Failed: database has been invalidated")
+    with pytest.raises(duckdb.FatalException), db.transaction():
+        raise fatal
+    assert db.failed.is_set() and db.failure is fatal

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import click
 
@@ -22,6 +24,9 @@ from mnemo_server.process_memory import (
 )
 
 log = logging.getLogger(__name__)
+
+# The exit status of a server whose store failed (EX_SOFTWARE): restart it.
+EXIT_STORE_FAILED = 70
 
 
 PARENT_PID = click.option(
@@ -41,6 +46,10 @@ def run_until_signalled(
         log.info("received %s; draining", signal.Signals(signum).name)
         stop.set()
 
+    def on_store_failure() -> None:
+        server.core.db.failed.wait()
+        stop.set()
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     port = server.start()
@@ -53,12 +62,34 @@ def run_until_signalled(
         tmp.write_text(str(port))
         tmp.replace(port_file)
     click.echo(f"mnemo listening on {server.config.server.host}:{port}", err=True)
+    threading.Thread(target=on_store_failure, name="store-failure", daemon=True).start()
     try:
         wait_for_stop(stop)
     finally:
+        if server.core.db.failed.is_set():
+            abandon(server)
         server.stop()
         thaw_heap()
         click.echo("mnemo stopped", err=True)
+
+
+def abandon(server: MnemoServer) -> NoReturn:
+    """The store failed for good in this process (DuckDB invalidated the database after a
+    fatal error): every call would fail INTERNAL from now on. Stop answering (health reports
+    NOT_SERVING, calls in flight get a moment) and exit at once, as a kill -9 would: an
+    orderly close writes to the store (the index seal). Acknowledged writes are in DuckDB's
+    WAL; the next start replays it and checks the index against the store."""
+    log.critical(
+        "the store failed and this process cannot use it again (%s); exiting with status %d so "
+        "that the server is restarted",
+        server.core.db.failure,
+        EXIT_STORE_FAILED,
+    )
+    try:
+        server.grpc.stop(1.0)
+    finally:
+        logging.shutdown()
+        os._exit(EXIT_STORE_FAILED)
 
 
 @click.command()

@@ -274,6 +274,11 @@ class Database:
         # `transaction` (see row_cache, recent_ids).
         self.rows = rows or RowCache(0)
         self.recent = recent or RecentIds(0)
+        # Set once DuckDB invalidated the database after a fatal error (seen once in a
+        # probe: a checkpoint inside a COMMIT failed). Every statement fails from then on,
+        # in this process; `mnemo serve` exits so that a restart replays the WAL.
+        self.failed = threading.Event()
+        self.failure: BaseException | None = None
         make_data_dir(path.parent)
         try:
             self._conn = duckdb.connect(str(path), read_only=read_only)
@@ -376,6 +381,10 @@ class Database:
                 if self._closed:  # checked under the locks close() takes, so no race with it
                     raise FailedPrecondition("the store is closed", reason="STORE_CLOSED")
                 yield self.reader()
+            except duckdb.FatalException as exc:
+                self.failure = self.failure or exc
+                self.failed.set()
+                raise
             except duckdb.TransactionException as exc:
                 if not _is_conflict(exc):
                     raise

@@ -225,8 +225,11 @@ export interface CreateMemoryRequest {
     | Memory
     | undefined;
   /**
-   * Optional idempotency key: a retry with the same key and request returns the first
-   * response; the same key with a different request is INVALID_ARGUMENT.
+   * Optional idempotency key: a retry with the same key and request creates nothing again
+   * and answers with the memory the first call created (or deduplicated to) as it is now,
+   * with the first answer's `deduplicated`; the same key with a different request is
+   * INVALID_ARGUMENT. (Keeping a copy of every created row for a day, to replay it exactly,
+   * would double what each create writes; updates and deletes answer as the first call did.)
    */
   requestId: string;
   /** Block until the memory is searchable (bounded by the call's deadline). */

@@ -46,9 +46,14 @@ def run_until_signalled(
         log.info("received %s; draining", signal.Signals(signum).name)
         stop.set()
 
+    # The watcher holds this event, not the server: a thread holding the server would keep
+    # its DuckDB objects alive past the interpreter's last collection (nanobind reports leaks).
+    failed = server.core.db.failed
+
     def on_store_failure() -> None:
-        server.core.db.failed.wait()
-        stop.set()
+        while not stop.is_set():
+            if failed.wait(0.5):
+                stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -66,7 +71,7 @@ def run_until_signalled(
     try:
         wait_for_stop(stop)
     finally:
-        if server.core.db.failed.is_set():
+        if failed.is_set():
             abandon(server)
         server.stop()
         thaw_heap()

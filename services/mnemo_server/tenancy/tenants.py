@@ -50,6 +50,10 @@ class TenantService:
         self.clock = clock
         self._verified: dict[str, tuple[str, str]] = {}  # full token -> (key id, tenant id)
         self._cache_lock = threading.Lock()
+        # Revocations so far: a key read as valid is cached only if none happened since the
+        # read, or a check that read the row just before a revocation committed would put
+        # the revoked key back into the cache after the revocation cleared it.
+        self._revocations = 0
 
     # --- tenants ---------------------------------------------------------------------
 
@@ -133,6 +137,7 @@ class TenantService:
                 raise NotFound("api_key", key_id)
             tenant_repo.revoke_key(cur, key_id, self.clock())
         with self._cache_lock:
+            self._revocations += 1
             self._verified = {t: v for t, v in self._verified.items() if v[0] != key_id}
         row = tenant_repo.get_key(self.db.reader(), key_id)
         assert row is not None
@@ -149,6 +154,7 @@ class TenantService:
             return Principal(tenant_id=ADMIN_TENANT, is_admin=True)
         with self._cache_lock:
             cached = self._verified.get(token)
+            revocations = self._revocations
         if cached is not None:
             return Principal(tenant_id=cached[1], key_id=cached[0])
         match = _KEY_RE.fullmatch(token)
@@ -160,9 +166,10 @@ class TenantService:
         if row.revoke_time_ns is not None:
             raise Unauthenticated("API key revoked", reason="API_KEY_REVOKED")
         with self._cache_lock:
-            if len(self._verified) > 10_000:
-                self._verified.clear()
-            self._verified[token] = (row.id, row.tenant_id)
+            if self._revocations == revocations:
+                if len(self._verified) > 10_000:
+                    self._verified.clear()
+                self._verified[token] = (row.id, row.tenant_id)
         return Principal(tenant_id=row.tenant_id, key_id=row.id)
 
 

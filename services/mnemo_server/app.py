@@ -348,9 +348,8 @@ class MnemoServer:
                 reason="INSECURE_BIND",
             )
         self.config = config
-        self.core = Core(config)
-        self.scheduler = Scheduler()
         call_times = CallTimes()
+        # Before the core opens the stores: its TLS settings are checked here.
         self.grpc = GrpcServer(
             config.server,
             ApiInterceptor(
@@ -360,6 +359,8 @@ class MnemoServer:
                 call_times,
             ),
         )
+        self.core = Core(config)
+        self.scheduler = Scheduler()
         self.grpc.add(
             memory_service_pb2_grpc.add_MemoryServiceServicer_to_server,
             MemoryServicer(

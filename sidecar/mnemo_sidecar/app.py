@@ -29,17 +29,7 @@ SERVICE = "mnemo.ranking.v1.RankingService"
 class SidecarServer:
     def __init__(self, cfg: SidecarConfig):
         self.cfg = cfg
-        data = cfg.data_path
-        make_data_dir(data)
-        self.store = PairStore(data / "pairs.sqlite", cfg.training.max_stored_sessions)
-        self.engine = RankingEngine.over(
-            cfg, self.store, data / "models", {ModelKind.CROSS_ENCODER: cfg.cross_encoder.max_resident}
-        )
-        self.runner = TrainingRunner(self.engine)
-        self.engine.start_background_training = self.runner.start_background
-        self.stats = LatencyStats()
-        inf = cfg.inference
-        self.gate = AdmissionGate(inf.max_running, inf.max_queued)
+        # First, so that its TLS settings are checked before the stores and models open.
         s = cfg.server
         self.grpc = GrpcServer(
             ServerConfig(
@@ -52,6 +42,17 @@ class SidecarServer:
             ),
             ApiInterceptor(self._authenticate),
         )
+        data = cfg.data_path
+        make_data_dir(data)
+        self.store = PairStore(data / "pairs.sqlite", cfg.training.max_stored_sessions)
+        self.engine = RankingEngine.over(
+            cfg, self.store, data / "models", {ModelKind.CROSS_ENCODER: cfg.cross_encoder.max_resident}
+        )
+        self.runner = TrainingRunner(self.engine)
+        self.engine.start_background_training = self.runner.start_background
+        self.stats = LatencyStats()
+        inf = cfg.inference
+        self.gate = AdmissionGate(inf.max_running, inf.max_queued)
         self.grpc.add(
             rpb_grpc.add_RankingServiceServicer_to_server,
             RankingServicer(self.engine, self.runner, self.gate, self.stats),

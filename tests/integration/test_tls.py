@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from mnemo_client import MnemoClient, MnemoError
+from mnemo_server.errors import FailedPrecondition
 from tests.conftest import ADMIN_KEY, LiveServer
 
 
@@ -56,3 +57,27 @@ def test_tls_server_accepts_tls_clients_only(
     with MnemoClient(f"127.0.0.1:{port}", ADMIN_KEY, timeout_s=2) as plain, pytest.raises(MnemoError) as err:
         plain.create_tenant("nope")
     assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def test_tls_settings_are_checked_before_the_server_starts(
+    start_server: Callable[..., LiveServer], certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Each is one line naming the setting, before any warm-up. A key alone used to serve
+    plaintext; a missing file was a traceback; a file that is not PEM was 'port in use?'."""
+    cert, key = certificate
+    not_pem = tmp_path / "notes.txt"
+    not_pem.write_text("not a certificate")
+    cases = [
+        ({"tls_key_file": str(key)}, "server.tls_cert_file: must be set too"),
+        ({"tls_cert_file": str(cert)}, "server.tls_key_file: must be set too"),
+        (
+            {"tls_cert_file": "/nonexistent/cert.pem", "tls_key_file": str(key)},
+            "server.tls_cert_file: cannot read",
+        ),
+        ({"tls_cert_file": str(not_pem), "tls_key_file": str(key)}, "is not a PEM certificate"),
+        ({"tls_cert_file": str(cert), "tls_key_file": str(cert)}, "is not a PEM private key"),
+    ]
+    for settings, message in cases:
+        with pytest.raises(FailedPrecondition) as err:
+            start_server(server=settings)
+        assert err.value.reason == "BAD_CONFIG" and message in str(err.value), (settings, str(err.value))

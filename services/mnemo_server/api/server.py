@@ -34,10 +34,44 @@ def is_loopback(host: str) -> bool:
             return False
 
 
+def tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
+    """The server's TLS credentials from its two settings, read and checked when the server
+    is made (before any warm-up): None when neither is set. One set alone, a file that
+    cannot be read or one that is not PEM is a one-line BAD_CONFIG naming the setting (a
+    key alone used to serve plaintext; a cert grpc could not use was reported as a port in
+    use)."""
+    if not cfg.tls_cert_file and not cfg.tls_key_file:
+        return None
+    if not (cfg.tls_cert_file and cfg.tls_key_file):
+        missing = "server.tls_key_file" if cfg.tls_cert_file else "server.tls_cert_file"
+        raise FailedPrecondition(
+            f"config {missing}: must be set too (TLS needs a certificate and its key), or neither",
+            reason="BAD_CONFIG",
+        )
+    pem = {}
+    for setting, path, kind in (
+        ("server.tls_cert_file", cfg.tls_cert_file, b"CERTIFICATE"),
+        ("server.tls_key_file", cfg.tls_key_file, b"PRIVATE KEY"),
+    ):
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise FailedPrecondition(
+                f"config {setting}: cannot read {path!r}: {exc.strerror or exc}", reason="BAD_CONFIG"
+            ) from None
+        if b"-----BEGIN " not in data or kind not in data:
+            raise FailedPrecondition(
+                f"config {setting}: {path!r} is not a PEM {kind.decode().lower()}", reason="BAD_CONFIG"
+            )
+        pem[setting] = data
+    return grpc.ssl_server_credentials([(pem["server.tls_key_file"], pem["server.tls_cert_file"])])
+
+
 class GrpcServer:
     def __init__(self, cfg: ServerConfig, interceptor: ApiInterceptor):
         self.cfg = cfg
         self.interceptor = interceptor
+        self.credentials = tls_credentials(cfg)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="mnemo-rpc"),
             interceptors=[interceptor],
@@ -62,11 +96,8 @@ class GrpcServer:
         )
         address = f"{self.cfg.host}:{self.cfg.port}"
         try:
-            if self.cfg.tls_cert_file:
-                creds = grpc.ssl_server_credentials(
-                    [(Path(self.cfg.tls_key_file).read_bytes(), Path(self.cfg.tls_cert_file).read_bytes())]
-                )
-                self.port = self.server.add_secure_port(address, creds)
+            if self.credentials is not None:
+                self.port = self.server.add_secure_port(address, self.credentials)
             else:
                 self.port = self.server.add_insecure_port(address)
         except RuntimeError:  # a port in use: grpcio raises where older versions returned 0

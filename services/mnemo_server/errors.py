@@ -50,11 +50,12 @@ class InvalidArgument(MnemoError):
 class NotFound(MnemoError):
     default_reason = "NOT_FOUND"
 
-    def __init__(self, resource: str, ident: str):
+    def __init__(self, resource: str, ident: str, field: str = ""):
+        """`field`: the request field that named it, when that is not the call's own subject."""
         super().__init__(
-            f"{resource} {ident!r} not found",
+            f"{field + ': ' if field else ''}{resource} {ident!r} not found",
             reason=f"{resource.upper()}_NOT_FOUND",
-            metadata={"resource": resource, "id": ident},
+            metadata={"resource": resource, "id": ident, **({"field": field} if field else {})},
         )
 
 

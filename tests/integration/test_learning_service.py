@@ -170,6 +170,9 @@ def test_review_errors(tenant_a: TenantClient) -> None:
     ] == ["reason"]
     assert fails(lambda: api.publish(c.id, reason="r" * 1_001), invalid)[1] == ["reason"]
     assert fails(lambda: api.publish(c.id, supersedes_id="nope"), missing)[0] == "LEARNING_NOT_FOUND"
+    with pytest.raises(grpc.RpcError) as err:  # the message names the field that named it
+        api.publish(c.id, supersedes_id="nope")
+    assert (err.value.details() or "").startswith("supersedes_id: learning 'nope' not found")
     decision_candidate = api.create("We use trunk-based development.", pb.LEARNING_KIND_DECISION)
     decision = api.publish(decision_candidate.id).learning
     assert (

@@ -131,7 +131,16 @@ def test_superseding_the_source_revokes_its_skills(server: LiveServer, tenant_a:
     trail = learning_repo.events_for(server.server.core.db.reader(), "tenant-a", skill.id)
     assert [(e.from_state, e.to_state) for e in trail] == [("", "draft"), ("draft", "revoked")]
     assert trail[-1].reason == f"source learning {proc.id} superseded by {newer.id}"
-    assert api.promote(newer.id, "cut-release-ci").state == pb.SKILL_STATE_DRAFT  # the new steps can be
+    # The new steps are promoted under the revoked skill's name (revoke, then re-promote).
+    again = api.promote(newer.id, "cut-release")
+    assert (
+        again.state == pb.SKILL_STATE_DRAFT
+        and again.id != skill.id
+        and again.instructions == "1. tag from CI"
+    )
+    assert fails(lambda: api.promote(newer.id, "cut-release"), grpc.StatusCode.ALREADY_EXISTS)[0] == (
+        "SKILL_NAME_TAKEN"
+    )  # while a skill holds it, the name stays taken
 
 
 def test_promote_errors(tenant_a: TenantClient) -> None:

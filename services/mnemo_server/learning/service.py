@@ -346,7 +346,7 @@ class LearningService:
     ) -> None:
         old = learning_repo.get_learning(cur, tenant_id, learning_id)
         if old is None:
-            raise NotFound("learning", learning_id)
+            raise NotFound("learning", learning_id, field="supersedes_id")
         if old.state is not LearningState.ACTIVE:
             raise FailedPrecondition(
                 f"supersedes_id: learning {learning_id} is {old.state}; only an active "

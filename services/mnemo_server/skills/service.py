@@ -86,7 +86,7 @@ class SkillService:
                     reason="NOT_WORKSPACE_SCOPE",
                     metadata=details,
                 )
-            taken = skill_repo.get_skill_by_name(cur, tenant_id, name)
+            taken = skill_repo.unrevoked_skill_named(cur, tenant_id, name)
             if taken is not None:
                 raise AlreadyExists(
                     f"name: skill {taken.id} is already named {name!r}",

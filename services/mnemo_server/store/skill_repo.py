@@ -68,9 +68,13 @@ def get_skill(cur: Cursor, tenant_id: str, skill_id: str) -> Skill | None:
     return None if row is None else _decode(row)
 
 
-def get_skill_by_name(cur: Cursor, tenant_id: str, name: str) -> Skill | None:
+def unrevoked_skill_named(cur: Cursor, tenant_id: str, name: str) -> Skill | None:
+    """The skill holding a name: revoked skills hold none, so that a procedure revoked or
+    superseded can be promoted again under its name (the seed's "revoking/re-promoting")."""
     row = fetch_one(
-        cur, f"SELECT {_COLUMNS} FROM skills WHERE tenant_id = ? AND name = ? LIMIT 1", [tenant_id, name]
+        cur,
+        f"SELECT {_COLUMNS} FROM skills WHERE tenant_id = ? AND name = ? AND state <> ? LIMIT 1",
+        [tenant_id, name, SkillState.REVOKED.value],
     )
     return None if row is None else _decode(row)
 

@@ -84,7 +84,10 @@ export function skillStateToJSON(object: SkillState): string {
 export interface Skill {
   /** Output only. */
   id: string;
-  /** Lower-case [a-z0-9-], unique among the tenant's skills. */
+  /**
+   * Lower-case [a-z0-9-], unique among the tenant's skills that are not revoked (a revoked
+   * skill's name can be promoted again, for the procedure that replaced it).
+   */
   name: string;
   description: string;
   /** The procedure text, copied from the source learning. */

@@ -348,6 +348,8 @@ class MnemoServer:
                 reason="INSECURE_BIND",
             )
         self.config = config
+        if config.auth.enabled and not config.auth.admin_key:
+            log.warning("auth.admin_key is empty: admin calls (tenants, API keys) are refused")
         call_times = CallTimes()
         # Before the core opens the stores: its TLS settings are checked here.
         self.grpc = GrpcServer(

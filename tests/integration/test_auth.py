@@ -42,6 +42,11 @@ def test_data_calls_need_a_valid_key(server: LiveServer, tenant_a: TenantClient)
     assert _code_and_reason(
         lambda: stub.ListMemories(req, metadata=(("authorization", "Basic abc"),), timeout=5)
     ) == (grpc.StatusCode.UNAUTHENTICATED, "BAD_AUTH_SCHEME")
+    two = (*tenant_a.md, ("authorization", "Bearer nonsense"))  # which one is meant?
+    assert _code_and_reason(lambda: stub.ListMemories(req, metadata=two, timeout=5)) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "BAD_AUTH_SCHEME",
+    )
     stub.ListMemories(req, metadata=tenant_a.md, timeout=5)  # the real key works
 
 
@@ -114,3 +119,29 @@ def test_local_mode_needs_no_key_and_binds_only_loopback(
     assert stub.GetMemory(pb.GetMemoryRequest(id=created.memory.id), timeout=5).memory.content == "local note"
     with pytest.raises(FailedPrecondition, match="loopback"):
         start_server(auth={"enabled": False}, server={"host": "0.0.0.0"})
+
+
+def test_names_and_descriptions_refuse_nul(server: LiveServer) -> None:
+    admin = admin_grpc.AdminServiceStub(server.channel())
+    with pytest.raises(grpc.RpcError) as err:
+        admin.CreateTenant(
+            admin_pb.CreateTenantRequest(tenant=admin_pb.Tenant(id="nul", display_name="a\x00b")),
+            metadata=bearer(ADMIN_KEY),
+            timeout=5,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(err.value)[1] == ["tenant.display_name"]
+    admin.CreateTenant(
+        admin_pb.CreateTenantRequest(tenant=admin_pb.Tenant(id="nul")), metadata=bearer(ADMIN_KEY), timeout=5
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        admin.CreateApiKey(
+            admin_pb.CreateApiKeyRequest(tenant_id="nul", description="x\x00"),
+            metadata=bearer(ADMIN_KEY),
+            timeout=5,
+        )
+    assert error_info(err.value)[1] == ["description"]
+    keys = admin.ListApiKeys(
+        admin_pb.ListApiKeysRequest(tenant_id="nul"), metadata=bearer(ADMIN_KEY), timeout=5
+    )
+    assert not keys.api_keys  # nothing written

@@ -45,15 +45,15 @@ def current_principal() -> Principal:
 
 
 def bearer_token(metadata: Any) -> str:
-    for key, value in metadata or ():
-        if key == "authorization":
-            text = value.decode() if isinstance(value, bytes) else str(value)
-            scheme, _, token = text.strip().partition(" ")
-            if scheme.lower() == "bearer":
-                return token.strip()
-            raise Unauthenticated(
-                "authorization metadata must be 'Bearer <api key>'", reason="BAD_AUTH_SCHEME"
-            )
+    given = [value for key, value in metadata or () if key == "authorization"]
+    if len(given) > 1:  # which one is meant? Taking the first would hide a proxy's mistake
+        raise Unauthenticated("send one authorization header, not several", reason="BAD_AUTH_SCHEME")
+    for value in given:
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        scheme, _, token = text.strip().partition(" ")
+        if scheme.lower() == "bearer":
+            return token.strip()
+        raise Unauthenticated("authorization metadata must be 'Bearer <api key>'", reason="BAD_AUTH_SCHEME")
     return ""
 
 

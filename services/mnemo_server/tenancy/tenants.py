@@ -66,6 +66,8 @@ class TenantService:
             )
         if len(display_name) > 200:
             raise InvalidArgument("tenant.display_name", "longer than 200 characters")
+        if "\x00" in display_name:
+            raise InvalidArgument("tenant.display_name", "must not contain NUL characters")
         with self.db.transaction() as cur:
             now = self.clock()  # under the write lock: times follow the order of the writes
             if idempotency_repo.lookup(cur, self.db.stored.requests, ADMIN_TENANT, key) is None:
@@ -107,6 +109,8 @@ class TenantService:
         return the secret again (it is not stored): it fails with ALREADY_EXISTS naming the key."""
         if len(description) > 500:
             raise InvalidArgument("description", "longer than 500 characters")
+        if "\x00" in description:
+            raise InvalidArgument("description", "must not contain NUL characters")
         self.get_tenant(tenant_id)
         key_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)

@@ -379,6 +379,24 @@ def test_the_feeder_builds_afresh_a_graph_with_too_many_ghosts() -> None:
     assert current is not None and current.ghosts == 0 and graph.rows() == 70
 
 
+def test_a_fresh_build_that_cannot_start_is_not_retried_at_once() -> None:
+    """A rebuild that leaves the ghosts in place (the scope vectors not loaded) waits its
+    turn: the feeder does not spin on it."""
+    graph, ids, _ = _built(100, dtype="i8")
+    calls: list[float] = []
+    feeder = GraphFeeder(quiet_s=3600)
+    feeder.watch(graph, lambda: calls.append(time.monotonic()))
+    try:
+        graph.remove(ids[:30])
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+    finally:
+        feeder.stop()
+    assert len(calls) == 1 and graph.wants_fresh()
+
+
 def test_rows_written_again_leave_untouched_rows_reachable(model_cache: Path) -> None:
     """The regression the ghosts fix, with the bundled model's vectors: usearch's removal
     freed slots that the next adds reused under links leading to the old vectors, and after

@@ -47,6 +47,9 @@ _ADDS_PER_HOLD = 4
 # Past this share of ghosts among a graph's nodes it is built afresh: a ghost costs memory
 # and a place in searches' answers, and a rebuild ~40 s of one core per 100k rows.
 MAX_GHOST_SHARE = 0.2
+# A graph's fresh builds start at most this often: one that could not start (its scope
+# vectors not loaded) would otherwise be tried again at once, and again.
+_FRESH_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -390,6 +393,8 @@ class GraphFeeder:
         self._thread: threading.Thread | None = None
         # The graph the feeder is working on outside the lock (forget(wait=True) waits it out).
         self._working_on: VectorGraph | None = None
+        # When each graph's last fresh build (for its ghosts) started.
+        self._fresh_started: dict[VectorGraph, float] = {}
 
     def watch(
         self, graph: VectorGraph, rebuild: Callable[[], object], save: Callable[[], object] | None = None
@@ -405,6 +410,7 @@ class GraphFeeder:
         it any more, so that the caller is then the only thread changing it."""
         with self._wake:
             self._graphs.pop(graph, None)
+            self._fresh_started.pop(graph, None)
             while wait and self._working_on is graph:
                 self._wake.wait()
 
@@ -419,6 +425,10 @@ class GraphFeeder:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def _wants_fresh(self, graph: VectorGraph) -> bool:
+        started = self._fresh_started.get(graph)
+        return graph.wants_fresh() and (started is None or time.monotonic() - started >= _FRESH_EVERY_S)
+
     def _wants_save(self, graph: VectorGraph, save: Callable[[], object] | None) -> bool:
         return save is not None and graph.wants_save(
             self.save_quiet_s, self.save_changes, self.save_max_wait_s
@@ -426,7 +436,7 @@ class GraphFeeder:
 
     def _has_work(self) -> bool:
         return any(
-            g.queued() or g.wants_build(self.quiet_s) or g.wants_fresh() or self._wants_save(g, save)
+            g.queued() or g.wants_build(self.quiet_s) or self._wants_fresh(g) or self._wants_save(g, save)
             for g, (_, save) in self._graphs.items()
         )
 
@@ -444,7 +454,10 @@ class GraphFeeder:
                         continue  # forgotten since the list was taken
                     self._working_on = graph
                 try:
-                    if graph.wants_build(self.quiet_s) or graph.wants_fresh():
+                    if graph.wants_build(self.quiet_s):
+                        rebuild()
+                    elif self._wants_fresh(graph):
+                        self._fresh_started[graph] = time.monotonic()
                         rebuild()
                     elif graph.queued():
                         graph.apply_queued()

@@ -63,6 +63,10 @@ class ParsedStatements:
         self._parsed: OrderedDict[str, duckdb.Statement] = OrderedDict()
         self._lock = threading.Lock()
 
+    def clear(self) -> None:
+        with self._lock:
+            self._parsed.clear()
+
     def of(self, cur: duckdb.DuckDBPyConnection, query: str) -> duckdb.Statement | str:
         """The parsed statement of a one-statement text, else the text itself."""
         if "'" in query:
@@ -473,6 +477,9 @@ class Database:
             return
         with self._holding(ALL_DOMAINS):
             self._closed = True
+            # The parsed statements too: kept in a module global, they could outlive DuckDB's
+            # bindings at the interpreter's exit, which then report them as leaked (nanobind).
+            _PARSED.clear()
             with self._cursors_lock:
                 for cur in self._cursors:
                     with contextlib.suppress(duckdb.Error):

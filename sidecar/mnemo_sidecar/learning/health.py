@@ -51,20 +51,24 @@ class HealthTracker:
     def record(self, tenant: str, win: float | None) -> None:
         """After a session was stored; win is None when no predictor could be compared or
         the two orders tied."""
-        ema, since_promotion, since_training = self.store.health_state(tenant)
-        if win is not None:
-            ema = self.cfg.alpha * win + (1 - self.cfg.alpha) * ema
-        self.store.set_health_state(tenant, ema, since_promotion + 1, since_training + 1)
+        alpha = self.cfg.alpha
+
+        def after(ema: float, since_promotion: int, since_training: int) -> tuple[float, int, int]:
+            if win is not None:
+                ema = alpha * win + (1 - alpha) * ema
+            return ema, since_promotion + 1, since_training + 1
+
+        self.store.change_health_state(tenant, after)
 
     def on_promotion(self, tenant: str, heldout_win_rate: float = 0.5) -> None:
         """A new model's EMA starts from its win rate on the held-back sessions (the only
         evidence there is about it yet); live sessions then move it."""
-        _, _, since_training = self.store.health_state(tenant)
-        self.store.set_health_state(tenant, heldout_win_rate, 0, since_training)
+        self.store.change_health_state(
+            tenant, lambda _ema, _promo, since_training: (heldout_win_rate, 0, since_training)
+        )
 
     def on_training(self, tenant: str) -> None:
-        ema, since_promotion, _ = self.store.health_state(tenant)
-        self.store.set_health_state(tenant, ema, since_promotion, 0)
+        self.store.change_health_state(tenant, lambda ema, since_promotion, _train: (ema, since_promotion, 0))
 
     def sessions_since_training(self, tenant: str) -> int:
         return self.store.health_state(tenant)[2]

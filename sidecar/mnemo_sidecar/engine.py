@@ -198,7 +198,10 @@ class RankingEngine:
         ce_scores: dict[str, float] | None = None
         if model.uses_ce:
             ce, _ = self.serving_cross_encoder(tenant)
-            if ce is not None:
+            # Only the cross-encoder the ranker learned from: another one's logits (one
+            # promoted since, before a ranker learned from it) are on another scale. Without
+            # them the feature is missing, as it is beyond the head and in older sessions.
+            if ce is not None and ce.version == model.ce_version:
                 ce_scores = self.ce_head_scores(ce, query, candidates, deadline)
         deadline.check("ranking")
         session = FeedbackSession("", query, tuple(names), tuple(_unlabelled(c) for c in candidates))

@@ -665,6 +665,24 @@ def test_trainer_judges_a_fine_tune_as_the_rankers_feature(tiny_model: Path, tmp
     assert (served_ce.precision, configured.precision) == ("int8", "fp32")
     assert ranker_out.promoted and served is not None
     assert served.model.uses_ce and served.model.ce_version == served_ce.version
+    # Score feeds the ranker only the scores of the cross-encoder it learned from. Another
+    # may serve meanwhile: the configured one while the fine-tune is out of memory (loading
+    # in the background, cross_encoder.max_resident), or one promoted since.
+    scored_by: list[str] = []
+    head_scores, serving = engine.ce_head_scores, engine.serving_cross_encoder
+
+    def recording(ce: Any, query: str, candidates: Any, deadline: Any) -> dict[str, float]:
+        scored_by.append(ce.version)
+        return head_scores(ce, query, candidates, deadline)
+
+    engine.ce_head_scores = recording
+    probe = sessions[0]
+    for now_serving, expected in ((served_ce, [served_ce.version]), (configured, [])):
+        engine.serving_cross_encoder = lambda tenant, ce=now_serving: (ce, "test")
+        scored_by.clear()
+        engine.predict("t", probe.query, probe.feature_names, [c.candidate for c in probe.candidates], none)
+        assert scored_by == expected
+    engine.ce_head_scores, engine.serving_cross_encoder = head_scores, serving
     # More sessions, another fine-tune (from the configured model again, on all of them)
     # replaces the cross-encoder; the ranker that learned the previous one's scores is not
     # the incumbent the next ranker has to beat.

@@ -151,6 +151,11 @@ export interface ScoreRequest {
 export interface ScoreResponse {
   /** Same order as the request. Empty when cold_start is true. */
   scores: CandidateScore[];
+  /**
+   * The ranker's version. A ranker that learned from a cross-encoder's scores gets them
+   * only from that cross-encoder: while another one serves (promoted since, before a
+   * ranker learned from it), the feature is missing, as beyond the scored head.
+   */
   modelVersion: string;
   /** No trained ranker yet for this tenant: the caller keeps its baseline order. */
   coldStart: boolean;

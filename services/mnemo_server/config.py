@@ -388,6 +388,7 @@ _INT_RANGES = {
     "batch_size": (1, 4_096),
     "index_batch_size": (1, 4_096),
     "max_batch_size": (1, 100_000),
+    "max_train_streams": (1, 4_096),
 }
 
 

@@ -20,6 +20,10 @@ class SidecarServerConfig:
     host: str = "127.0.0.1"
     port: int = 50052
     max_workers: int = 16
+    # Train streams followed at once: each holds one of the max_workers for its whole run,
+    # so without a bound callers following a run left Score and Rerank no worker (probe: 16
+    # followers, then every Score timed out unseen). More are RESOURCE_EXHAUSTED.
+    max_train_streams: int = 4
     shutdown_grace_s: float = 3.0
     # When set, callers must send `authorization: Bearer <auth_token>`.
     auth_token: str = ""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
@@ -173,3 +174,36 @@ def test_a_sidecar_without_a_cross_encoder_prepares_the_embedding_blend_before_i
     candidates = [rpb.Candidate(id=f"m{i}", text=f"memory {i}", baseline_score=0.5) for i in range(3)]
     answer = stub.Rerank(rpb.RerankRequest(tenant_id="acme", query="q", candidates=candidates), timeout=10)
     assert answer.method == rpb.RERANK_METHOD_EMBEDDING_BLEND and len(answer.scores) == 3
+
+
+def test_train_calls_join_only_a_run_that_does_what_they_ask_and_streams_are_bounded(
+    start_sidecar: Callable[..., Any],
+) -> None:
+    """A Train call that joined the tenant's run in progress streamed that run's outcome as
+    its own, whatever it asked (probe: a Train of the cross-encoder answered OK with the
+    ranker's run). And followers each hold a worker for the whole run: past
+    server.max_train_streams they are refused, so Score and Rerank keep workers."""
+    from mnemo_sidecar.learning.model import ProgressEvent
+    from mnemo_sidecar.learning.runner import TrainingRun
+
+    side = start_sidecar(server={"max_train_streams": 1})
+    run = TrainingRun("t", kinds=frozenset({ModelKind.RANKER}))  # a ranker run in progress
+    side.runner._runs["t"] = run
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+    ranker_only = [rpb.MODEL_KIND_RANKER]
+    follower = stub.Train(rpb.TrainRequest(tenant_id="t", models=ranker_only), timeout=30)
+    run.emit(ProgressEvent(ModelKind.RANKER, "fit", 0.5, "halfway"))
+    assert next(follower).message == "halfway"  # joined: the run does what it asks
+    with pytest.raises(grpc.RpcError) as err:
+        next(stub.Train(rpb.TrainRequest(tenant_id="u"), timeout=10))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_train_streams" in (err.value.details() or "")
+    assert _score(stub).cold_start  # Score is still answered
+    run.finish()
+    assert list(follower) == []
+    side.runner._runs["t"] = TrainingRun("t", kinds=frozenset({ModelKind.RANKER}))
+    for asks in ({"models": [rpb.MODEL_KIND_CROSS_ENCODER]}, {"models": ranker_only, "force": True}):
+        with pytest.raises(grpc.RpcError) as err:
+            next(stub.Train(rpb.TrainRequest(tenant_id="t", **asks), timeout=10))  # type: ignore[arg-type]
+        assert err.value.code() == grpc.StatusCode.ABORTED, asks
+        assert "already training (RANKER)" in (err.value.details() or ""), asks

@@ -3,6 +3,7 @@ deadline and admitted through the gate (or shed)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import grpc
@@ -10,7 +11,7 @@ from google.protobuf import timestamp_pb2
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
-from mnemo_server.errors import Unavailable
+from mnemo_server.errors import ResourceExhausted, Unavailable
 from mnemo_sidecar.api import convert
 from mnemo_sidecar.api.stats import LatencyStats
 from mnemo_sidecar.deadlines import AdmissionGate, Deadline
@@ -29,6 +30,7 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
         self.gate = gate
         self.stats = stats
         self.cfg = engine.cfg
+        self._train_streams = threading.BoundedSemaphore(self.cfg.server.max_train_streams)
 
     def _deadline(self, context: grpc.ServicerContext) -> Deadline:
         remaining = context.time_remaining()
@@ -95,7 +97,21 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
     def Train(self, request: rpb.TrainRequest, context: grpc.ServicerContext) -> Iterator[rpb.TrainResponse]:
         tenant = convert.tenant_of(request.tenant_id)
         kinds = convert.model_kinds(request.models)
-        run, _ = self.runner.start(tenant, kinds, request.force)
+        if not self._train_streams.acquire(blocking=False):
+            raise ResourceExhausted(
+                f"{self.cfg.server.max_train_streams} Train streams are being followed already "
+                "(server.max_train_streams); call again once one ends",
+                reason="TOO_MANY_TRAIN_STREAMS",
+            )
+        try:
+            yield from self._follow(tenant, kinds, request.force, context)
+        finally:
+            self._train_streams.release()
+
+    def _follow(
+        self, tenant: str, kinds: set[ModelKind], force: bool, context: grpc.ServicerContext
+    ) -> Iterator[rpb.TrainResponse]:
+        run, _ = self.runner.start(tenant, kinds, force)
         for e in run.follow():
             if not context.is_active():
                 return  # the caller left; the run goes on in the background

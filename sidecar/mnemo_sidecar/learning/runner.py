@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from mnemo_server.errors import MnemoError
+from mnemo_server.errors import Aborted, MnemoError
 from mnemo_sidecar.engine import RankingEngine
 from mnemo_sidecar.learning.model import ModelKind, ProgressEvent
 from mnemo_sidecar.learning.priority import ThreadPriority
@@ -34,6 +34,10 @@ class TrainingRun:
     pid: int = 0  # the process the run trained in
     # What it trained at.
     priority: ThreadPriority = field(default_factory=lambda: ThreadPriority(0, idle_class=False))
+    # What it was asked: the models, below the minimum of sessions or not, on schedule.
+    kinds: frozenset[ModelKind] = frozenset()
+    force: bool = False
+    scheduled: bool = False
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def emit(self, event: ProgressEvent) -> None:
@@ -82,8 +86,19 @@ class TrainingRunner:
         with self._lock:
             run = self._runs.get(tenant)
             if run is not None and not run.done.is_set():
-                return run, False
-            run = TrainingRun(tenant)
+                # A call joins the run in progress only if that run does what it asks; else it
+                # would stream another request's outcome as its own (probe: a Train of the
+                # cross-encoder answered OK with the ranker's run; a forced one failed as the
+                # unforced run below the minimum did). A background start just lets it be.
+                if scheduled or (kinds <= run.kinds and force <= run.force and scheduled >= run.scheduled):
+                    return run, False
+                raise Aborted(
+                    f"tenant {tenant!r} is already training ({', '.join(sorted(k.name for k in run.kinds))}"
+                    f"{', forced' if run.force else ''}{', on schedule' if run.scheduled else ''}), "
+                    "which is not what this call asks; call again once it ends",
+                    reason="TRAINING_IN_PROGRESS",
+                )
+            run = TrainingRun(tenant, kinds=frozenset(kinds), force=force, scheduled=scheduled)
             self._runs[tenant] = run
         threading.Thread(
             target=self._execute, args=(run, kinds, force, scheduled), name=f"train-{tenant}", daemon=True

@@ -97,7 +97,10 @@ class RankingServiceServicer:
 
     def Train(self, request, context):
         """Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
-        promotes a new version only if it beats the current one on held-back sessions.
+        promotes a new version only if it beats the current one on held-back sessions. While
+        the tenant trains, a call asking what the run in progress does (its models or fewer;
+        force only if it forces; not a scheduled run's) follows that run; any other is ABORTED
+        (TRAINING_IN_PROGRESS). Streams past server.max_train_streams are RESOURCE_EXHAUSTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -49,7 +49,10 @@ class RankingServiceStub:
     """
     Train: _grpc.UnaryStreamMultiCallable[_ranking_service_pb2.TrainRequest, _ranking_service_pb2.TrainResponse]
     """Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
-    promotes a new version only if it beats the current one on held-back sessions.
+    promotes a new version only if it beats the current one on held-back sessions. While
+    the tenant trains, a call asking what the run in progress does (its models or fewer;
+    force only if it forces; not a scheduled run's) follows that run; any other is ABORTED
+    (TRAINING_IN_PROGRESS). Streams past server.max_train_streams are RESOURCE_EXHAUSTED.
     """
     GetModelStatus: _grpc.UnaryUnaryMultiCallable[_ranking_service_pb2.GetModelStatusRequest, _ranking_service_pb2.GetModelStatusResponse]
 
@@ -74,7 +77,10 @@ class RankingServiceAsyncStub(RankingServiceStub):
     """
     Train: _aio.UnaryStreamMultiCallable[_ranking_service_pb2.TrainRequest, _ranking_service_pb2.TrainResponse]  # type: ignore[assignment]
     """Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
-    promotes a new version only if it beats the current one on held-back sessions.
+    promotes a new version only if it beats the current one on held-back sessions. While
+    the tenant trains, a call asking what the run in progress does (its models or fewer;
+    force only if it forces; not a scheduled run's) follows that run; any other is ABORTED
+    (TRAINING_IN_PROGRESS). Streams past server.max_train_streams are RESOURCE_EXHAUSTED.
     """
     GetModelStatus: _aio.UnaryUnaryMultiCallable[_ranking_service_pb2.GetModelStatusRequest, _ranking_service_pb2.GetModelStatusResponse]  # type: ignore[assignment]
 
@@ -120,7 +126,10 @@ class RankingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_ranking_service_pb2.TrainResponse], _abc.AsyncIterator[_ranking_service_pb2.TrainResponse]]:
         """Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
-        promotes a new version only if it beats the current one on held-back sessions.
+        promotes a new version only if it beats the current one on held-back sessions. While
+        the tenant trains, a call asking what the run in progress does (its models or fewer;
+        force only if it forces; not a scheduled run's) follows that run; any other is ABORTED
+        (TRAINING_IN_PROGRESS). Streams past server.max_train_streams are RESOURCE_EXHAUSTED.
         """
 
     @_abc_1.abstractmethod

@@ -3187,7 +3187,10 @@ export const RankingServiceService = {
   },
   /**
    * Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
-   * promotes a new version only if it beats the current one on held-back sessions.
+   * promotes a new version only if it beats the current one on held-back sessions. While
+   * the tenant trains, a call asking what the run in progress does (its models or fewer;
+   * force only if it forces; not a scheduled run's) follows that run; any other is ABORTED
+   * (TRAINING_IN_PROGRESS). Streams past server.max_train_streams are RESOURCE_EXHAUSTED.
    */
   train: {
     path: "/mnemo.ranking.v1.RankingService/Train" as const,
@@ -3226,7 +3229,10 @@ export interface RankingServiceServer extends UntypedServiceImplementation {
   submitTrainingPairs: handleUnaryCall<SubmitTrainingPairsRequest, SubmitTrainingPairsResponse>;
   /**
    * Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
-   * promotes a new version only if it beats the current one on held-back sessions.
+   * promotes a new version only if it beats the current one on held-back sessions. While
+   * the tenant trains, a call asking what the run in progress does (its models or fewer;
+   * force only if it forces; not a scheduled run's) follows that run; any other is ABORTED
+   * (TRAINING_IN_PROGRESS). Streams past server.max_train_streams are RESOURCE_EXHAUSTED.
    */
   train: handleServerStreamingCall<TrainRequest, TrainResponse>;
   getModelStatus: handleUnaryCall<GetModelStatusRequest, GetModelStatusResponse>;
@@ -3289,7 +3295,10 @@ export interface RankingServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
-   * promotes a new version only if it beats the current one on held-back sessions.
+   * promotes a new version only if it beats the current one on held-back sessions. While
+   * the tenant trains, a call asking what the run in progress does (its models or fewer;
+   * force only if it forces; not a scheduled run's) follows that run; any other is ABORTED
+   * (TRAINING_IN_PROGRESS). Streams past server.max_train_streams are RESOURCE_EXHAUSTED.
    */
   train(request: TrainRequest, options?: Partial<CallOptions>): ClientReadableStream<TrainResponse>;
   train(

@@ -90,7 +90,7 @@ class TrainingRunner:
                 # would stream another request's outcome as its own (probe: a Train of the
                 # cross-encoder answered OK with the ranker's run; a forced one failed as the
                 # unforced run below the minimum did). A background start just lets it be.
-                if scheduled or (kinds <= run.kinds and force <= run.force and scheduled >= run.scheduled):
+                if scheduled or (kinds <= run.kinds and (run.force or not force) and not run.scheduled):
                     return run, False
                 raise Aborted(
                     f"tenant {tenant!r} is already training ({', '.join(sorted(k.name for k in run.kinds))}"

@@ -45,6 +45,18 @@ class Api:
             lpb.PublishLearningCandidateRequest(id=created.id), metadata=self.md, timeout=10
         ).learning
 
+    def supersede(self, learning_id: str, content: str) -> lpb.Learning:
+        """A procedure published to replace the learning."""
+        candidate = lpb.LearningCandidate(content=content, kind=lpb.LEARNING_KIND_PROCEDURE)
+        created = self.learnings.CreateLearningCandidate(
+            lpb.CreateLearningCandidateRequest(candidate=candidate), metadata=self.md, timeout=10
+        ).candidate
+        return self.learnings.PublishLearningCandidate(
+            lpb.PublishLearningCandidateRequest(id=created.id, supersedes_id=learning_id),
+            metadata=self.md,
+            timeout=10,
+        ).learning
+
     def revoke(self, learning_id: str, reason: str = "outdated") -> None:
         self.learnings.RevokeLearning(
             lpb.RevokeLearningRequest(id=learning_id, reason=reason), metadata=self.md, timeout=10
@@ -115,18 +127,7 @@ def test_superseding_the_source_revokes_its_skills(server: LiveServer, tenant_a:
     api = Api(tenant_a)
     proc = api.learning()
     skill = api.promote(proc.id, "cut-release")
-    candidate = api.learnings.CreateLearningCandidate(
-        lpb.CreateLearningCandidateRequest(
-            candidate=lpb.LearningCandidate(content="1. tag from CI", kind=lpb.LEARNING_KIND_PROCEDURE)
-        ),
-        metadata=api.md,
-        timeout=10,
-    ).candidate
-    newer = api.learnings.PublishLearningCandidate(
-        lpb.PublishLearningCandidateRequest(id=candidate.id, supersedes_id=proc.id),
-        metadata=api.md,
-        timeout=10,
-    ).learning
+    newer = api.supersede(proc.id, "1. tag from CI")
     assert api.get(skill.id).state == pb.SKILL_STATE_REVOKED
     trail = learning_repo.events_for(server.server.core.db.reader(), "tenant-a", skill.id)
     assert [(e.from_state, e.to_state) for e in trail] == [("", "draft"), ("draft", "revoked")]
@@ -149,18 +150,7 @@ def test_promote_errors(tenant_a: TenantClient) -> None:
     fact = api.learning("The release branch is main.", lpb.LEARNING_KIND_FACT)
     project = api.learning(scope=common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p1"))
     superseded = api.learning("1. old steps")
-    replacement = api.learnings.CreateLearningCandidate(
-        lpb.CreateLearningCandidateRequest(
-            candidate=lpb.LearningCandidate(content="1. new steps", kind=lpb.LEARNING_KIND_PROCEDURE)
-        ),
-        metadata=api.md,
-        timeout=10,
-    ).candidate
-    current = api.learnings.PublishLearningCandidate(
-        lpb.PublishLearningCandidateRequest(id=replacement.id, supersedes_id=superseded.id),
-        metadata=api.md,
-        timeout=10,
-    ).learning
+    current = api.supersede(superseded.id, "1. new steps")
 
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     bad_input: list[tuple[Callable[[], object], str]] = [

@@ -6,6 +6,7 @@ GetModelStatus, and is not loaded again on every call."""
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -199,8 +200,21 @@ def test_train_calls_join_only_a_run_that_does_what_they_ask_and_streams_are_bou
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "max_train_streams" in (err.value.details() or "")
     assert _score(stub).cold_start  # Score is still answered
+    # A follower that leaves gives its worker back while the run is quiet, not at its next event.
+    follower.cancel()
+    deadline, refused = time.monotonic() + 10, []
+    while True:
+        again = stub.Train(rpb.TrainRequest(tenant_id="t", models=ranker_only), timeout=30)
+        try:
+            first = next(again)  # the run's events from its start
+            break
+        except grpc.RpcError as err:
+            refused.append(err.code())
+        assert time.monotonic() < deadline, refused
+        time.sleep(0.2)
+    assert first.message == "halfway" and set(refused) <= {grpc.StatusCode.RESOURCE_EXHAUSTED}
     run.finish()
-    assert list(follower) == []
+    assert list(again) == []
     side.runner._runs["t"] = TrainingRun("t", kinds=frozenset({ModelKind.RANKER}))
     for asks in ({"models": [rpb.MODEL_KIND_CROSS_ENCODER]}, {"models": ranker_only, "force": True}):
         with pytest.raises(grpc.RpcError) as err:

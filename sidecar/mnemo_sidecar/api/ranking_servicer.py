@@ -112,7 +112,7 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
         self, tenant: str, kinds: set[ModelKind], force: bool, context: grpc.ServicerContext
     ) -> Iterator[rpb.TrainResponse]:
         run, _ = self.runner.start(tenant, kinds, force)
-        for e in run.follow():
+        for e in run.follow(alive=context.is_active):
             if not context.is_active():
                 return  # the caller left; the run goes on in the background
             msg = rpb.TrainResponse(

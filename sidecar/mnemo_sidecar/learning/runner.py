@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from mnemo_server.errors import Aborted, MnemoError
@@ -50,12 +50,18 @@ class TrainingRun:
             self.done.set()
             self._cond.notify_all()
 
-    def follow(self, poll_s: float = 0.5) -> Iterator[ProgressEvent]:
-        """Every event from the start of the run until it finishes."""
+    def follow(
+        self, poll_s: float = 0.5, alive: Callable[[], bool] = lambda: True
+    ) -> Iterator[ProgressEvent]:
+        """Every event from the start of the run until it finishes, or until `alive` (asked
+        every poll_s while no event comes) says the follower has gone: a Train stream whose
+        caller left would otherwise hold its worker until the run's next event."""
         sent = 0
         while True:
             with self._cond:
                 while sent >= len(self.events) and not self.done.is_set():
+                    if not alive():
+                        return
                     self._cond.wait(poll_s)
                 batch = self.events[sent:]
                 finished = self.done.is_set()

@@ -324,11 +324,14 @@ class MemoryService:
         self.indexer.submit(tenant_id, [memory_id])
         if wait_for_index:
             self.indexer.wait_indexed(tenant_id, [memory_id], self._wait_budget(wait_timeout_s))
+        elif replay is None and answer is not None:
+            return answer  # read in its transaction; a read now could only show a later write
         return self._as_left(tenant_id, memory_id, answer)
 
     def _as_left(self, tenant_id: str, memory_id: str, answer: Memory | None) -> Memory:
-        """A write's answer: the memory as the write left it, with its index state now if no
-        later write changed it (a record from before rows were kept: as it is now)."""
+        """A retried or waited-for write's answer: the memory as the write left it, with its
+        index state now if no later write changed it (a record from before rows were kept:
+        as it is now)."""
         latest = memory_repo.read_many(self.db.reader(), self.db.rows, tenant_id, [memory_id]).get(memory_id)
         if answer is None:
             if latest is None:
@@ -402,7 +405,9 @@ class MemoryService:
                     cur, self.db.stored.requests, tenant_id, key, {"ids": [memory_id], "row": row}, now
                 )
         self.indexer.submit(tenant_id, [memory_id])
-        return self._as_left(tenant_id, memory_id, answer)
+        return (
+            answer if replay is None and answer is not None else self._as_left(tenant_id, memory_id, answer)
+        )
 
     def purge(
         self,

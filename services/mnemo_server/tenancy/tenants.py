@@ -64,10 +64,7 @@ class TenantService:
             raise InvalidArgument(
                 "tenant.id", "must be 1-64 characters of [a-z0-9_-], starting with a letter or digit"
             )
-        if len(display_name) > 200:
-            raise InvalidArgument("tenant.display_name", "longer than 200 characters")
-        if "\x00" in display_name:
-            raise InvalidArgument("tenant.display_name", "must not contain NUL characters")
+        _check_label(display_name, "tenant.display_name", 200)
         with self.db.transaction() as cur:
             now = self.clock()  # under the write lock: times follow the order of the writes
             if idempotency_repo.lookup(cur, self.db.stored.requests, ADMIN_TENANT, key) is None:
@@ -107,10 +104,7 @@ class TenantService:
     ) -> tuple[ApiKeyRow, str]:
         """Returns the key and its full token. A retried request (same request_id) cannot
         return the secret again (it is not stored): it fails with ALREADY_EXISTS naming the key."""
-        if len(description) > 500:
-            raise InvalidArgument("description", "longer than 500 characters")
-        if "\x00" in description:
-            raise InvalidArgument("description", "must not contain NUL characters")
+        _check_label(description, "description", 500)
         self.get_tenant(tenant_id)
         key_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)
@@ -175,6 +169,14 @@ class TenantService:
                     self._verified.clear()
                 self._verified[token] = (row.id, row.tenant_id)
         return Principal(tenant_id=row.tenant_id, key_id=row.id)
+
+
+def _check_label(value: str, field: str, max_chars: int) -> None:
+    """A free-text label shown back to people: bounded, and without NUL (as memory content)."""
+    if len(value) > max_chars:
+        raise InvalidArgument(field, f"longer than {max_chars:,} characters")
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL characters")
 
 
 def require_admin(principal: Principal) -> None:

@@ -777,6 +777,31 @@ def test_a_fine_tune_over_its_budget_is_cut_and_its_fold_models_run_the_same_sha
     assert len(folds) == 2 and all(re.search(r"\(cut to 1 of \d+ steps\)$", m) for m in folds), folds
 
 
+def test_a_run_stopped_during_its_fine_tune_leaves_no_version_behind(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """A sidecar stopping mid-run (should_stop turns true) ends the fine-tune; the version
+    directory the run had made for it is removed, and nothing is promoted."""
+    from mnemo_sidecar.crossencoder.finetune import FinetuneStopped
+    from mnemo_sidecar.learning.model import ModelKind
+    from mnemo_sidecar.learning.trainer import Trainer
+
+    engine = _learning_engine(tiny_model, tmp_path)
+    kind_dir = tmp_path / "models" / "t" / ModelKind.CROSS_ENCODER.value
+    stages: list[str] = []
+    with pytest.raises(FinetuneStopped):
+        Trainer(engine).train(
+            "t",
+            {ModelKind.CROSS_ENCODER, ModelKind.RANKER},
+            force=False,
+            progress=lambda _k, stage, _f, _m: stages.append(stage),
+            should_stop=lambda: "fine-tuning" in stages,  # once the fine-tune has begun
+        )
+    assert "fine-tuning" in stages
+    assert not kind_dir.exists() or not any(kind_dir.iterdir())
+    assert engine.registry.pointer("t", ModelKind.CROSS_ENCODER) is None
+
+
 def test_a_cross_encoder_promoted_by_a_training_process_is_served_here_and_after_a_restart(
     tiny_model: Path, tmp_path: Path
 ) -> None:

@@ -25,7 +25,8 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -83,6 +84,18 @@ class ModelRegistry:
         path = self._kind_dir(tenant, kind) / version
         path.mkdir(parents=True)
         return version, path
+
+    @contextmanager
+    def candidate(self, tenant: str, kind: ModelKind) -> Iterator[tuple[str, Path]]:
+        """A new version's directory for the block to train into; `promote` or `discard`
+        settles it. If the block raises (a failed run, or one stopped because the sidecar is
+        stopping) the directory is removed: a version nobody will promote is not left on disk."""
+        version, path = self.new_version(tenant, kind)
+        try:
+            yield version, path
+        except BaseException:
+            self.discard(tenant, kind, version)
+            raise
 
     def pointer(self, tenant: str, kind: ModelKind) -> dict[str, Any] | None:
         f = self._kind_dir(tenant, kind) / "current.json"

@@ -272,97 +272,101 @@ class Trainer:
         # on from the current fine-tune: the fold models must not start from one that has
         # seen the sessions they score (cross_fit), and the served one is fitted like them.
         base = Path(c.path) if c.path else bundled_base()
-        version, directory = self.engine.registry.new_version(tenant, kind)
-        started = time.perf_counter()
+        with self.engine.registry.candidate(tenant, kind) as (version, directory):
+            started = time.perf_counter()
 
-        budget = c.fine_tune_max_s if c.fine_tune_max_s > 0 else None
+            budget = c.fine_tune_max_s if c.fine_tune_max_s > 0 else None
 
-        def fit(on_pairs: list[LabelledPair], out_dir: Path, step: str, share: float = 1.0) -> FinetuneReport:
-            return finetune(
-                base,
-                on_pairs,
-                out_dir,
-                epochs=c.epochs,
-                lr=c.learning_rate,
-                batch_size=c.batch_size,
-                max_length=c.max_length,
-                pos_weight=c.positive_weight,
-                max_seconds=budget,
-                step_fraction=share,
-                threads=self.cfg.training.torch_threads,
-                progress=lambda f, msg: progress(kind, step, f, msg),
-                should_stop=run.should_stop,
+            def fit(
+                on_pairs: list[LabelledPair], out_dir: Path, step: str, share: float = 1.0
+            ) -> FinetuneReport:
+                return finetune(
+                    base,
+                    on_pairs,
+                    out_dir,
+                    epochs=c.epochs,
+                    lr=c.learning_rate,
+                    batch_size=c.batch_size,
+                    max_length=c.max_length,
+                    pos_weight=c.positive_weight,
+                    max_seconds=budget,
+                    step_fraction=share,
+                    threads=self.cfg.training.torch_threads,
+                    progress=lambda f, msg: progress(kind, step, f, msg),
+                    should_stop=run.should_stop,
+                )
+
+            progress(
+                kind, "fine-tuning", 0.0, f"{len(pairs)} pairs from {len(train)} sessions, base {base.name}"
             )
+            served = fit(pairs, self.engine.fine_tuned_model_dir(directory), "fine-tuning")
+            share = served.steps / served.planned_steps
+            source = f"fine-tuned from {base.name} on {len(train)} sessions"
+            if share < 1.0:
+                source += f" ({served.steps} of {served.planned_steps} steps, cut to its {budget:g} s budget)"
+            candidate = self.engine.load_fine_tuned(directory)
+            # Timed before the fold models are fitted: one too slow to be the ranker's feature
+            # needs none of them.
+            too_slow = self._too_slow(run, candidate) if self.cfg.training.ranker else ""
+            as_feature = self.cfg.training.ranker and not too_slow
 
-        progress(kind, "fine-tuning", 0.0, f"{len(pairs)} pairs from {len(train)} sessions, base {base.name}")
-        served = fit(pairs, self.engine.fine_tuned_model_dir(directory), "fine-tuning")
-        share = served.steps / served.planned_steps
-        source = f"fine-tuned from {base.name} on {len(train)} sessions"
-        if share < 1.0:
-            source += f" ({served.steps} of {served.planned_steps} steps, cut to its {budget:g} s budget)"
-        candidate = self.engine.load_fine_tuned(directory)
-        # Timed before the fold models are fitted: one too slow to be the ranker's feature
-        # needs none of them.
-        too_slow = self._too_slow(run, candidate) if self.cfg.training.ranker else ""
-        as_feature = self.cfg.training.ranker and not too_slow
+            def fit_fold(on: Sequence[FeedbackSession], out_dir: Path) -> bool:
+                # A fold's complement may hold no session with both a used and an unused memory.
+                fold_pairs = pairs_of(on)
+                if fold_pairs:  # trained like the served model: the same share of its steps
+                    fit(fold_pairs, out_dir, "cross-fitting", share)
+                return bool(fold_pairs)
 
-        def fit_fold(on: Sequence[FeedbackSession], out_dir: Path) -> bool:
-            # A fold's complement may hold no session with both a used and an unused memory.
-            fold_pairs = pairs_of(on)
-            if fold_pairs:  # trained like the served model: the same share of its steps
-                fit(fold_pairs, out_dir, "cross-fitting", share)
-            return bool(fold_pairs)
-
-        if as_feature and c.cross_fit_folds >= 2:
-            oof = cross_fit.out_of_fold_scores(
-                train,
-                c.cross_fit_folds,
-                fit_fold,
-                lambda model_dir, onnx: self.engine.load_cross_encoder(model_dir, onnx, fine_tuned=True),
-                lambda ce, s: self.engine.ce_head_scores(
-                    ce, s.query, [x.candidate for x in s.candidates], Deadline.none()
-                ),
-                lambda f, msg: progress(kind, "cross-fitting", f, msg),
-                scratch=self._scratch(),
-                scored={s.session_id for s in run.featured},
+            if as_feature and c.cross_fit_folds >= 2:
+                oof = cross_fit.out_of_fold_scores(
+                    train,
+                    c.cross_fit_folds,
+                    fit_fold,
+                    lambda model_dir, onnx: self.engine.load_cross_encoder(model_dir, onnx, fine_tuned=True),
+                    lambda ce, s: self.engine.ce_head_scores(
+                        ce, s.query, [x.candidate for x in s.candidates], Deadline.none()
+                    ),
+                    lambda f, msg: progress(kind, "cross-fitting", f, msg),
+                    scratch=self._scratch(),
+                    scored={s.session_id for s in run.featured},
+                )
+                cross_fit.save(directory, oof)
+                source += f" (the ranker learns their scores from {c.cross_fit_folds} fold models)"
+            seconds = time.perf_counter() - started
+            if not as_feature and 0 < c.judge_max_sessions < len(held):
+                held = held[-c.judge_max_sessions :]  # the newest: alone, it scores every candidate
+            progress(kind, "evaluating", 0.0, f"{len(held)} held-back sessions")
+            caveat = f" (alone, for Recall's rerank: {too_slow})" if too_slow else ""
+            if as_feature:
+                # Judged by what it is used for: the order of a ranker fitted on the same
+                # sessions with its scores as a feature, against one with the current version's
+                # scores (or none). Alone, blended with the baseline, an in-domain fine-tune lost
+                # to the general cross-encoder on LoCoMo, yet as a feature it lifted the ranker.
+                with_candidate = self._ce_features(candidate, run.featured, run.ce_cache, progress, kind)
+                with_current = None
+                caveat = " (as the ranker's feature; current: no cross-encoder)"
+                if current is not None:
+                    with_current = self._ce_features(current, run.featured, run.ce_cache, progress, kind)
+                    caveat = " (as the ranker's feature)"
+                cand_ndcg = self._probe_ranker(train, held, with_candidate)
+                current_ndcg: float | None = self._probe_ranker(train, held, with_current)
+            else:
+                cand_ndcg = ce_blend_ndcg(candidate, held)
+                current_ndcg = ce_blend_ndcg(current, held) if current is not None else None
+            base_ndcg = baseline_ndcg(held)
+            return self._conclude(
+                tenant,
+                kind,
+                version,
+                lambda: candidate,
+                source,
+                (cand_ndcg, current_ndcg, base_ndcg),
+                len(held),
+                seconds,
+                len(pairs),
+                progress,
+                caveat,
             )
-            cross_fit.save(directory, oof)
-            source += f" (the ranker learns their scores from {c.cross_fit_folds} fold models)"
-        seconds = time.perf_counter() - started
-        if not as_feature and 0 < c.judge_max_sessions < len(held):
-            held = held[-c.judge_max_sessions :]  # the newest: alone, it scores every candidate
-        progress(kind, "evaluating", 0.0, f"{len(held)} held-back sessions")
-        caveat = f" (alone, for Recall's rerank: {too_slow})" if too_slow else ""
-        if as_feature:
-            # Judged by what it is used for: the order of a ranker fitted on the same
-            # sessions with its scores as a feature, against one with the current version's
-            # scores (or none). Alone, blended with the baseline, an in-domain fine-tune lost
-            # to the general cross-encoder on LoCoMo, yet as a feature it lifted the ranker.
-            with_candidate = self._ce_features(candidate, run.featured, run.ce_cache, progress, kind)
-            with_current = None
-            caveat = " (as the ranker's feature; current: no cross-encoder)"
-            if current is not None:
-                with_current = self._ce_features(current, run.featured, run.ce_cache, progress, kind)
-                caveat = " (as the ranker's feature)"
-            cand_ndcg = self._probe_ranker(train, held, with_candidate)
-            current_ndcg: float | None = self._probe_ranker(train, held, with_current)
-        else:
-            cand_ndcg = ce_blend_ndcg(candidate, held)
-            current_ndcg = ce_blend_ndcg(current, held) if current is not None else None
-        base_ndcg = baseline_ndcg(held)
-        return self._conclude(
-            tenant,
-            kind,
-            version,
-            lambda: candidate,
-            source,
-            (cand_ndcg, current_ndcg, base_ndcg),
-            len(held),
-            seconds,
-            len(pairs),
-            progress,
-            caveat,
-        )
 
     def _ce_features(
         self,
@@ -426,48 +430,50 @@ class Trainer:
             ce = None  # the ranker learns without it
         ce_version = ce.version if ce is not None else None
         ce_scores = self._ce_features(ce, run.featured, run.ce_cache, progress) if ce is not None else None
-        version, directory = self.engine.registry.new_version(tenant, kind)
-        started = time.perf_counter()
-        progress(kind, "training", 0.0, f"lambdarank on {len(train)} sessions")
-        model, rows = train_ranker(
-            train, ce_scores, self.cfg.ranker, directory, version, ce_version=ce_version
-        )
-        seconds = time.perf_counter() - started
-        current = self.engine.ranker(tenant)
-        judged, current_ndcg, caveat = self._incumbent(
-            current.model if current is not None else None, train, held, ce_scores, ce_version
-        )
-        cand_ndcg, win_rate = ranker_heldout(model, judged, ce_scores)
-        base_ndcg = baseline_ndcg(judged)
-        source = f"lambdarank on {len(train)} sessions" + (" + cross-encoder feature" if ce_scores else "")
-        if too_slow:
-            caveat += f" (no cross-encoder feature: {too_slow})"
+        with self.engine.registry.candidate(tenant, kind) as (version, directory):
+            started = time.perf_counter()
+            progress(kind, "training", 0.0, f"lambdarank on {len(train)} sessions")
+            model, rows = train_ranker(
+                train, ce_scores, self.cfg.ranker, directory, version, ce_version=ce_version
+            )
+            seconds = time.perf_counter() - started
+            current = self.engine.ranker(tenant)
+            judged, current_ndcg, caveat = self._incumbent(
+                current.model if current is not None else None, train, held, ce_scores, ce_version
+            )
+            cand_ndcg, win_rate = ranker_heldout(model, judged, ce_scores)
+            base_ndcg = baseline_ndcg(judged)
+            source = f"lambdarank on {len(train)} sessions" + (
+                " + cross-encoder feature" if ce_scores else ""
+            )
+            if too_slow:
+                caveat += f" (no cross-encoder feature: {too_slow})"
 
-        def refit() -> RankerModel:
-            """The promoted model is fitted again on every session before it is served."""
-            if not self.cfg.ranker.refit_on_all:
-                return model
-            progress(kind, "refitting", 0.0, f"lambdarank on all {len(train) + len(held)} sessions")
-            return train_ranker(
-                [*train, *held], ce_scores, self.cfg.ranker, directory, version, ce_version=ce_version
-            )[0]
+            def refit() -> RankerModel:
+                """The promoted model is fitted again on every session before it is served."""
+                if not self.cfg.ranker.refit_on_all:
+                    return model
+                progress(kind, "refitting", 0.0, f"lambdarank on all {len(train) + len(held)} sessions")
+                return train_ranker(
+                    [*train, *held], ce_scores, self.cfg.ranker, directory, version, ce_version=ce_version
+                )[0]
 
-        outcome = self._conclude(
-            tenant,
-            kind,
-            version,
-            refit,
-            source + (f", refit on {len(train) + len(held)}" if self.cfg.ranker.refit_on_all else ""),
-            (cand_ndcg, current_ndcg, base_ndcg),
-            len(judged),
-            seconds,
-            rows,
-            progress,
-            caveat,
-        )
-        if outcome.promoted:
-            self.engine.health.on_promotion(tenant, win_rate)
-        return outcome
+            outcome = self._conclude(
+                tenant,
+                kind,
+                version,
+                refit,
+                source + (f", refit on {len(train) + len(held)}" if self.cfg.ranker.refit_on_all else ""),
+                (cand_ndcg, current_ndcg, base_ndcg),
+                len(judged),
+                seconds,
+                rows,
+                progress,
+                caveat,
+            )
+            if outcome.promoted:
+                self.engine.health.on_promotion(tenant, win_rate)
+            return outcome
 
     def _incumbent(
         self,

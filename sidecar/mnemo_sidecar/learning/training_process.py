@@ -137,6 +137,7 @@ def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int)
     # torch's and LightGBM's pools at their first parallel section, and all inherit it.
     priority = lower_this_thread(job.cfg.training.nice, job.cfg.training.idle_class)
     # Imported here: the parent needs none of the training stack to start a child.
+    from mnemo_sidecar.crossencoder.finetune import FinetuneStopped
     from mnemo_sidecar.engine import RankingEngine
     from mnemo_sidecar.learning.pair_store import PairStore
     from mnemo_sidecar.learning.trainer import Trainer
@@ -164,6 +165,9 @@ def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int)
         events.put(ChildFinished())
     except MnemoError as exc:
         events.put(ChildFinished(refused=(type(exc).__name__, exc.message, exc.reason)))
+    except FinetuneStopped as exc:  # the sidecar is stopping: an ending, not a failure to trace
+        log.info("training for %s stopped as the sidecar stops (%s)", job.tenant, exc)
+        events.put(ChildFinished(failure=f"stopped as the sidecar stops ({exc})"))
     except BaseException as exc:  # reported to the parent, which stays up
         log.exception("training for %s failed", job.tenant)
         events.put(ChildFinished(failure=f"{type(exc).__name__}: {exc}"))

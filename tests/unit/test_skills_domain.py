@@ -16,7 +16,7 @@ from mnemo_server.learning.model import CandidateDraft, LearningKind, SubjectKin
 from mnemo_server.learning.service import LearningService
 from mnemo_server.memory.model import IdempotencyKey, Scope, ScopeKind
 from mnemo_server.memory.validation import Validator
-from mnemo_server.skills.model import SkillState
+from mnemo_server.skills.model import RolloutStage, SkillState
 from mnemo_server.skills.service import SkillService
 from mnemo_server.store import learning_repo
 from mnemo_server.store.database import Database
@@ -221,3 +221,38 @@ def test_other_tenants_skills_are_invisible(learnings: LearningService, svc: Ski
     assert svc.list_skills(B, state=None, page_size=0, page_token="") == ([], "")
     with pytest.raises(InvalidArgument):
         svc.get_skill(A, "")
+
+
+def _activate(svc: SkillService, skill_id: str) -> None:
+    svc.record_rollout_result(A, skill_id, RolloutStage.VERIFICATION, "run-v", True, "")
+    svc.advance_skill(A, skill_id, SkillState.VERIFIED, "")
+    svc.advance_skill(A, skill_id, SkillState.CANARY, "")
+    svc.record_rollout_result(A, skill_id, RolloutStage.CANARY, "run-c", True, "")
+    assert svc.advance_skill(A, skill_id, SkillState.ACTIVE, "").state is SkillState.ACTIVE
+
+
+def test_rollback_restores_the_most_recent_activation_before_the_skill(
+    learnings: LearningService, svc: SkillService
+) -> None:
+    """v1 and v2 were each active in turn; v3 came after both: its rollback restores v2, the
+    one active last before it, and v2's rollback then restores v1."""
+    made = []
+    for n in range(3):
+        skill = svc.promote_procedure(A, learning(learnings, content=f"{STEPS}\n{n}"), "cut-release", "")
+        if n < 2:
+            _activate(svc, skill.id)
+            svc.revoke_skill(A, skill.id, "replaced")
+        made.append(skill.id)
+    v1, v2, v3 = made
+    revoked, restored = svc.rollback_skill(A, v3, "v3 misbehaves")
+    assert (revoked.id, revoked.state, restored.id, restored.state) == (
+        v3,
+        SkillState.REVOKED,
+        v2,
+        SkillState.ACTIVE,
+    )
+    revoked, restored = svc.rollback_skill(A, v2, "v2 too")
+    assert (revoked.id, restored.id, restored.state) == (v2, v1, SkillState.ACTIVE)
+    assert [s.id for s in svc.list_skills(A, state=SkillState.ACTIVE, page_size=0, page_token="")[0]] == [v1]
+    with pytest.raises(FailedPrecondition, match="no skill named 'cut-release' was active before"):
+        svc.rollback_skill(A, v1, "nothing before")

@@ -15,6 +15,26 @@ class SkillState(StrEnum):
     REVOKED = "revoked"
 
 
+class RolloutStage(StrEnum):
+    """Which step of the rollout a run's result is evidence for."""
+
+    VERIFICATION = "verification"
+    CANARY = "canary"
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    id: str
+    tenant_id: str
+    skill_id: str
+    stage: RolloutStage
+    run_id: str
+    succeeded: bool
+    definition_fingerprint: str  # the definition the run executed
+    note: str
+    create_time_ns: int
+
+
 @dataclass(frozen=True)
 class Skill:
     id: str

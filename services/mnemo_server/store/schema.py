@@ -344,4 +344,19 @@ MIGRATIONS: list[str | Callable[[duckdb.DuckDBPyConnection], None]] = [
     """
     CREATE INDEX memory_history_by_memory ON memory_history (memory_id);
     """,
+    # 10: skills' rollout evidence (verification and canary runs), read per skill
+    """
+    CREATE TABLE skill_rollout_results (
+        tenant_id VARCHAR NOT NULL,
+        id VARCHAR NOT NULL,
+        skill_id VARCHAR NOT NULL,
+        stage VARCHAR NOT NULL,
+        run_id VARCHAR NOT NULL,
+        succeeded BOOLEAN NOT NULL,
+        definition_fingerprint VARCHAR NOT NULL,
+        note VARCHAR NOT NULL,
+        create_time_ns BIGINT NOT NULL
+    );
+    CREATE INDEX rollout_results_by_skill ON skill_rollout_results (skill_id);
+    """,
 ]

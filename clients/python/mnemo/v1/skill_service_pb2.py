@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmnemo/v1/skill_service.proto\x12\x08mnemo.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x02\n\x05Skill\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x14\n\x0cinstructions\x18\x04 \x01(\t\x12\x1a\n\x12source_learning_id\x18\x05 \x01(\t\x12#\n\x05state\x18\x06 \x01(\x0e\x32\x14.mnemo.v1.SkillState\x12\x1e\n\x16\x64\x65\x66inition_fingerprint\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"e\n\x17PromoteProcedureRequest\x12\x13\n\x0blearning_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\":\n\x18PromoteProcedureResponse\x12\x1e\n\x05skill\x18\x01 \x01(\x0b\x32\x0f.mnemo.v1.Skill\"\x1d\n\x0fGetSkillRequest\x12\n\n\x02id\x18\x01 \x01(\t\"2\n\x10GetSkillResponse\x12\x1e\n\x05skill\x18\x01 \x01(\x0b\x32\x0f.mnemo.v1.Skill\"_\n\x11ListSkillsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.mnemo.v1.SkillState\"N\n\x12ListSkillsResponse\x12\x1f\n\x06skills\x18\x01 \x03(\x0b\x32\x0f.mnemo.v1.Skill\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\xa3\x01\n\nSkillState\x12\x1b\n\x17SKILL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11SKILL_STATE_DRAFT\x10\x01\x12\x18\n\x14SKILL_STATE_VERIFIED\x10\x02\x12\x16\n\x12SKILL_STATE_CANARY\x10\x03\x12\x16\n\x12SKILL_STATE_ACTIVE\x10\x04\x12\x17\n\x13SKILL_STATE_REVOKED\x10\x05\x32\xff\x01\n\x0cSkillService\x12Y\n\x10PromoteProcedure\x12!.mnemo.v1.PromoteProcedureRequest\x1a\".mnemo.v1.PromoteProcedureResponse\x12\x46\n\x08GetSkill\x12\x19.mnemo.v1.GetSkillRequest\x1a\x1a.mnemo.v1.GetSkillResponse\"\x03\x90\x02\x01\x12L\n\nListSkills\x12\x1b.mnemo.v1.ListSkillsRequest\x1a\x1c.mnemo.v1.ListSkillsResponse\"\x03\x90\x02\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmnemo/v1/skill_service.proto\x12\x08mnemo.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x02\n\x05Skill\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x14\n\x0cinstructions\x18\x04 \x01(\t\x12\x1a\n\x12source_learning_id\x18\x05 \x01(\t\x12#\n\x05state\x18\x06 \x01(\x0e\x32\x14.mnemo.v1.SkillState\x12\x1e\n\x16\x64\x65\x66inition_fingerprint\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"e\n\x17PromoteProcedureRequest\x12\x13\n\x0blearning_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\":\n\x18PromoteProcedureResponse\x12\x1e\n\x05skill\x18\x01 \x01(\x0b\x32\x0f.mnemo.v1.Skill\"\x1d\n\x0fGetSkillRequest\x12\n\n\x02id\x18\x01 \x01(\t\"X\n\x10GetSkillResponse\x12\x1e\n\x05skill\x18\x01 \x01(\x0b\x32\x0f.mnemo.v1.Skill\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.mnemo.v1.SkillEvent\"\x98\x01\n\nSkillEvent\x12(\n\nfrom_state\x18\x01 \x01(\x0e\x32\x14.mnemo.v1.SkillState\x12&\n\x08to_state\x18\x02 \x01(\x0e\x32\x14.mnemo.v1.SkillState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xd6\x01\n\rRolloutResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08skill_id\x18\x02 \x01(\t\x12%\n\x05stage\x18\x03 \x01(\x0e\x32\x16.mnemo.v1.RolloutStage\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x11\n\tsucceeded\x18\x05 \x01(\x08\x12\x1e\n\x16\x64\x65\x66inition_fingerprint\x18\x06 \x01(\t\x12\x0c\n\x04note\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"y\n\x1aRecordRolloutResultRequest\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.mnemo.v1.RolloutResult\x12\x1e\n\x16\x64\x65\x66inition_fingerprint\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"F\n\x1bRecordRolloutResultResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.mnemo.v1.RolloutResult\"T\n\x19ListRolloutResultsRequest\x12\x10\n\x08skill_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"_\n\x1aListRolloutResultsResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.mnemo.v1.RolloutResult\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x8a\x01\n\x13\x41\x64vanceSkillRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.mnemo.v1.SkillState\x12\x1e\n\x16\x64\x65\x66inition_fingerprint\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"6\n\x14\x41\x64vanceSkillResponse\x12\x1e\n\x05skill\x18\x01 \x01(\x0b\x32\x0f.mnemo.v1.Skill\"D\n\x12RevokeSkillRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"5\n\x13RevokeSkillResponse\x12\x1e\n\x05skill\x18\x01 \x01(\x0b\x32\x0f.mnemo.v1.Skill\"F\n\x14RollbackSkillRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\\\n\x15RollbackSkillResponse\x12 \n\x07revoked\x18\x01 \x01(\x0b\x32\x0f.mnemo.v1.Skill\x12!\n\x08restored\x18\x02 \x01(\x0b\x32\x0f.mnemo.v1.Skill\"_\n\x11ListSkillsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.mnemo.v1.SkillState\"N\n\x12ListSkillsResponse\x12\x1f\n\x06skills\x18\x01 \x03(\x0b\x32\x0f.mnemo.v1.Skill\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\xa3\x01\n\nSkillState\x12\x1b\n\x17SKILL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11SKILL_STATE_DRAFT\x10\x01\x12\x18\n\x14SKILL_STATE_VERIFIED\x10\x02\x12\x16\n\x12SKILL_STATE_CANARY\x10\x03\x12\x16\n\x12SKILL_STATE_ACTIVE\x10\x04\x12\x17\n\x13SKILL_STATE_REVOKED\x10\x05*g\n\x0cRolloutStage\x12\x1d\n\x19ROLLOUT_STAGE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aROLLOUT_STAGE_VERIFICATION\x10\x01\x12\x18\n\x14ROLLOUT_STAGE_CANARY\x10\x02\x32\xb6\x05\n\x0cSkillService\x12Y\n\x10PromoteProcedure\x12!.mnemo.v1.PromoteProcedureRequest\x1a\".mnemo.v1.PromoteProcedureResponse\x12\x46\n\x08GetSkill\x12\x19.mnemo.v1.GetSkillRequest\x1a\x1a.mnemo.v1.GetSkillResponse\"\x03\x90\x02\x01\x12L\n\nListSkills\x12\x1b.mnemo.v1.ListSkillsRequest\x1a\x1c.mnemo.v1.ListSkillsResponse\"\x03\x90\x02\x01\x12\x62\n\x13RecordRolloutResult\x12$.mnemo.v1.RecordRolloutResultRequest\x1a%.mnemo.v1.RecordRolloutResultResponse\x12\x64\n\x12ListRolloutResults\x12#.mnemo.v1.ListRolloutResultsRequest\x1a$.mnemo.v1.ListRolloutResultsResponse\"\x03\x90\x02\x01\x12M\n\x0c\x41\x64vanceSkill\x12\x1d.mnemo.v1.AdvanceSkillRequest\x1a\x1e.mnemo.v1.AdvanceSkillResponse\x12J\n\x0bRevokeSkill\x12\x1c.mnemo.v1.RevokeSkillRequest\x1a\x1d.mnemo.v1.RevokeSkillResponse\x12P\n\rRollbackSkill\x12\x1e.mnemo.v1.RollbackSkillRequest\x1a\x1f.mnemo.v1.RollbackSkillResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SKILLSERVICE'].methods_by_name['GetSkill']._serialized_options = b'\220\002\001'
   _globals['_SKILLSERVICE'].methods_by_name['ListSkills']._loaded_options = None
   _globals['_SKILLSERVICE'].methods_by_name['ListSkills']._serialized_options = b'\220\002\001'
-  _globals['_SKILLSTATE']._serialized_start=773
-  _globals['_SKILLSTATE']._serialized_end=936
+  _globals['_SKILLSERVICE'].methods_by_name['ListRolloutResults']._loaded_options = None
+  _globals['_SKILLSERVICE'].methods_by_name['ListRolloutResults']._serialized_options = b'\220\002\001'
+  _globals['_SKILLSTATE']._serialized_start=2049
+  _globals['_SKILLSTATE']._serialized_end=2212
+  _globals['_ROLLOUTSTAGE']._serialized_start=2214
+  _globals['_ROLLOUTSTAGE']._serialized_end=2317
   _globals['_SKILL']._serialized_start=76
   _globals['_SKILL']._serialized_end=347
   _globals['_PROMOTEPROCEDUREREQUEST']._serialized_start=349
@@ -47,11 +51,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSKILLREQUEST']._serialized_start=512
   _globals['_GETSKILLREQUEST']._serialized_end=541
   _globals['_GETSKILLRESPONSE']._serialized_start=543
-  _globals['_GETSKILLRESPONSE']._serialized_end=593
-  _globals['_LISTSKILLSREQUEST']._serialized_start=595
-  _globals['_LISTSKILLSREQUEST']._serialized_end=690
-  _globals['_LISTSKILLSRESPONSE']._serialized_start=692
-  _globals['_LISTSKILLSRESPONSE']._serialized_end=770
-  _globals['_SKILLSERVICE']._serialized_start=939
-  _globals['_SKILLSERVICE']._serialized_end=1194
+  _globals['_GETSKILLRESPONSE']._serialized_end=631
+  _globals['_SKILLEVENT']._serialized_start=634
+  _globals['_SKILLEVENT']._serialized_end=786
+  _globals['_ROLLOUTRESULT']._serialized_start=789
+  _globals['_ROLLOUTRESULT']._serialized_end=1003
+  _globals['_RECORDROLLOUTRESULTREQUEST']._serialized_start=1005
+  _globals['_RECORDROLLOUTRESULTREQUEST']._serialized_end=1126
+  _globals['_RECORDROLLOUTRESULTRESPONSE']._serialized_start=1128
+  _globals['_RECORDROLLOUTRESULTRESPONSE']._serialized_end=1198
+  _globals['_LISTROLLOUTRESULTSREQUEST']._serialized_start=1200
+  _globals['_LISTROLLOUTRESULTSREQUEST']._serialized_end=1284
+  _globals['_LISTROLLOUTRESULTSRESPONSE']._serialized_start=1286
+  _globals['_LISTROLLOUTRESULTSRESPONSE']._serialized_end=1381
+  _globals['_ADVANCESKILLREQUEST']._serialized_start=1384
+  _globals['_ADVANCESKILLREQUEST']._serialized_end=1522
+  _globals['_ADVANCESKILLRESPONSE']._serialized_start=1524
+  _globals['_ADVANCESKILLRESPONSE']._serialized_end=1578
+  _globals['_REVOKESKILLREQUEST']._serialized_start=1580
+  _globals['_REVOKESKILLREQUEST']._serialized_end=1648
+  _globals['_REVOKESKILLRESPONSE']._serialized_start=1650
+  _globals['_REVOKESKILLRESPONSE']._serialized_end=1703
+  _globals['_ROLLBACKSKILLREQUEST']._serialized_start=1705
+  _globals['_ROLLBACKSKILLREQUEST']._serialized_end=1775
+  _globals['_ROLLBACKSKILLRESPONSE']._serialized_start=1777
+  _globals['_ROLLBACKSKILLRESPONSE']._serialized_end=1869
+  _globals['_LISTSKILLSREQUEST']._serialized_start=1871
+  _globals['_LISTSKILLSREQUEST']._serialized_end=1966
+  _globals['_LISTSKILLSRESPONSE']._serialized_start=1968
+  _globals['_LISTSKILLSRESPONSE']._serialized_end=2046
+  _globals['_SKILLSERVICE']._serialized_start=2320
+  _globals['_SKILLSERVICE']._serialized_end=3014
 # @@protoc_insertion_point(module_scope)

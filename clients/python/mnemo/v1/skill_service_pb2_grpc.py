@@ -27,6 +27,12 @@ if _version_not_supported:
 
 class SkillServiceStub:
     """Reusable skills promoted from reviewed procedure learnings.
+
+    A skill is rolled out in steps: draft -> verified -> canary -> active. Only active skills
+    belong in the catalog agents mount (ListSkills with state ACTIVE); a canary is run by the
+    operator's chosen agents while its evidence is gathered. A skill's definition never
+    changes: a new definition is a new skill, promoted under the same name once the old one
+    is revoked, and RollbackSkill returns to the one that was active before it.
     """
 
     def __init__(self, channel):
@@ -50,10 +56,41 @@ class SkillServiceStub:
                 request_serializer=mnemo_dot_v1_dot_skill__service__pb2.ListSkillsRequest.SerializeToString,
                 response_deserializer=mnemo_dot_v1_dot_skill__service__pb2.ListSkillsResponse.FromString,
                 _registered_method=True)
+        self.RecordRolloutResult = channel.unary_unary(
+                '/mnemo.v1.SkillService/RecordRolloutResult',
+                request_serializer=mnemo_dot_v1_dot_skill__service__pb2.RecordRolloutResultRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_skill__service__pb2.RecordRolloutResultResponse.FromString,
+                _registered_method=True)
+        self.ListRolloutResults = channel.unary_unary(
+                '/mnemo.v1.SkillService/ListRolloutResults',
+                request_serializer=mnemo_dot_v1_dot_skill__service__pb2.ListRolloutResultsRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_skill__service__pb2.ListRolloutResultsResponse.FromString,
+                _registered_method=True)
+        self.AdvanceSkill = channel.unary_unary(
+                '/mnemo.v1.SkillService/AdvanceSkill',
+                request_serializer=mnemo_dot_v1_dot_skill__service__pb2.AdvanceSkillRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_skill__service__pb2.AdvanceSkillResponse.FromString,
+                _registered_method=True)
+        self.RevokeSkill = channel.unary_unary(
+                '/mnemo.v1.SkillService/RevokeSkill',
+                request_serializer=mnemo_dot_v1_dot_skill__service__pb2.RevokeSkillRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_skill__service__pb2.RevokeSkillResponse.FromString,
+                _registered_method=True)
+        self.RollbackSkill = channel.unary_unary(
+                '/mnemo.v1.SkillService/RollbackSkill',
+                request_serializer=mnemo_dot_v1_dot_skill__service__pb2.RollbackSkillRequest.SerializeToString,
+                response_deserializer=mnemo_dot_v1_dot_skill__service__pb2.RollbackSkillResponse.FromString,
+                _registered_method=True)
 
 
 class SkillServiceServicer:
     """Reusable skills promoted from reviewed procedure learnings.
+
+    A skill is rolled out in steps: draft -> verified -> canary -> active. Only active skills
+    belong in the catalog agents mount (ListSkills with state ACTIVE); a canary is run by the
+    operator's chosen agents while its evidence is gathered. A skill's definition never
+    changes: a new definition is a new skill, promoted under the same name once the old one
+    is revoked, and RollbackSkill returns to the one that was active before it.
     """
 
     def PromoteProcedure(self, request, context):
@@ -64,13 +101,59 @@ class SkillServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetSkill(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The skill and its lifecycle events.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListSkills(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordRolloutResult(self, request, context):
+        """Records how a run of the skill went: verification evidence while it is a draft or
+        verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+        The result keeps the definition fingerprint the run executed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRolloutResults(self, request, context):
+        """A skill's rollout results, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdvanceSkill(self, request, context):
+        """Moves a skill one step on: to verified once a verification run of its definition
+        succeeded; to canary from verified; to active once a canary run succeeded and none
+        failed. Missing evidence or a step out of order is FAILED_PRECONDITION
+        (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
+        changes nothing. Asking for the state the skill is in answers it unchanged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeSkill(self, request, context):
+        """Revokes a skill (its source learning stays as it is); its name is free again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RollbackSkill(self, request, context):
+        """Revokes a skill (if it is not already) and makes active again the skill of the same
+        name that was active most recently before it. Refused (FAILED_PRECONDITION, nothing
+        changed) when there is none (NO_EARLIER_ACTIVE), when that skill's source learning is no
+        longer active (LEARNING_NOT_ACTIVE), or when another skill holds the name
+        (SKILL_NAME_TAKEN).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -93,6 +176,31 @@ def add_SkillServiceServicer_to_server(servicer, server):
                     request_deserializer=mnemo_dot_v1_dot_skill__service__pb2.ListSkillsRequest.FromString,
                     response_serializer=mnemo_dot_v1_dot_skill__service__pb2.ListSkillsResponse.SerializeToString,
             ),
+            'RecordRolloutResult': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordRolloutResult,
+                    request_deserializer=mnemo_dot_v1_dot_skill__service__pb2.RecordRolloutResultRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_skill__service__pb2.RecordRolloutResultResponse.SerializeToString,
+            ),
+            'ListRolloutResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRolloutResults,
+                    request_deserializer=mnemo_dot_v1_dot_skill__service__pb2.ListRolloutResultsRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_skill__service__pb2.ListRolloutResultsResponse.SerializeToString,
+            ),
+            'AdvanceSkill': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdvanceSkill,
+                    request_deserializer=mnemo_dot_v1_dot_skill__service__pb2.AdvanceSkillRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_skill__service__pb2.AdvanceSkillResponse.SerializeToString,
+            ),
+            'RevokeSkill': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeSkill,
+                    request_deserializer=mnemo_dot_v1_dot_skill__service__pb2.RevokeSkillRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_skill__service__pb2.RevokeSkillResponse.SerializeToString,
+            ),
+            'RollbackSkill': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollbackSkill,
+                    request_deserializer=mnemo_dot_v1_dot_skill__service__pb2.RollbackSkillRequest.FromString,
+                    response_serializer=mnemo_dot_v1_dot_skill__service__pb2.RollbackSkillResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'mnemo.v1.SkillService', rpc_method_handlers)
@@ -103,6 +211,12 @@ def add_SkillServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class SkillService:
     """Reusable skills promoted from reviewed procedure learnings.
+
+    A skill is rolled out in steps: draft -> verified -> canary -> active. Only active skills
+    belong in the catalog agents mount (ListSkills with state ACTIVE); a canary is run by the
+    operator's chosen agents while its evidence is gathered. A skill's definition never
+    changes: a new definition is a new skill, promoted under the same name once the old one
+    is revoked, and RollbackSkill returns to the one that was active before it.
     """
 
     @staticmethod
@@ -176,6 +290,141 @@ class SkillService:
             '/mnemo.v1.SkillService/ListSkills',
             mnemo_dot_v1_dot_skill__service__pb2.ListSkillsRequest.SerializeToString,
             mnemo_dot_v1_dot_skill__service__pb2.ListSkillsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordRolloutResult(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.SkillService/RecordRolloutResult',
+            mnemo_dot_v1_dot_skill__service__pb2.RecordRolloutResultRequest.SerializeToString,
+            mnemo_dot_v1_dot_skill__service__pb2.RecordRolloutResultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRolloutResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.SkillService/ListRolloutResults',
+            mnemo_dot_v1_dot_skill__service__pb2.ListRolloutResultsRequest.SerializeToString,
+            mnemo_dot_v1_dot_skill__service__pb2.ListRolloutResultsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdvanceSkill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.SkillService/AdvanceSkill',
+            mnemo_dot_v1_dot_skill__service__pb2.AdvanceSkillRequest.SerializeToString,
+            mnemo_dot_v1_dot_skill__service__pb2.AdvanceSkillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeSkill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.SkillService/RevokeSkill',
+            mnemo_dot_v1_dot_skill__service__pb2.RevokeSkillRequest.SerializeToString,
+            mnemo_dot_v1_dot_skill__service__pb2.RevokeSkillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollbackSkill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mnemo.v1.SkillService/RollbackSkill',
+            mnemo_dot_v1_dot_skill__service__pb2.RollbackSkillRequest.SerializeToString,
+            mnemo_dot_v1_dot_skill__service__pb2.RollbackSkillResponse.FromString,
             options,
             channel_credentials,
             insecure,

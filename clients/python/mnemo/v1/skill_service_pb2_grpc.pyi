@@ -27,7 +27,14 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class SkillServiceStub:
-    """Reusable skills promoted from reviewed procedure learnings."""
+    """Reusable skills promoted from reviewed procedure learnings.
+
+    A skill is rolled out in steps: draft -> verified -> canary -> active. Only active skills
+    belong in the catalog agents mount (ListSkills with state ACTIVE); a canary is run by the
+    operator's chosen agents while its evidence is gathered. A skill's definition never
+    changes: a new definition is a new skill, promoted under the same name once the old one
+    is revoked, and RollbackSkill returns to the one that was active before it.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -36,20 +43,82 @@ class SkillServiceStub:
     PromoteProcedure: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.PromoteProcedureRequest, _skill_service_pb2.PromoteProcedureResponse]
     """Promotes an active, workspace-scoped procedure learning into a draft skill."""
     GetSkill: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.GetSkillRequest, _skill_service_pb2.GetSkillResponse]
+    """The skill and its lifecycle events."""
     ListSkills: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.ListSkillsRequest, _skill_service_pb2.ListSkillsResponse]
+    RecordRolloutResult: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.RecordRolloutResultRequest, _skill_service_pb2.RecordRolloutResultResponse]
+    """Records how a run of the skill went: verification evidence while it is a draft or
+    verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+    The result keeps the definition fingerprint the run executed.
+    """
+    ListRolloutResults: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.ListRolloutResultsRequest, _skill_service_pb2.ListRolloutResultsResponse]
+    """A skill's rollout results, newest first."""
+    AdvanceSkill: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.AdvanceSkillRequest, _skill_service_pb2.AdvanceSkillResponse]
+    """Moves a skill one step on: to verified once a verification run of its definition
+    succeeded; to canary from verified; to active once a canary run succeeded and none
+    failed. Missing evidence or a step out of order is FAILED_PRECONDITION
+    (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
+    changes nothing. Asking for the state the skill is in answers it unchanged.
+    """
+    RevokeSkill: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.RevokeSkillRequest, _skill_service_pb2.RevokeSkillResponse]
+    """Revokes a skill (its source learning stays as it is); its name is free again."""
+    RollbackSkill: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.RollbackSkillRequest, _skill_service_pb2.RollbackSkillResponse]
+    """Revokes a skill (if it is not already) and makes active again the skill of the same
+    name that was active most recently before it. Refused (FAILED_PRECONDITION, nothing
+    changed) when there is none (NO_EARLIER_ACTIVE), when that skill's source learning is no
+    longer active (LEARNING_NOT_ACTIVE), or when another skill holds the name
+    (SKILL_NAME_TAKEN).
+    """
 
 @_typing.type_check_only
 class SkillServiceAsyncStub(SkillServiceStub):
-    """Reusable skills promoted from reviewed procedure learnings."""
+    """Reusable skills promoted from reviewed procedure learnings.
+
+    A skill is rolled out in steps: draft -> verified -> canary -> active. Only active skills
+    belong in the catalog agents mount (ListSkills with state ACTIVE); a canary is run by the
+    operator's chosen agents while its evidence is gathered. A skill's definition never
+    changes: a new definition is a new skill, promoted under the same name once the old one
+    is revoked, and RollbackSkill returns to the one that was active before it.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     PromoteProcedure: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.PromoteProcedureRequest, _skill_service_pb2.PromoteProcedureResponse]  # type: ignore[assignment]
     """Promotes an active, workspace-scoped procedure learning into a draft skill."""
     GetSkill: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.GetSkillRequest, _skill_service_pb2.GetSkillResponse]  # type: ignore[assignment]
+    """The skill and its lifecycle events."""
     ListSkills: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.ListSkillsRequest, _skill_service_pb2.ListSkillsResponse]  # type: ignore[assignment]
+    RecordRolloutResult: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.RecordRolloutResultRequest, _skill_service_pb2.RecordRolloutResultResponse]  # type: ignore[assignment]
+    """Records how a run of the skill went: verification evidence while it is a draft or
+    verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+    The result keeps the definition fingerprint the run executed.
+    """
+    ListRolloutResults: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.ListRolloutResultsRequest, _skill_service_pb2.ListRolloutResultsResponse]  # type: ignore[assignment]
+    """A skill's rollout results, newest first."""
+    AdvanceSkill: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.AdvanceSkillRequest, _skill_service_pb2.AdvanceSkillResponse]  # type: ignore[assignment]
+    """Moves a skill one step on: to verified once a verification run of its definition
+    succeeded; to canary from verified; to active once a canary run succeeded and none
+    failed. Missing evidence or a step out of order is FAILED_PRECONDITION
+    (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
+    changes nothing. Asking for the state the skill is in answers it unchanged.
+    """
+    RevokeSkill: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.RevokeSkillRequest, _skill_service_pb2.RevokeSkillResponse]  # type: ignore[assignment]
+    """Revokes a skill (its source learning stays as it is); its name is free again."""
+    RollbackSkill: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.RollbackSkillRequest, _skill_service_pb2.RollbackSkillResponse]  # type: ignore[assignment]
+    """Revokes a skill (if it is not already) and makes active again the skill of the same
+    name that was active most recently before it. Refused (FAILED_PRECONDITION, nothing
+    changed) when there is none (NO_EARLIER_ACTIVE), when that skill's source learning is no
+    longer active (LEARNING_NOT_ACTIVE), or when another skill holds the name
+    (SKILL_NAME_TAKEN).
+    """
 
 class SkillServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Reusable skills promoted from reviewed procedure learnings."""
+    """Reusable skills promoted from reviewed procedure learnings.
+
+    A skill is rolled out in steps: draft -> verified -> canary -> active. Only active skills
+    belong in the catalog agents mount (ListSkills with state ACTIVE); a canary is run by the
+    operator's chosen agents while its evidence is gathered. A skill's definition never
+    changes: a new definition is a new skill, promoted under the same name once the old one
+    is revoked, and RollbackSkill returns to the one that was active before it.
+    """
 
     @_abc_1.abstractmethod
     def PromoteProcedure(
@@ -64,7 +133,8 @@ class SkillServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _skill_service_pb2.GetSkillRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_skill_service_pb2.GetSkillResponse, _abc.Awaitable[_skill_service_pb2.GetSkillResponse]]: ...
+    ) -> _typing.Union[_skill_service_pb2.GetSkillResponse, _abc.Awaitable[_skill_service_pb2.GetSkillResponse]]:
+        """The skill and its lifecycle events."""
 
     @_abc_1.abstractmethod
     def ListSkills(
@@ -72,5 +142,58 @@ class SkillServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _skill_service_pb2.ListSkillsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_skill_service_pb2.ListSkillsResponse, _abc.Awaitable[_skill_service_pb2.ListSkillsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RecordRolloutResult(
+        self,
+        request: _skill_service_pb2.RecordRolloutResultRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_skill_service_pb2.RecordRolloutResultResponse, _abc.Awaitable[_skill_service_pb2.RecordRolloutResultResponse]]:
+        """Records how a run of the skill went: verification evidence while it is a draft or
+        verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+        The result keeps the definition fingerprint the run executed.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRolloutResults(
+        self,
+        request: _skill_service_pb2.ListRolloutResultsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_skill_service_pb2.ListRolloutResultsResponse, _abc.Awaitable[_skill_service_pb2.ListRolloutResultsResponse]]:
+        """A skill's rollout results, newest first."""
+
+    @_abc_1.abstractmethod
+    def AdvanceSkill(
+        self,
+        request: _skill_service_pb2.AdvanceSkillRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_skill_service_pb2.AdvanceSkillResponse, _abc.Awaitable[_skill_service_pb2.AdvanceSkillResponse]]:
+        """Moves a skill one step on: to verified once a verification run of its definition
+        succeeded; to canary from verified; to active once a canary run succeeded and none
+        failed. Missing evidence or a step out of order is FAILED_PRECONDITION
+        (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
+        changes nothing. Asking for the state the skill is in answers it unchanged.
+        """
+
+    @_abc_1.abstractmethod
+    def RevokeSkill(
+        self,
+        request: _skill_service_pb2.RevokeSkillRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_skill_service_pb2.RevokeSkillResponse, _abc.Awaitable[_skill_service_pb2.RevokeSkillResponse]]:
+        """Revokes a skill (its source learning stays as it is); its name is free again."""
+
+    @_abc_1.abstractmethod
+    def RollbackSkill(
+        self,
+        request: _skill_service_pb2.RollbackSkillRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_skill_service_pb2.RollbackSkillResponse, _abc.Awaitable[_skill_service_pb2.RollbackSkillResponse]]:
+        """Revokes a skill (if it is not already) and makes active again the skill of the same
+        name that was active most recently before it. Refused (FAILED_PRECONDITION, nothing
+        changed) when there is none (NO_EARLIER_ACTIVE), when that skill's source learning is no
+        longer active (LEARNING_NOT_ACTIVE), or when another skill holds the name
+        (SKILL_NAME_TAKEN).
+        """
 
 def add_SkillServiceServicer_to_server(servicer: SkillServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -81,6 +81,45 @@ export function skillStateToJSON(object: SkillState): string {
   }
 }
 
+export enum RolloutStage {
+  ROLLOUT_STAGE_UNSPECIFIED = 0,
+  ROLLOUT_STAGE_VERIFICATION = 1,
+  ROLLOUT_STAGE_CANARY = 2,
+  UNRECOGNIZED = -1,
+}
+
+export function rolloutStageFromJSON(object: any): RolloutStage {
+  switch (object) {
+    case 0:
+    case "ROLLOUT_STAGE_UNSPECIFIED":
+      return RolloutStage.ROLLOUT_STAGE_UNSPECIFIED;
+    case 1:
+    case "ROLLOUT_STAGE_VERIFICATION":
+      return RolloutStage.ROLLOUT_STAGE_VERIFICATION;
+    case 2:
+    case "ROLLOUT_STAGE_CANARY":
+      return RolloutStage.ROLLOUT_STAGE_CANARY;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return RolloutStage.UNRECOGNIZED;
+  }
+}
+
+export function rolloutStageToJSON(object: RolloutStage): string {
+  switch (object) {
+    case RolloutStage.ROLLOUT_STAGE_UNSPECIFIED:
+      return "ROLLOUT_STAGE_UNSPECIFIED";
+    case RolloutStage.ROLLOUT_STAGE_VERIFICATION:
+      return "ROLLOUT_STAGE_VERIFICATION";
+    case RolloutStage.ROLLOUT_STAGE_CANARY:
+      return "ROLLOUT_STAGE_CANARY";
+    case RolloutStage.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 export interface Skill {
   /** Output only. */
   id: string;
@@ -116,7 +155,105 @@ export interface GetSkillRequest {
 }
 
 export interface GetSkillResponse {
+  skill?:
+    | Skill
+    | undefined;
+  /** Its state changes, oldest first. */
+  events: SkillEvent[];
+}
+
+export interface SkillEvent {
+  /** UNSPECIFIED for the promotion that created the skill. */
+  fromState: SkillState;
+  toState: SkillState;
+  reason: string;
+  time?: Date | undefined;
+}
+
+export interface RolloutResult {
+  /** Output only. */
+  id: string;
+  skillId: string;
+  stage: RolloutStage;
+  /** The caller's id of the run that exercised the skill (1-256 characters). */
+  runId: string;
+  succeeded: boolean;
+  /** Output only: the skill's definition fingerprint when the result was recorded. */
+  definitionFingerprint: string;
+  /** At most 1,000 characters; refused if it looks like it holds a secret. */
+  note: string;
+  /** Output only. */
+  createTime?: Date | undefined;
+}
+
+export interface RecordRolloutResultRequest {
+  /** skill_id, stage, run_id, succeeded and note are read; the rest is output only. */
+  result?:
+    | RolloutResult
+    | undefined;
+  /**
+   * When set, the call is FAILED_PRECONDITION (DEFINITION_CHANGED) unless it is the
+   * skill's fingerprint: evidence is only taken for the definition the caller ran.
+   */
+  definitionFingerprint: string;
+  requestId: string;
+}
+
+export interface RecordRolloutResultResponse {
+  result?: RolloutResult | undefined;
+}
+
+export interface ListRolloutResultsRequest {
+  skillId: string;
+  pageSize: number;
+  pageToken: string;
+}
+
+export interface ListRolloutResultsResponse {
+  results: RolloutResult[];
+  nextPageToken: string;
+}
+
+export interface AdvanceSkillRequest {
+  id: string;
+  /** VERIFIED, CANARY or ACTIVE: the next state after the skill's current one. */
+  state: SkillState;
+  /** Optional guard, as in RecordRolloutResultRequest. */
+  definitionFingerprint: string;
+  /** Optional, recorded in the lifecycle event (at most 1,000 characters). */
+  reason: string;
+  requestId: string;
+}
+
+export interface AdvanceSkillResponse {
   skill?: Skill | undefined;
+}
+
+export interface RevokeSkillRequest {
+  id: string;
+  /** Required; recorded in the lifecycle event. */
+  reason: string;
+  requestId: string;
+}
+
+export interface RevokeSkillResponse {
+  skill?: Skill | undefined;
+}
+
+export interface RollbackSkillRequest {
+  id: string;
+  /** Required; recorded in both skills' lifecycle events. */
+  reason: string;
+  requestId: string;
+}
+
+export interface RollbackSkillResponse {
+  /** The skill rolled back, now revoked. */
+  revoked?:
+    | Skill
+    | undefined;
+  /** The skill active again. */
+  restored?: Skill | undefined;
 }
 
 export interface ListSkillsRequest {
@@ -614,13 +751,16 @@ export const GetSkillRequest: MessageFns<GetSkillRequest> = {
 };
 
 function createBaseGetSkillResponse(): GetSkillResponse {
-  return { skill: undefined };
+  return { skill: undefined, events: [] };
 }
 
 export const GetSkillResponse: MessageFns<GetSkillResponse> = {
   encode(message: GetSkillResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.skill !== undefined) {
       Skill.encode(message.skill, writer.uint32(10).fork()).join();
+    }
+    for (const v of message.events) {
+      SkillEvent.encode(v!, writer.uint32(18).fork()).join();
     }
     return writer;
   },
@@ -646,6 +786,14 @@ export const GetSkillResponse: MessageFns<GetSkillResponse> = {
             message.skill = Skill.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.events.push(SkillEvent.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -659,13 +807,19 @@ export const GetSkillResponse: MessageFns<GetSkillResponse> = {
   },
 
   fromJSON(object: any): GetSkillResponse {
-    return { skill: isSet(object.skill) ? Skill.fromJSON(object.skill) : undefined };
+    return {
+      skill: isSet(object.skill) ? Skill.fromJSON(object.skill) : undefined,
+      events: globalThis.Array.isArray(object?.events) ? object.events.map((e: any) => SkillEvent.fromJSON(e)) : [],
+    };
   },
 
   toJSON(message: GetSkillResponse): unknown {
     const obj: any = {};
     if (message.skill !== undefined) {
       obj.skill = Skill.toJSON(message.skill);
+    }
+    if (message.events?.length) {
+      obj.events = message.events.map((e) => SkillEvent.toJSON(e));
     }
     return obj;
   },
@@ -676,6 +830,1296 @@ export const GetSkillResponse: MessageFns<GetSkillResponse> = {
   fromPartial<I extends Exact<DeepPartial<GetSkillResponse>, I>>(object: I): GetSkillResponse {
     const message = createBaseGetSkillResponse();
     message.skill = (object.skill !== undefined && object.skill !== null) ? Skill.fromPartial(object.skill) : undefined;
+    message.events = object.events?.map((e) => SkillEvent.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseSkillEvent(): SkillEvent {
+  return { fromState: 0, toState: 0, reason: "", time: undefined };
+}
+
+export const SkillEvent: MessageFns<SkillEvent> = {
+  encode(message: SkillEvent, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.fromState !== 0) {
+      writer.uint32(8).int32(message.fromState);
+    }
+    if (message.toState !== 0) {
+      writer.uint32(16).int32(message.toState);
+    }
+    if (message.reason !== "") {
+      writer.uint32(26).string(message.reason);
+    }
+    if (message.time !== undefined) {
+      Timestamp.encode(toTimestamp(message.time), writer.uint32(34).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SkillEvent {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSkillEvent();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.fromState = reader.int32() as any;
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.toState = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.time = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SkillEvent {
+    return {
+      fromState: isSet(object.fromState)
+        ? skillStateFromJSON(object.fromState)
+        : isSet(object.from_state)
+        ? skillStateFromJSON(object.from_state)
+        : 0,
+      toState: isSet(object.toState)
+        ? skillStateFromJSON(object.toState)
+        : isSet(object.to_state)
+        ? skillStateFromJSON(object.to_state)
+        : 0,
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      time: isSet(object.time) ? fromJsonTimestamp(object.time) : undefined,
+    };
+  },
+
+  toJSON(message: SkillEvent): unknown {
+    const obj: any = {};
+    if (message.fromState !== 0) {
+      obj.fromState = skillStateToJSON(message.fromState);
+    }
+    if (message.toState !== 0) {
+      obj.toState = skillStateToJSON(message.toState);
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.time !== undefined) {
+      obj.time = message.time.toISOString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SkillEvent>, I>>(base?: I): SkillEvent {
+    return SkillEvent.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SkillEvent>, I>>(object: I): SkillEvent {
+    const message = createBaseSkillEvent();
+    message.fromState = object.fromState ?? 0;
+    message.toState = object.toState ?? 0;
+    message.reason = object.reason ?? "";
+    message.time = object.time ?? undefined;
+    return message;
+  },
+};
+
+function createBaseRolloutResult(): RolloutResult {
+  return {
+    id: "",
+    skillId: "",
+    stage: 0,
+    runId: "",
+    succeeded: false,
+    definitionFingerprint: "",
+    note: "",
+    createTime: undefined,
+  };
+}
+
+export const RolloutResult: MessageFns<RolloutResult> = {
+  encode(message: RolloutResult, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.skillId !== "") {
+      writer.uint32(18).string(message.skillId);
+    }
+    if (message.stage !== 0) {
+      writer.uint32(24).int32(message.stage);
+    }
+    if (message.runId !== "") {
+      writer.uint32(34).string(message.runId);
+    }
+    if (message.succeeded !== false) {
+      writer.uint32(40).bool(message.succeeded);
+    }
+    if (message.definitionFingerprint !== "") {
+      writer.uint32(50).string(message.definitionFingerprint);
+    }
+    if (message.note !== "") {
+      writer.uint32(58).string(message.note);
+    }
+    if (message.createTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(66).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RolloutResult {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRolloutResult();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.skillId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.stage = reader.int32() as any;
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.succeeded = reader.bool();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.definitionFingerprint = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.note = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RolloutResult {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      skillId: isSet(object.skillId)
+        ? globalThis.String(object.skillId)
+        : isSet(object.skill_id)
+        ? globalThis.String(object.skill_id)
+        : "",
+      stage: isSet(object.stage) ? rolloutStageFromJSON(object.stage) : 0,
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      succeeded: isSet(object.succeeded) ? globalThis.Boolean(object.succeeded) : false,
+      definitionFingerprint: isSet(object.definitionFingerprint)
+        ? globalThis.String(object.definitionFingerprint)
+        : isSet(object.definition_fingerprint)
+        ? globalThis.String(object.definition_fingerprint)
+        : "",
+      note: isSet(object.note) ? globalThis.String(object.note) : "",
+      createTime: isSet(object.createTime)
+        ? fromJsonTimestamp(object.createTime)
+        : isSet(object.create_time)
+        ? fromJsonTimestamp(object.create_time)
+        : undefined,
+    };
+  },
+
+  toJSON(message: RolloutResult): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.skillId !== "") {
+      obj.skillId = message.skillId;
+    }
+    if (message.stage !== 0) {
+      obj.stage = rolloutStageToJSON(message.stage);
+    }
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.succeeded !== false) {
+      obj.succeeded = message.succeeded;
+    }
+    if (message.definitionFingerprint !== "") {
+      obj.definitionFingerprint = message.definitionFingerprint;
+    }
+    if (message.note !== "") {
+      obj.note = message.note;
+    }
+    if (message.createTime !== undefined) {
+      obj.createTime = message.createTime.toISOString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RolloutResult>, I>>(base?: I): RolloutResult {
+    return RolloutResult.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RolloutResult>, I>>(object: I): RolloutResult {
+    const message = createBaseRolloutResult();
+    message.id = object.id ?? "";
+    message.skillId = object.skillId ?? "";
+    message.stage = object.stage ?? 0;
+    message.runId = object.runId ?? "";
+    message.succeeded = object.succeeded ?? false;
+    message.definitionFingerprint = object.definitionFingerprint ?? "";
+    message.note = object.note ?? "";
+    message.createTime = object.createTime ?? undefined;
+    return message;
+  },
+};
+
+function createBaseRecordRolloutResultRequest(): RecordRolloutResultRequest {
+  return { result: undefined, definitionFingerprint: "", requestId: "" };
+}
+
+export const RecordRolloutResultRequest: MessageFns<RecordRolloutResultRequest> = {
+  encode(message: RecordRolloutResultRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.result !== undefined) {
+      RolloutResult.encode(message.result, writer.uint32(10).fork()).join();
+    }
+    if (message.definitionFingerprint !== "") {
+      writer.uint32(18).string(message.definitionFingerprint);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(26).string(message.requestId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RecordRolloutResultRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRecordRolloutResultRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.result = RolloutResult.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.definitionFingerprint = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RecordRolloutResultRequest {
+    return {
+      result: isSet(object.result) ? RolloutResult.fromJSON(object.result) : undefined,
+      definitionFingerprint: isSet(object.definitionFingerprint)
+        ? globalThis.String(object.definitionFingerprint)
+        : isSet(object.definition_fingerprint)
+        ? globalThis.String(object.definition_fingerprint)
+        : "",
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
+    };
+  },
+
+  toJSON(message: RecordRolloutResultRequest): unknown {
+    const obj: any = {};
+    if (message.result !== undefined) {
+      obj.result = RolloutResult.toJSON(message.result);
+    }
+    if (message.definitionFingerprint !== "") {
+      obj.definitionFingerprint = message.definitionFingerprint;
+    }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RecordRolloutResultRequest>, I>>(base?: I): RecordRolloutResultRequest {
+    return RecordRolloutResultRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RecordRolloutResultRequest>, I>>(object: I): RecordRolloutResultRequest {
+    const message = createBaseRecordRolloutResultRequest();
+    message.result = (object.result !== undefined && object.result !== null)
+      ? RolloutResult.fromPartial(object.result)
+      : undefined;
+    message.definitionFingerprint = object.definitionFingerprint ?? "";
+    message.requestId = object.requestId ?? "";
+    return message;
+  },
+};
+
+function createBaseRecordRolloutResultResponse(): RecordRolloutResultResponse {
+  return { result: undefined };
+}
+
+export const RecordRolloutResultResponse: MessageFns<RecordRolloutResultResponse> = {
+  encode(message: RecordRolloutResultResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.result !== undefined) {
+      RolloutResult.encode(message.result, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RecordRolloutResultResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRecordRolloutResultResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.result = RolloutResult.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RecordRolloutResultResponse {
+    return { result: isSet(object.result) ? RolloutResult.fromJSON(object.result) : undefined };
+  },
+
+  toJSON(message: RecordRolloutResultResponse): unknown {
+    const obj: any = {};
+    if (message.result !== undefined) {
+      obj.result = RolloutResult.toJSON(message.result);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RecordRolloutResultResponse>, I>>(base?: I): RecordRolloutResultResponse {
+    return RecordRolloutResultResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RecordRolloutResultResponse>, I>>(object: I): RecordRolloutResultResponse {
+    const message = createBaseRecordRolloutResultResponse();
+    message.result = (object.result !== undefined && object.result !== null)
+      ? RolloutResult.fromPartial(object.result)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseListRolloutResultsRequest(): ListRolloutResultsRequest {
+  return { skillId: "", pageSize: 0, pageToken: "" };
+}
+
+export const ListRolloutResultsRequest: MessageFns<ListRolloutResultsRequest> = {
+  encode(message: ListRolloutResultsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.skillId !== "") {
+      writer.uint32(10).string(message.skillId);
+    }
+    if (message.pageSize !== 0) {
+      writer.uint32(16).int32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(26).string(message.pageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListRolloutResultsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListRolloutResultsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.skillId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.pageSize = reader.int32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListRolloutResultsRequest {
+    return {
+      skillId: isSet(object.skillId)
+        ? globalThis.String(object.skillId)
+        : isSet(object.skill_id)
+        ? globalThis.String(object.skill_id)
+        : "",
+      pageSize: isSet(object.pageSize)
+        ? globalThis.Number(object.pageSize)
+        : isSet(object.page_size)
+        ? globalThis.Number(object.page_size)
+        : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: ListRolloutResultsRequest): unknown {
+    const obj: any = {};
+    if (message.skillId !== "") {
+      obj.skillId = message.skillId;
+    }
+    if (message.pageSize !== 0) {
+      obj.pageSize = Math.round(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListRolloutResultsRequest>, I>>(base?: I): ListRolloutResultsRequest {
+    return ListRolloutResultsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListRolloutResultsRequest>, I>>(object: I): ListRolloutResultsRequest {
+    const message = createBaseListRolloutResultsRequest();
+    message.skillId = object.skillId ?? "";
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseListRolloutResultsResponse(): ListRolloutResultsResponse {
+  return { results: [], nextPageToken: "" };
+}
+
+export const ListRolloutResultsResponse: MessageFns<ListRolloutResultsResponse> = {
+  encode(message: ListRolloutResultsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.results) {
+      RolloutResult.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(18).string(message.nextPageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListRolloutResultsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListRolloutResultsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.results.push(RolloutResult.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListRolloutResultsResponse {
+    return {
+      results: globalThis.Array.isArray(object?.results)
+        ? object.results.map((e: any) => RolloutResult.fromJSON(e))
+        : [],
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: ListRolloutResultsResponse): unknown {
+    const obj: any = {};
+    if (message.results?.length) {
+      obj.results = message.results.map((e) => RolloutResult.toJSON(e));
+    }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListRolloutResultsResponse>, I>>(base?: I): ListRolloutResultsResponse {
+    return ListRolloutResultsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListRolloutResultsResponse>, I>>(object: I): ListRolloutResultsResponse {
+    const message = createBaseListRolloutResultsResponse();
+    message.results = object.results?.map((e) => RolloutResult.fromPartial(e)) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseAdvanceSkillRequest(): AdvanceSkillRequest {
+  return { id: "", state: 0, definitionFingerprint: "", reason: "", requestId: "" };
+}
+
+export const AdvanceSkillRequest: MessageFns<AdvanceSkillRequest> = {
+  encode(message: AdvanceSkillRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.state !== 0) {
+      writer.uint32(16).int32(message.state);
+    }
+    if (message.definitionFingerprint !== "") {
+      writer.uint32(26).string(message.definitionFingerprint);
+    }
+    if (message.reason !== "") {
+      writer.uint32(34).string(message.reason);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(42).string(message.requestId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): AdvanceSkillRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseAdvanceSkillRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.state = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.definitionFingerprint = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): AdvanceSkillRequest {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      state: isSet(object.state) ? skillStateFromJSON(object.state) : 0,
+      definitionFingerprint: isSet(object.definitionFingerprint)
+        ? globalThis.String(object.definitionFingerprint)
+        : isSet(object.definition_fingerprint)
+        ? globalThis.String(object.definition_fingerprint)
+        : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
+    };
+  },
+
+  toJSON(message: AdvanceSkillRequest): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.state !== 0) {
+      obj.state = skillStateToJSON(message.state);
+    }
+    if (message.definitionFingerprint !== "") {
+      obj.definitionFingerprint = message.definitionFingerprint;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<AdvanceSkillRequest>, I>>(base?: I): AdvanceSkillRequest {
+    return AdvanceSkillRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<AdvanceSkillRequest>, I>>(object: I): AdvanceSkillRequest {
+    const message = createBaseAdvanceSkillRequest();
+    message.id = object.id ?? "";
+    message.state = object.state ?? 0;
+    message.definitionFingerprint = object.definitionFingerprint ?? "";
+    message.reason = object.reason ?? "";
+    message.requestId = object.requestId ?? "";
+    return message;
+  },
+};
+
+function createBaseAdvanceSkillResponse(): AdvanceSkillResponse {
+  return { skill: undefined };
+}
+
+export const AdvanceSkillResponse: MessageFns<AdvanceSkillResponse> = {
+  encode(message: AdvanceSkillResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.skill !== undefined) {
+      Skill.encode(message.skill, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): AdvanceSkillResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseAdvanceSkillResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.skill = Skill.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): AdvanceSkillResponse {
+    return { skill: isSet(object.skill) ? Skill.fromJSON(object.skill) : undefined };
+  },
+
+  toJSON(message: AdvanceSkillResponse): unknown {
+    const obj: any = {};
+    if (message.skill !== undefined) {
+      obj.skill = Skill.toJSON(message.skill);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<AdvanceSkillResponse>, I>>(base?: I): AdvanceSkillResponse {
+    return AdvanceSkillResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<AdvanceSkillResponse>, I>>(object: I): AdvanceSkillResponse {
+    const message = createBaseAdvanceSkillResponse();
+    message.skill = (object.skill !== undefined && object.skill !== null) ? Skill.fromPartial(object.skill) : undefined;
+    return message;
+  },
+};
+
+function createBaseRevokeSkillRequest(): RevokeSkillRequest {
+  return { id: "", reason: "", requestId: "" };
+}
+
+export const RevokeSkillRequest: MessageFns<RevokeSkillRequest> = {
+  encode(message: RevokeSkillRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.reason !== "") {
+      writer.uint32(18).string(message.reason);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(26).string(message.requestId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RevokeSkillRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRevokeSkillRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RevokeSkillRequest {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
+    };
+  },
+
+  toJSON(message: RevokeSkillRequest): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RevokeSkillRequest>, I>>(base?: I): RevokeSkillRequest {
+    return RevokeSkillRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RevokeSkillRequest>, I>>(object: I): RevokeSkillRequest {
+    const message = createBaseRevokeSkillRequest();
+    message.id = object.id ?? "";
+    message.reason = object.reason ?? "";
+    message.requestId = object.requestId ?? "";
+    return message;
+  },
+};
+
+function createBaseRevokeSkillResponse(): RevokeSkillResponse {
+  return { skill: undefined };
+}
+
+export const RevokeSkillResponse: MessageFns<RevokeSkillResponse> = {
+  encode(message: RevokeSkillResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.skill !== undefined) {
+      Skill.encode(message.skill, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RevokeSkillResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRevokeSkillResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.skill = Skill.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RevokeSkillResponse {
+    return { skill: isSet(object.skill) ? Skill.fromJSON(object.skill) : undefined };
+  },
+
+  toJSON(message: RevokeSkillResponse): unknown {
+    const obj: any = {};
+    if (message.skill !== undefined) {
+      obj.skill = Skill.toJSON(message.skill);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RevokeSkillResponse>, I>>(base?: I): RevokeSkillResponse {
+    return RevokeSkillResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RevokeSkillResponse>, I>>(object: I): RevokeSkillResponse {
+    const message = createBaseRevokeSkillResponse();
+    message.skill = (object.skill !== undefined && object.skill !== null) ? Skill.fromPartial(object.skill) : undefined;
+    return message;
+  },
+};
+
+function createBaseRollbackSkillRequest(): RollbackSkillRequest {
+  return { id: "", reason: "", requestId: "" };
+}
+
+export const RollbackSkillRequest: MessageFns<RollbackSkillRequest> = {
+  encode(message: RollbackSkillRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.reason !== "") {
+      writer.uint32(18).string(message.reason);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(26).string(message.requestId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RollbackSkillRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRollbackSkillRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RollbackSkillRequest {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
+    };
+  },
+
+  toJSON(message: RollbackSkillRequest): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RollbackSkillRequest>, I>>(base?: I): RollbackSkillRequest {
+    return RollbackSkillRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RollbackSkillRequest>, I>>(object: I): RollbackSkillRequest {
+    const message = createBaseRollbackSkillRequest();
+    message.id = object.id ?? "";
+    message.reason = object.reason ?? "";
+    message.requestId = object.requestId ?? "";
+    return message;
+  },
+};
+
+function createBaseRollbackSkillResponse(): RollbackSkillResponse {
+  return { revoked: undefined, restored: undefined };
+}
+
+export const RollbackSkillResponse: MessageFns<RollbackSkillResponse> = {
+  encode(message: RollbackSkillResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.revoked !== undefined) {
+      Skill.encode(message.revoked, writer.uint32(10).fork()).join();
+    }
+    if (message.restored !== undefined) {
+      Skill.encode(message.restored, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RollbackSkillResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRollbackSkillResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.revoked = Skill.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.restored = Skill.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RollbackSkillResponse {
+    return {
+      revoked: isSet(object.revoked) ? Skill.fromJSON(object.revoked) : undefined,
+      restored: isSet(object.restored) ? Skill.fromJSON(object.restored) : undefined,
+    };
+  },
+
+  toJSON(message: RollbackSkillResponse): unknown {
+    const obj: any = {};
+    if (message.revoked !== undefined) {
+      obj.revoked = Skill.toJSON(message.revoked);
+    }
+    if (message.restored !== undefined) {
+      obj.restored = Skill.toJSON(message.restored);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RollbackSkillResponse>, I>>(base?: I): RollbackSkillResponse {
+    return RollbackSkillResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RollbackSkillResponse>, I>>(object: I): RollbackSkillResponse {
+    const message = createBaseRollbackSkillResponse();
+    message.revoked = (object.revoked !== undefined && object.revoked !== null)
+      ? Skill.fromPartial(object.revoked)
+      : undefined;
+    message.restored = (object.restored !== undefined && object.restored !== null)
+      ? Skill.fromPartial(object.restored)
+      : undefined;
     return message;
   },
 };
@@ -878,7 +2322,15 @@ export const ListSkillsResponse: MessageFns<ListSkillsResponse> = {
   },
 };
 
-/** Reusable skills promoted from reviewed procedure learnings. */
+/**
+ * Reusable skills promoted from reviewed procedure learnings.
+ *
+ * A skill is rolled out in steps: draft -> verified -> canary -> active. Only active skills
+ * belong in the catalog agents mount (ListSkills with state ACTIVE); a canary is run by the
+ * operator's chosen agents while its evidence is gathered. A skill's definition never
+ * changes: a new definition is a new skill, promoted under the same name once the old one
+ * is revoked, and RollbackSkill returns to the one that was active before it.
+ */
 export type SkillServiceService = typeof SkillServiceService;
 export const SkillServiceService = {
   /** Promotes an active, workspace-scoped procedure learning into a draft skill. */
@@ -893,6 +2345,7 @@ export const SkillServiceService = {
       Buffer.from(PromoteProcedureResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): PromoteProcedureResponse => PromoteProcedureResponse.decode(value),
   },
+  /** The skill and its lifecycle events. */
   getSkill: {
     path: "/mnemo.v1.SkillService/GetSkill" as const,
     requestStream: false as const,
@@ -911,13 +2364,112 @@ export const SkillServiceService = {
     responseSerialize: (value: ListSkillsResponse): Buffer => Buffer.from(ListSkillsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListSkillsResponse => ListSkillsResponse.decode(value),
   },
+  /**
+   * Records how a run of the skill went: verification evidence while it is a draft or
+   * verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+   * The result keeps the definition fingerprint the run executed.
+   */
+  recordRolloutResult: {
+    path: "/mnemo.v1.SkillService/RecordRolloutResult" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RecordRolloutResultRequest): Buffer =>
+      Buffer.from(RecordRolloutResultRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RecordRolloutResultRequest => RecordRolloutResultRequest.decode(value),
+    responseSerialize: (value: RecordRolloutResultResponse): Buffer =>
+      Buffer.from(RecordRolloutResultResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RecordRolloutResultResponse => RecordRolloutResultResponse.decode(value),
+  },
+  /** A skill's rollout results, newest first. */
+  listRolloutResults: {
+    path: "/mnemo.v1.SkillService/ListRolloutResults" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListRolloutResultsRequest): Buffer =>
+      Buffer.from(ListRolloutResultsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListRolloutResultsRequest => ListRolloutResultsRequest.decode(value),
+    responseSerialize: (value: ListRolloutResultsResponse): Buffer =>
+      Buffer.from(ListRolloutResultsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListRolloutResultsResponse => ListRolloutResultsResponse.decode(value),
+  },
+  /**
+   * Moves a skill one step on: to verified once a verification run of its definition
+   * succeeded; to canary from verified; to active once a canary run succeeded and none
+   * failed. Missing evidence or a step out of order is FAILED_PRECONDITION
+   * (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
+   * changes nothing. Asking for the state the skill is in answers it unchanged.
+   */
+  advanceSkill: {
+    path: "/mnemo.v1.SkillService/AdvanceSkill" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: AdvanceSkillRequest): Buffer => Buffer.from(AdvanceSkillRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): AdvanceSkillRequest => AdvanceSkillRequest.decode(value),
+    responseSerialize: (value: AdvanceSkillResponse): Buffer =>
+      Buffer.from(AdvanceSkillResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): AdvanceSkillResponse => AdvanceSkillResponse.decode(value),
+  },
+  /** Revokes a skill (its source learning stays as it is); its name is free again. */
+  revokeSkill: {
+    path: "/mnemo.v1.SkillService/RevokeSkill" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RevokeSkillRequest): Buffer => Buffer.from(RevokeSkillRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RevokeSkillRequest => RevokeSkillRequest.decode(value),
+    responseSerialize: (value: RevokeSkillResponse): Buffer => Buffer.from(RevokeSkillResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RevokeSkillResponse => RevokeSkillResponse.decode(value),
+  },
+  /**
+   * Revokes a skill (if it is not already) and makes active again the skill of the same
+   * name that was active most recently before it. Refused (FAILED_PRECONDITION, nothing
+   * changed) when there is none (NO_EARLIER_ACTIVE), when that skill's source learning is no
+   * longer active (LEARNING_NOT_ACTIVE), or when another skill holds the name
+   * (SKILL_NAME_TAKEN).
+   */
+  rollbackSkill: {
+    path: "/mnemo.v1.SkillService/RollbackSkill" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RollbackSkillRequest): Buffer => Buffer.from(RollbackSkillRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RollbackSkillRequest => RollbackSkillRequest.decode(value),
+    responseSerialize: (value: RollbackSkillResponse): Buffer =>
+      Buffer.from(RollbackSkillResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RollbackSkillResponse => RollbackSkillResponse.decode(value),
+  },
 } as const;
 
 export interface SkillServiceServer extends UntypedServiceImplementation {
   /** Promotes an active, workspace-scoped procedure learning into a draft skill. */
   promoteProcedure: handleUnaryCall<PromoteProcedureRequest, PromoteProcedureResponse>;
+  /** The skill and its lifecycle events. */
   getSkill: handleUnaryCall<GetSkillRequest, GetSkillResponse>;
   listSkills: handleUnaryCall<ListSkillsRequest, ListSkillsResponse>;
+  /**
+   * Records how a run of the skill went: verification evidence while it is a draft or
+   * verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+   * The result keeps the definition fingerprint the run executed.
+   */
+  recordRolloutResult: handleUnaryCall<RecordRolloutResultRequest, RecordRolloutResultResponse>;
+  /** A skill's rollout results, newest first. */
+  listRolloutResults: handleUnaryCall<ListRolloutResultsRequest, ListRolloutResultsResponse>;
+  /**
+   * Moves a skill one step on: to verified once a verification run of its definition
+   * succeeded; to canary from verified; to active once a canary run succeeded and none
+   * failed. Missing evidence or a step out of order is FAILED_PRECONDITION
+   * (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
+   * changes nothing. Asking for the state the skill is in answers it unchanged.
+   */
+  advanceSkill: handleUnaryCall<AdvanceSkillRequest, AdvanceSkillResponse>;
+  /** Revokes a skill (its source learning stays as it is); its name is free again. */
+  revokeSkill: handleUnaryCall<RevokeSkillRequest, RevokeSkillResponse>;
+  /**
+   * Revokes a skill (if it is not already) and makes active again the skill of the same
+   * name that was active most recently before it. Refused (FAILED_PRECONDITION, nothing
+   * changed) when there is none (NO_EARLIER_ACTIVE), when that skill's source learning is no
+   * longer active (LEARNING_NOT_ACTIVE), or when another skill holds the name
+   * (SKILL_NAME_TAKEN).
+   */
+  rollbackSkill: handleUnaryCall<RollbackSkillRequest, RollbackSkillResponse>;
 }
 
 export interface SkillServiceClient extends Client {
@@ -937,6 +2489,7 @@ export interface SkillServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: PromoteProcedureResponse) => void,
   ): ClientUnaryCall;
+  /** The skill and its lifecycle events. */
   getSkill(
     request: GetSkillRequest,
     callback: (error: ServiceError | null, response: GetSkillResponse) => void,
@@ -966,6 +2519,102 @@ export interface SkillServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListSkillsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Records how a run of the skill went: verification evidence while it is a draft or
+   * verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+   * The result keeps the definition fingerprint the run executed.
+   */
+  recordRolloutResult(
+    request: RecordRolloutResultRequest,
+    callback: (error: ServiceError | null, response: RecordRolloutResultResponse) => void,
+  ): ClientUnaryCall;
+  recordRolloutResult(
+    request: RecordRolloutResultRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: RecordRolloutResultResponse) => void,
+  ): ClientUnaryCall;
+  recordRolloutResult(
+    request: RecordRolloutResultRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: RecordRolloutResultResponse) => void,
+  ): ClientUnaryCall;
+  /** A skill's rollout results, newest first. */
+  listRolloutResults(
+    request: ListRolloutResultsRequest,
+    callback: (error: ServiceError | null, response: ListRolloutResultsResponse) => void,
+  ): ClientUnaryCall;
+  listRolloutResults(
+    request: ListRolloutResultsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListRolloutResultsResponse) => void,
+  ): ClientUnaryCall;
+  listRolloutResults(
+    request: ListRolloutResultsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListRolloutResultsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Moves a skill one step on: to verified once a verification run of its definition
+   * succeeded; to canary from verified; to active once a canary run succeeded and none
+   * failed. Missing evidence or a step out of order is FAILED_PRECONDITION
+   * (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
+   * changes nothing. Asking for the state the skill is in answers it unchanged.
+   */
+  advanceSkill(
+    request: AdvanceSkillRequest,
+    callback: (error: ServiceError | null, response: AdvanceSkillResponse) => void,
+  ): ClientUnaryCall;
+  advanceSkill(
+    request: AdvanceSkillRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: AdvanceSkillResponse) => void,
+  ): ClientUnaryCall;
+  advanceSkill(
+    request: AdvanceSkillRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: AdvanceSkillResponse) => void,
+  ): ClientUnaryCall;
+  /** Revokes a skill (its source learning stays as it is); its name is free again. */
+  revokeSkill(
+    request: RevokeSkillRequest,
+    callback: (error: ServiceError | null, response: RevokeSkillResponse) => void,
+  ): ClientUnaryCall;
+  revokeSkill(
+    request: RevokeSkillRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: RevokeSkillResponse) => void,
+  ): ClientUnaryCall;
+  revokeSkill(
+    request: RevokeSkillRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: RevokeSkillResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Revokes a skill (if it is not already) and makes active again the skill of the same
+   * name that was active most recently before it. Refused (FAILED_PRECONDITION, nothing
+   * changed) when there is none (NO_EARLIER_ACTIVE), when that skill's source learning is no
+   * longer active (LEARNING_NOT_ACTIVE), or when another skill holds the name
+   * (SKILL_NAME_TAKEN).
+   */
+  rollbackSkill(
+    request: RollbackSkillRequest,
+    callback: (error: ServiceError | null, response: RollbackSkillResponse) => void,
+  ): ClientUnaryCall;
+  rollbackSkill(
+    request: RollbackSkillRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: RollbackSkillResponse) => void,
+  ): ClientUnaryCall;
+  rollbackSkill(
+    request: RollbackSkillRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: RollbackSkillResponse) => void,
   ): ClientUnaryCall;
 }
 

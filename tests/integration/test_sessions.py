@@ -641,6 +641,39 @@ def test_feedback_survives_sidecar_and_server_restarts(
     assert side2.store.counts("acme")[0] == 3
 
 
+def test_a_session_id_started_again_after_retention_delivers_pairs_of_its_own(
+    start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any]
+) -> None:
+    """Retention purges an ended session and its id may be started again: the new session's
+    pairs are stored by the sidecar as a session of their own, not taken for a retried
+    delivery of the old one's (the sidecar keeps one session per id it is sent)."""
+    side = start_sidecar()
+    ranking = {"sidecar_address": f"127.0.0.1:{side.port}", "delivery_interval_s": 0.05}
+    live = start_server(ranking=ranking, retention={"session_days": 1 / 86_400, "interval_s": 0.2})
+    t = tenant(live)
+    seed(t)
+    stub = t.memory()
+    pairs = 0
+    for n, context in enumerate(("deploy pipeline schedule", "who owns billing?"), start=1):
+        r = start(t, "daily-review", context)
+        used = [pb.MemoryFeedback(memory_id=r.memories[0].memory.id, used=True)]
+        pairs += stub.EndSession(
+            pb.EndSessionRequest(session_id="daily-review", feedback=used), metadata=t.md, timeout=5
+        ).training_pairs
+        wait_for(lambda n=n: side.store.counts("acme")[0] == n, timeout=30)
+        assert side.store.counts("acme")[1] == pairs
+
+        def purged() -> bool:
+            try:
+                stub.GetSession(pb.GetSessionRequest(session_id="daily-review"), metadata=t.md, timeout=5)
+            except grpc.RpcError as err:
+                return err.code() == grpc.StatusCode.NOT_FOUND
+            return False
+
+        wait_for(purged, timeout=30)
+    assert [s.query for s in side.store.sessions("acme")] == ["deploy pipeline schedule", "who owns billing?"]
+
+
 def test_feedback_that_can_never_be_delivered_is_parked_and_holds_back_nothing(
     start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any], tmp_path: Any
 ) -> None:

@@ -41,6 +41,14 @@ from mnemo_server.store.session_repo import SessionRow
 MODEL, BASELINE, FALLBACK = "model", "baseline", "fallback"
 
 
+def training_session_key(session_id: str, start_time_ns: int) -> str:
+    """The id a session's training pairs carry to the sidecar, which keeps one session per
+    id (a retried delivery is a duplicate). Retention purges ended sessions and lets their ids
+    be started again, so the server's id alone would have the sidecar take a new session's
+    pairs for a retry of the old one's and drop them; its start time makes each its own."""
+    return f"{session_id}@{start_time_ns}"
+
+
 @dataclass(frozen=True)
 class StartSessionInput:
     session_id: str
@@ -543,7 +551,7 @@ class SessionService:
         continuity = self._continuity(members, feedback, req.transcript, texts)
         training = [m for m in members if m.memory_id in continuity]
         payload = {
-            "session_id": session_id,
+            "session_id": training_session_key(session_id, s.start_time_ns),
             "query": s.context,
             "feature_names": s.feature_names,
             "end_time_ns": req.now,

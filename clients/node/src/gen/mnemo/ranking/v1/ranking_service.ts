@@ -175,12 +175,20 @@ export interface TrainingCandidate {
 }
 
 export interface TrainingSession {
+  /**
+   * Unique per session for good: the sidecar keeps one session per id, and takes the same id
+   * again for a retried delivery. (Mnemo's server sends its session id with the session's
+   * start time, "<id>@<nanoseconds>", since its ids may be reused once retention purged them.)
+   */
   sessionId: string;
   query: string;
   /** Each name once. */
   featureNames: string[];
   candidates: TrainingCandidate[];
-  /** Between 1677-09-22 and 2262-04-11 (64-bit nanoseconds), as every time Mnemo takes. */
+  /**
+   * Between 1677-09-21T00:12:43Z and 2262-04-11T23:47:16Z (64-bit nanoseconds), as every
+   * time Mnemo takes.
+   */
   endTime?: Date | undefined;
 }
 

@@ -317,7 +317,9 @@ class RankingConfig:
     # Default budget for Recall's optional rerank of the head.
     rerank_deadline_ms: float = 250.0
     rerank_head: int = 30
-    # Time kept for the server's own work after the sidecar call.
+    # Time kept from a caller's deadline for the reply when the sidecar is asked (Recall's
+    # rerank; StartSession's, beyond what its own work after the sidecar's answer has lately
+    # taken: sessions/time_after_ranking.py).
     deadline_margin_ms: float = 10.0
     # Circuit breaker: open after this many consecutive failures; after the cooldown the
     # sidecar's health is probed in the background, allowed this long (no caller waits on it).

@@ -467,6 +467,9 @@ def test_cold_start_then_feedback_reaches_the_sidecar(
     )
     assert side.store.counts("acme") == (1, len(r.memories))
     assert side.store.counts("tenant-a") == (0, 0)
+    # A cold start is a session ordered by the baseline; no sidecar call failed.
+    status = t.memory().GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5)
+    assert dict(status.ranking_fallbacks) == {"cold_start": 1} and not status.sidecar_call_failures
 
 
 def test_training_pairs_carry_query_and_neighbour_features(
@@ -794,8 +797,9 @@ def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
     start_server: Callable[..., LiveServer], stalled: tuple[StalledRanking, int]
 ) -> None:
     servicer, port = stalled
-    live, t = _seeded_behind(start_server, port, breaker_failures=3, breaker_cooldown_s=60)
-    paths = []
+    _, t = _seeded_behind(start_server, port, breaker_failures=3, breaker_cooldown_s=60)
+    paths: list[str] = []
+    budgets: list[int] = []
     # The server runs inside the test process, so a collection of the garbage earlier tests
     # left (their servers', channels' and datasets' finalizers) stalls it too: in a full
     # run, collections of 250-410 ms were logged (gc.callbacks) and one StartSession here
@@ -810,6 +814,7 @@ def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
             assert r.memories and r.ranking.path == pb.RANKING_PATH_FALLBACK
             assert elapsed_ms < 150 + 100  # the deadline, plus generous slack for a loaded test machine
             paths.append(r.ranking.fallback_reason)
+            budgets.append(r.ranking.sidecar_deadline_ms)
     finally:
         gc.enable()
     assert paths[:3] == ["deadline"] * 3
@@ -821,7 +826,81 @@ def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
             pb.StartSessionRequest(session_id="tight", context="x"), metadata=t.md, timeout=0.001
         )
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert live.server.core.ranking.fallbacks == {"deadline": 3, "circuit_open": 2}
+    # Per call: three Scores sent and timed out, two not sent; per session: five ordered by
+    # the baseline. No call went out with the circuit open, so none claims a budget.
+    status = t.memory().GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5)
+    assert dict(status.sidecar_call_failures) == {"Score:deadline": 3, "Score:circuit_open": 2}
+    assert dict(status.ranking_fallbacks) == {"deadline": 3, "circuit_open": 2}
+    assert [got_deadline > 0 for got_deadline in budgets] == [True] * 3 + [False] * 2
+
+
+def test_the_sidecar_gets_what_the_deadline_leaves_after_the_work_that_follows_it(
+    start_server: Callable[..., LiveServer], stalled: tuple[StalledRanking, int]
+) -> None:
+    """With the caller's deadline binding and the sidecar stalled, StartSession still answers
+    in time: the sidecar's budget keeps back the reply's margin and the recent 95th
+    percentile of the work after the sidecar's answer (here as a loaded machine makes it,
+    40 ms), not a fixed 10 ms that such work overran (probe: DEADLINE_EXCEEDED at 82-86 ms
+    for an 80 ms deadline)."""
+    _, port = stalled
+    live, t = _seeded_behind(start_server, port, breaker_failures=1_000, start_session_deadline_ms=5_000)
+    after = live.server.core.sessions.after_ranking
+    for _ in range(64):
+        after.add(0.040)
+    assert after.high_s() == pytest.approx(0.040)
+    r = t.memory().StartSession(
+        pb.StartSessionRequest(session_id="tight", project_id="p", context="release rollback"),
+        metadata=t.md,
+        timeout=0.3,
+    )
+    assert r.ranking.path == pb.RANKING_PATH_FALLBACK and r.ranking.fallback_reason == "deadline"
+    assert 150 <= r.ranking.sidecar_deadline_ms <= 300 - 40 - 10
+
+
+class MisbehavingRanking(rpb_grpc.RankingServiceServicer):
+    """A sidecar that is up but answers Score wrongly: INVALID_ARGUMENT, or too few scores."""
+
+    def __init__(self) -> None:
+        self.mode = "invalid"
+        self.calls = 0
+
+    def Score(self, request: rpb.ScoreRequest, context: grpc.ServicerContext) -> rpb.ScoreResponse:
+        self.calls += 1
+        if self.mode == "invalid":
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "candidates[0].text: longer than 20000 characters"
+            )
+        one = rpb.CandidateScore(id=request.candidates[0].id, score=1.0)
+        return rpb.ScoreResponse(scores=[one], model_version="v1", predictor_weight=0.7)
+
+
+def test_a_sidecar_refusing_a_request_leaves_the_circuit_closed_and_partial_scores_fall_back(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    """INVALID_ARGUMENT is about the request: the sidecar is up, so it is no failure for the
+    breaker (a run of refused outbox payloads would otherwise open the circuit for every
+    StartSession). Scores for only some candidates are a sidecar fault: FALLBACK, not the
+    cold start's BASELINE."""
+    servicer = MisbehavingRanking()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    rpb_grpc.add_RankingServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        live, t = _seeded_behind(start_server, port, breaker_failures=1)
+        reasons = [start(t, f"s{i}", "release rollback").ranking for i in range(3)]
+        assert [(r.path, r.fallback_reason) for r in reasons] == [
+            (pb.RANKING_PATH_FALLBACK, "error:INVALID_ARGUMENT")
+        ] * 3
+        assert servicer.calls == 3 and live.server.core.ranking.breaker.state.value == "closed"
+        servicer.mode = "partial"
+        partial = start(t, "s3", "release rollback").ranking
+        assert (partial.path, partial.fallback_reason) == (pb.RANKING_PATH_FALLBACK, "partial_scores")
+        status = t.memory().GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5)
+        assert dict(status.ranking_fallbacks) == {"error:INVALID_ARGUMENT": 3, "partial_scores": 1}
+        assert dict(status.sidecar_call_failures) == {"Score:error:INVALID_ARGUMENT": 3}
+    finally:
+        server.stop(0)
 
 
 def test_a_stopped_sidecar_is_probed_off_the_callers_path(

@@ -66,7 +66,7 @@ def test_no_time_with_the_circuit_open_counts_as_circuit_open_and_still_probes()
     client.breaker.record_failure()
     assert client.breaker.state is BreakerState.OPEN
     assert client.score(request, 0.0).fallback_reason == "circuit_open"
-    assert client.fallbacks == {"no_time": 1, "circuit_open": 1}
+    assert client.call_failures == {"Score:no_time": 1, "Score:circuit_open": 1}
 
     clock = Clock()
     half_open = CircuitBreaker(failures=1, cooldown_s=5.0, clock=clock)

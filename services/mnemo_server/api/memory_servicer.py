@@ -291,7 +291,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             process_peak_rss_bytes=peak_rss_bytes(),
             process_cpu_seconds=time.process_time(),
             search_index_lag_rows=s.search_index_lag,
-            ranking_fallbacks=dict(self.sessions.ranking.fallbacks),
+            ranking_fallbacks=self.sessions.baseline_sessions(),
+            sidecar_call_failures=self.sessions.ranking.failures(),
             sidecar_circuit=self.sessions.ranking.breaker.state.value
             if self.sessions.ranking.enabled
             else "",

@@ -44,6 +44,18 @@ _REASONS = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: "overloaded",
     grpc.StatusCode.CANCELLED: "cancelled",
 }
+# Answers about the request, not the sidecar's health: it is up and answering. Counted as
+# failures, a run of outbox payloads it refuses would open the circuit for every StartSession.
+_REQUEST_ERRORS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.ABORTED,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class SidecarAnswer(Generic[T]):
     elapsed_ms: float
     code: grpc.StatusCode | None = None  # the sidecar's error status, if it answered with one
     detail: str = ""  # and its own words with it
+    called: bool = True  # False: not sent at all (no sidecar, circuit open, no time left)
 
     @property
     def ok(self) -> bool:
@@ -63,7 +76,8 @@ class RankingClient:
     def __init__(self, cfg: RankingConfig, clock: Callable[[], float] = time.perf_counter):
         self.cfg = cfg
         self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s)
-        self.fallbacks: Counter[str] = Counter()
+        # Calls that failed or were not made, by "Method:reason" (GetStatus.sidecar_call_failures).
+        self.call_failures: Counter[str] = Counter()
         self._clock = clock
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
@@ -90,30 +104,45 @@ class RankingClient:
                 self._channel.close()
             self._channel = self._stub = None
 
+    def failures(self) -> dict[str, int]:
+        """Calls that failed or were not made, by "Method:reason"."""
+        with self._lock:
+            return dict(self.call_failures)
+
     def _fallback(
-        self, reason: str, started: float, code: grpc.StatusCode | None = None, detail: str = ""
+        self,
+        name: str,
+        reason: str,
+        started: float,
+        code: grpc.StatusCode | None = None,
+        detail: str = "",
+        called: bool = True,
     ) -> SidecarAnswer[T]:
-        self.fallbacks[reason] += 1
-        return SidecarAnswer(None, reason, (self._clock() - started) * 1000.0, code, detail)
+        with self._lock:
+            self.call_failures[f"{name}:{reason}"] += 1
+        return SidecarAnswer(None, reason, (self._clock() - started) * 1000.0, code, detail, called)
 
     def _call(self, name: str, request: object, budget_s: float) -> SidecarAnswer[T]:
         started = self._clock()
         if not self.enabled:
-            return self._fallback("no_sidecar", started)
+            return self._fallback(name, "no_sidecar", started, called=False)
         if not self.breaker.allow():
             if self.breaker.take_probe():
                 threading.Thread(target=self._probe, name="mnemo-sidecar-probe", daemon=True).start()
-            return self._fallback("circuit_open", started)
+            return self._fallback(name, "circuit_open", started, called=False)
         if budget_s < MIN_BUDGET_S:
-            return self._fallback("no_time", started)
+            return self._fallback(name, "no_time", started, called=False)
         try:
             method = getattr(self._connect()[1], name)
             value: T = method(request, timeout=budget_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()
-            self.breaker.record_failure()
+            if code in _REQUEST_ERRORS:
+                self.breaker.record_success()
+            else:
+                self.breaker.record_failure()
             return self._fallback(
-                _REASONS.get(code, f"error:{code.name}"), started, code, err.details() or ""
+                name, _REASONS.get(code, f"error:{code.name}"), started, code, err.details() or ""
             )
         self.breaker.record_success()
         return SidecarAnswer(value, "", (self._clock() - started) * 1000.0)

@@ -13,7 +13,9 @@ sidecar in the background."""
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +33,7 @@ from mnemo_server.sessions.access_counts import AccessCounts
 from mnemo_server.sessions.continuity import overlap_relevance
 from mnemo_server.sessions.features import Candidate, compute_features
 from mnemo_server.sessions.packing import pack, render
+from mnemo_server.sessions.time_after_ranking import TimeAfterRanking
 from mnemo_server.store import idempotency_repo, memory_repo, session_candidates, session_repo
 from mnemo_server.store.database import Cursor, Database, WriteDomain
 from mnemo_server.store.group_commit import GroupCommit
@@ -141,6 +144,10 @@ class SessionService:
         self.limits = limits
         self.cfg = cfg
         self._fusion = ScoreFusion(cfg.fusion_rank_k)
+        self.after_ranking = TimeAfterRanking()
+        # Sessions ordered by the baseline, by reason (GetStatus.ranking_fallbacks).
+        self._baseline_sessions: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
         self.on_feedback = on_feedback
         self.clock = clock
         # Session records that queue while another is being written share its transaction
@@ -236,6 +243,7 @@ class SessionService:
         mark("features")
 
         decision = self._rank(tenant_id, req, pool, names, started, caller_remaining_s)
+        ranked = time.perf_counter()
         mark("sidecar")
         path, reason, version, weight = decision.path, decision.reason, decision.version, decision.weight
         sidecar_ms, deadline_ms, predictor = decision.sidecar_ms, decision.deadline_ms, decision.predictor
@@ -311,7 +319,19 @@ class SessionService:
             return self._existing(tenant_id, req)
         # Counted after the session's commit and written in batches (access_counts).
         self.access.record(tenant_id, [x.memory.id for x in injected], now)
-        return SessionBundle(session, injected, render([x.memory for x in injected]))
+        bundle = SessionBundle(session, injected, render([x.memory for x in injected]))
+        self.after_ranking.add(time.perf_counter() - ranked)
+        if pool and path != MODEL:
+            with self._counts_lock:
+                self._baseline_sessions[reason or path] += 1
+        return bundle
+
+    def baseline_sessions(self) -> dict[str, int]:
+        """Sessions ordered by the baseline since the server started, by reason (cold_start,
+        no_sidecar, partial_scores, or why the sidecar's answer did not come: deadline,
+        unavailable, circuit_open, no_time, ...)."""
+        with self._counts_lock:
+            return dict(self._baseline_sessions)
 
     def _record_together(self, records: Sequence[tuple[SessionRow, bytes]]) -> list[None]:
         # One INSERT for the whole group, committed by itself.
@@ -345,10 +365,13 @@ class SessionService:
             return RankDecision(BASELINE, "", predictor=[])
         if not self.ranking.enabled:
             return RankDecision(BASELINE, "no_sidecar", predictor=[0.0] * len(pool))
-        margin_s = self.cfg.deadline_margin_ms / 1000.0
-        budget_s = self.cfg.start_session_deadline_ms / 1000.0 - (time.perf_counter() - started) - margin_s
+        # Kept back from the deadline: the work after the sidecar's answer (as it has taken
+        # lately, time_after_ranking.py) and the reply's margin; never more than half of it.
+        deadline_s = self.cfg.start_session_deadline_ms / 1000.0
+        reserve_s = min(self.cfg.deadline_margin_ms / 1000.0 + self.after_ranking.high_s(), deadline_s / 2)
+        budget_s = deadline_s - (time.perf_counter() - started) - reserve_s
         if caller_remaining_s is not None:
-            budget_s = min(budget_s, caller_remaining_s - margin_s)
+            budget_s = min(budget_s, caller_remaining_s - reserve_s)
         request = rpb.ScoreRequest(
             tenant_id=tenant_id,
             session_id=req.session_id,
@@ -366,15 +389,21 @@ class SessionService:
         )
         answer = self.ranking.score(request, budget_s)
         zeros = [0.0] * len(pool)
-        ms, deadline_ms = answer.elapsed_ms, max(0, int(budget_s * 1000))
+        # The budget the sidecar was given; 0 when no call went out (circuit open, no time).
+        ms, deadline_ms = answer.elapsed_ms, max(0, int(budget_s * 1000)) if answer.called else 0
         if answer.value is None:
             return RankDecision(
                 FALLBACK, answer.fallback_reason, predictor=zeros, sidecar_ms=ms, deadline_ms=deadline_ms
             )
         sent = len(request.candidates)
-        if answer.value.cold_start or len(answer.value.scores) != sent:
-            reason = "cold_start" if answer.value.cold_start else "partial_scores"
-            return RankDecision(BASELINE, reason, predictor=zeros, sidecar_ms=ms, deadline_ms=deadline_ms)
+        if answer.value.cold_start:
+            return RankDecision(
+                BASELINE, "cold_start", predictor=zeros, sidecar_ms=ms, deadline_ms=deadline_ms
+            )
+        if len(answer.value.scores) != sent:  # a sidecar fault, not a cold start
+            return RankDecision(
+                FALLBACK, "partial_scores", predictor=zeros, sidecar_ms=ms, deadline_ms=deadline_ms
+            )
         scores = [s.score for s in answer.value.scores]
         # Candidates beyond what was sent keep the bottom of the predictor's scale.
         scores += [min(scores)] * (len(pool) - sent)

@@ -479,8 +479,10 @@ export interface GetStatusResponse {
    */
   searchIndexLagRows: number;
   /**
-   * Sessions ordered by the baseline since the server started, by reason (deadline,
-   * unavailable, circuit_open, cold_start, ...), and the sidecar circuit's state.
+   * Sessions ordered by the baseline since the server started (all tenants), by reason:
+   * cold_start (no trained ranker yet), no_sidecar, partial_scores, or why the sidecar's
+   * answer did not come (deadline, unavailable, overloaded, circuit_open, no_time, ...).
+   * And the sidecar circuit's state.
    */
   rankingFallbacks: { [key: string]: number };
   sidecarCircuit: string;
@@ -582,6 +584,13 @@ export interface GetStatusResponse {
    * (pending_index_count) as a new one is.
    */
   indexTablesToCheck: number;
+  /**
+   * Calls to the sidecar since the server started (all tenants) that failed or were not
+   * made, by "Method:reason": StartSession's Score, Recall's Rerank, the feedback outbox's
+   * SubmitTrainingPairs, e.g. "Score:deadline", "SubmitTrainingPairs:unavailable",
+   * "Rerank:circuit_open".
+   */
+  sidecarCallFailures: { [key: string]: number };
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -590,6 +599,11 @@ export interface GetStatusResponse_MemoryCountByTypeEntry {
 }
 
 export interface GetStatusResponse_RankingFallbacksEntry {
+  key: string;
+  value: number;
+}
+
+export interface GetStatusResponse_SidecarCallFailuresEntry {
   key: string;
   value: number;
 }
@@ -3790,6 +3804,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     indexLastFailureTime: undefined,
     indexResidency: undefined,
     indexTablesToCheck: 0,
+    sidecarCallFailures: {},
   };
 }
 
@@ -3886,6 +3901,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.indexTablesToCheck !== 0) {
       writer.uint32(232).int64(message.indexTablesToCheck);
     }
+    globalThis.Object.entries(message.sidecarCallFailures).forEach(([key, value]: [string, number]) => {
+      GetStatusResponse_SidecarCallFailuresEntry.encode({ key: key as any, value }, writer.uint32(242).fork()).join();
+    });
     return writer;
   },
 
@@ -4150,6 +4168,17 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.indexTablesToCheck = longToNumber(reader.int64());
             continue;
           }
+          case 30: {
+            if (tag !== 242) {
+              break;
+            }
+
+            const entry30 = GetStatusResponse_SidecarCallFailuresEntry.decode(reader, reader.uint32());
+            if (entry30.value !== undefined) {
+              message.sidecarCallFailures[entry30.key] = entry30.value;
+            }
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4353,6 +4382,33 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.index_tables_to_check)
         ? globalThis.Number(object.index_tables_to_check)
         : 0,
+      sidecarCallFailures: isObject(object.sidecarCallFailures)
+        ? (globalThis.Object.entries(object.sidecarCallFailures) as [string, any][]).reduce(
+          (acc: { [key: string]: number }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.Number(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : isObject(object.sidecar_call_failures)
+        ? (globalThis.Object.entries(object.sidecar_call_failures) as [string, any][]).reduce(
+          (acc: { [key: string]: number }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.Number(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
     };
   },
 
@@ -4457,6 +4513,15 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.indexTablesToCheck !== 0) {
       obj.indexTablesToCheck = Math.round(message.indexTablesToCheck);
     }
+    if (message.sidecarCallFailures) {
+      const entries = globalThis.Object.entries(message.sidecarCallFailures) as [string, number][];
+      if (entries.length > 0) {
+        obj.sidecarCallFailures = {};
+        entries.forEach(([k, v]) => {
+          obj.sidecarCallFailures[k] = Math.round(v);
+        });
+      }
+    }
     return obj;
   },
 
@@ -4516,6 +4581,13 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
       ? IndexResidency.fromPartial(object.indexResidency)
       : undefined;
     message.indexTablesToCheck = object.indexTablesToCheck ?? 0;
+    message.sidecarCallFailures = (globalThis.Object.entries(object.sidecarCallFailures ?? {}) as [string, number][])
+      .reduce((acc: { [key: string]: number }, [key, value]: [string, number]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.Number(value);
+        }
+        return acc;
+      }, {});
     return message;
   },
 };
@@ -4692,6 +4764,95 @@ export const GetStatusResponse_RankingFallbacksEntry: MessageFns<GetStatusRespon
     object: I,
   ): GetStatusResponse_RankingFallbacksEntry {
     const message = createBaseGetStatusResponse_RankingFallbacksEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? 0;
+    return message;
+  },
+};
+
+function createBaseGetStatusResponse_SidecarCallFailuresEntry(): GetStatusResponse_SidecarCallFailuresEntry {
+  return { key: "", value: 0 };
+}
+
+export const GetStatusResponse_SidecarCallFailuresEntry: MessageFns<GetStatusResponse_SidecarCallFailuresEntry> = {
+  encode(message: GetStatusResponse_SidecarCallFailuresEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== 0) {
+      writer.uint32(16).int64(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetStatusResponse_SidecarCallFailuresEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetStatusResponse_SidecarCallFailuresEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.value = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetStatusResponse_SidecarCallFailuresEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.Number(object.value) : 0,
+    };
+  },
+
+  toJSON(message: GetStatusResponse_SidecarCallFailuresEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== 0) {
+      obj.value = Math.round(message.value);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetStatusResponse_SidecarCallFailuresEntry>, I>>(
+    base?: I,
+  ): GetStatusResponse_SidecarCallFailuresEntry {
+    return GetStatusResponse_SidecarCallFailuresEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetStatusResponse_SidecarCallFailuresEntry>, I>>(
+    object: I,
+  ): GetStatusResponse_SidecarCallFailuresEntry {
+    const message = createBaseGetStatusResponse_SidecarCallFailuresEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? 0;
     return message;

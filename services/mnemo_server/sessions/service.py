@@ -365,13 +365,15 @@ class SessionService:
             return RankDecision(BASELINE, "", predictor=[])
         if not self.ranking.enabled:
             return RankDecision(BASELINE, "no_sidecar", predictor=[0.0] * len(pool))
-        # Kept back from the deadline: the work after the sidecar's answer (as it has taken
-        # lately, time_after_ranking.py) and the reply's margin; never more than half of it.
-        deadline_s = self.cfg.start_session_deadline_ms / 1000.0
-        reserve_s = min(self.cfg.deadline_margin_ms / 1000.0 + self.after_ranking.high_s(), deadline_s / 2)
-        budget_s = deadline_s - (time.perf_counter() - started) - reserve_s
+        # The server's deadline or the caller's (as it was when the call started), whichever
+        # comes first, less the time spent so far, less what is kept back: the work after the
+        # sidecar's answer (as it has taken lately, time_after_ranking.py) and the reply's
+        # margin, never more than half of the deadline.
+        limit_s = self.cfg.start_session_deadline_ms / 1000.0
         if caller_remaining_s is not None:
-            budget_s = min(budget_s, caller_remaining_s - reserve_s)
+            limit_s = min(limit_s, caller_remaining_s)
+        reserve_s = min(self.cfg.deadline_margin_ms / 1000.0 + self.after_ranking.high_s(), limit_s / 2)
+        budget_s = limit_s - (time.perf_counter() - started) - reserve_s
         request = rpb.ScoreRequest(
             tenant_id=tenant_id,
             session_id=req.session_id,

@@ -17,7 +17,7 @@ from collections import deque
 
 class TimeAfterRanking:
     def __init__(
-        self, samples: int = 256, quantile: float = 0.95, prior_s: float = 0.010, min_samples: int = 16
+        self, samples: int = 256, quantile: float = 0.95, prior_s: float = 0.020, min_samples: int = 16
     ):
         """`prior_s`: what is assumed until `min_samples` calls have been measured."""
         self._samples: deque[float] = deque(maxlen=samples)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
@@ -176,15 +177,36 @@ class Launcher:
 
 @contextmanager
 def stopped_after(launcher: Launcher | None, say: Callable[[str], object]) -> Iterator[None]:
-    """Stop the launched processes when the body ends. If it failed, keep their directory:
-    the errors a client sees name incident ids whose details are only in those logs."""
+    """Stop the launched processes when the body ends, also when the command is stopped:
+    Ctrl-C, or a SIGTERM, taken as Ctrl-C meanwhile (by default it ended the command at once,
+    leaving its temporary directory behind and its server to notice on its own). If the body
+    failed, keep their directory: the errors a client sees name incident ids whose details
+    are only in those logs."""
+    previous = _sigterm_as_interrupt()
     try:
         yield
+    except KeyboardInterrupt:
+        say("stopped; stopping the launched processes")
+        raise
     except BaseException:
         if launcher is not None and launcher.processes:
             launcher.keep = True
             say(f"failed; the launched processes' logs and data are kept in {launcher.root}")
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if launcher is not None:
             launcher.stop()
+
+
+def _sigterm_as_interrupt() -> Any:
+    """Make SIGTERM raise KeyboardInterrupt; returns the handler it replaced (None when this
+    is not the main thread, where handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)

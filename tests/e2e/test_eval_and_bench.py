@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import grpc
+
+from mnemo.v1 import memory_service_pb2 as pb
+from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 from mnemo_server.cli.evaluate import phase_run_path
 from tests.conftest import SHARED
-from tests.e2e.conftest import MNEMO, base_env
+from tests.e2e.conftest import MNEMO, Proc, base_env
 
 LOCOMO = SHARED / "eval" / "locomo"
 
@@ -86,6 +93,107 @@ def test_eval_of_a_directory_not_in_the_format_is_one_line_and_starts_nothing(
         assert out.returncode == 1 and f"memories.jsonl:{lines}: bad JSON" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr and "starting" not in out.stderr
     assert not (tmp_path / "split").exists() and not (tmp_path / "run.jsonl").exists()
+
+
+def test_eval_refuses_what_would_fail_late_before_starting_anything(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """An --out it cannot write, a --top-k the server refuses, a split with nothing to score:
+    one line, before any server starts (not a traceback after the whole run)."""
+    data = _subset(tmp_path, n_queries=3)
+    empty = tmp_path / "no-gold"
+    empty.mkdir()
+    (empty / "memories.jsonl").write_text((data / "memories.jsonl").read_text())
+    (empty / "queries.jsonl").write_text(
+        json.dumps({"conv_id": "conv-26", "query_id": "q", "question": "who?", "gold_memory_ids": []}) + "\n"
+    )
+    cases = [
+        (["--data", str(data), "--out", str(tmp_path / "missing" / "run.jsonl")], "is not a directory"),
+        (["--data", str(data), "--out", str(tmp_path)], "is a directory"),
+        (
+            [
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "r.jsonl"),
+                "--json-out",
+                str(tmp_path / "no" / "m.json"),
+            ],
+            "--json-out",
+        ),
+        (["--data", str(data), "--out", str(tmp_path / "r.jsonl"), "--top-k", "101"], "--top-k"),
+        (["--data", str(empty), "--out", str(tmp_path / "r.jsonl")], "nothing to score"),
+    ]
+    for args, said in cases:
+        out = subprocess.run(
+            [*MNEMO, "eval", "locomo", *args],
+            env=base_env(model_cache),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode != 0 and said in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr and "starting" not in out.stderr, out.stderr
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_eval_runs_against_a_shared_server_are_their_own(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """Against a running server (--server), a run's scopes, ids and sessions are its own:
+    a run of a smaller split after a larger one ranks only its own turns, and each run's
+    memories are purged from the server once it ends."""
+    server = spawn(
+        ["serve", "--data-dir", str(tmp_path / "srv"), "--port", "0"],
+        env=base_env(model_cache, MNEMO_AUTH__ENABLED="false"),
+    )
+    whole = _subset(tmp_path, n_queries=10)
+    part = tmp_path / "part"
+    part.mkdir()
+    turns = (whole / "memories.jsonl").read_text().splitlines()
+    (part / "memories.jsonl").write_text("\n".join(turns[:120]) + "\n")
+    (part / "queries.jsonl").write_text((whole / "queries.jsonl").read_text())
+    for data in (whole, part):
+        run = tmp_path / f"{data.name}.jsonl"
+        _mnemo(
+            ["eval", "locomo", "--data", str(data), "--out", str(run), "--server", server.address],
+            base_env(model_cache),
+        )
+        own = {json.loads(line)["memory_id"] for line in (data / "memories.jsonl").read_text().splitlines()}
+        ranked = [i for line in run.read_text().splitlines() for i in json.loads(line)["ranked_memory_ids"]]
+        assert ranked and set(ranked) <= own
+    with grpc.insecure_channel(server.address) as channel:
+        status = pb_grpc.MemoryServiceStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10)
+    assert status.memory_count == 0 and status.deleted_count == len(turns) + 120
+
+
+def test_a_stopped_eval_stops_its_server_and_leaves_no_temporary_data(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """SIGTERM while the eval runs (as a CI job's timeout sends it): the command stops the
+    server it started and removes its temporary directory, as Ctrl-C does."""
+    data = _subset(tmp_path)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [*MNEMO, "eval", "locomo", "--data", str(data), "--out", str(tmp_path / "run.jsonl")],
+        env=base_env(model_cache, TMPDIR=str(tmp)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("mnemo-run-*/server.port")):  # the server is up
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "stopped; stopping the launched processes" in err, err
+    assert "Traceback" not in err and not list(tmp.glob("mnemo-run-*"))
 
 
 def test_eval_stage_switches_change_the_result(tmp_path: Path, model_cache: Path) -> None:

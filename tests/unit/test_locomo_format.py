@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mnemo_server.evaluation.locomo import DatasetError, read_dataset
+from mnemo_server.evaluation.locomo import DatasetError, Naming, in_session_order, read_dataset, server_name
 from tests.conftest import SHARED
 
 TURN = {
@@ -64,6 +64,23 @@ def test_what_the_eval_does_not_need_may_differ(tmp_path: Path) -> None:
             r"queries\.jsonl:1: 'gold_memory_ids' is not a list or null",
         ),
         ([TURN], ["[1, 2]\n"], r"queries\.jsonl:1: expected a JSON object"),
+        # What the server would refuse, found before any server starts.
+        ([TURN, TURN], [QUERY], r"memories\.jsonl:2: memory_id 'c1:D1:1' is already in conversation 'c1'"),
+        ([TURN], [QUERY, QUERY], r"queries\.jsonl:2: query_id 'q1' is already used"),
+        ([{**TURN, "text": "x" * 20_000}], [QUERY], r"memories\.jsonl:1: 'speaker' and 'text' make 20005"),
+        ([{**TURN, "text": "a\x00b"}], [QUERY], r"memories\.jsonl:1: 'speaker' or 'text' holds a NUL"),
+        ([{**TURN, "speaker": "S" * 257}], [QUERY], r"memories\.jsonl:1: 'speaker' is longer than 256"),
+        (
+            [
+                TURN,
+                json.dumps({**TURN, "memory_id": "m", "turn": float("nan")}) + "\n",  # NaN, as JSON allows
+            ],
+            [QUERY],
+            r"memories\.jsonl:2: 'turn' is not a finite number",
+        ),
+        ([{**TURN, "ts": "1500-01-01T00:00:00"}], [QUERY], r"memories\.jsonl:1: 'ts' is outside 1677-09-21"),
+        ([TURN], [{**QUERY, "question": "  "}], r"queries\.jsonl:1: 'question' is empty"),
+        ([TURN], [{**QUERY, "question": "q" * 4_001}], r"queries\.jsonl:1: 'question' is 4001 characters"),
     ],
 )
 def test_a_directory_not_in_the_format_is_one_error_naming_the_line(
@@ -76,3 +93,40 @@ def test_a_directory_not_in_the_format_is_one_error_naming_the_line(
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"memories\.jsonl: No such file"):
         read_dataset(tmp_path)
+
+
+def test_a_memory_id_need_only_be_unique_in_its_conversation(tmp_path: Path) -> None:
+    """Ids of real splits begin with their conversation's, but the format does not say so:
+    the same memory_id in two conversations is two turns, with two external ids."""
+    memories = [TURN, {**TURN, "conv_id": "c2"}]
+    got, _ = read_dataset(_dir(tmp_path, memories, [QUERY]))
+    naming = Naming()
+    names = [naming.to_memory(r).external_id for r in got]
+    assert names == ["c1/c1:D1:1", "c2/c1:D1:1"]
+    assert naming.dataset_ids([*names, "someone-else"]) == ["c1:D1:1", "c1:D1:1"]  # foreign hits left out
+
+
+def test_ids_the_server_would_refuse_become_digests_and_a_shared_server_run_gets_a_tag() -> None:
+    assert server_name("conv-26:D1:3") == "conv-26:D1:3"
+    for odd in ("conv 26", "konversation-ü", "x" * 65, ""):
+        name = server_name(odd)
+        assert name.startswith("h-") and len(name) == 42 and name == server_name(odd)
+    row = {**TURN, "conv_id": "a conversation", "memory_id": "turn one", "session": "S 1"}
+    m = Naming().to_memory(row)
+    assert m.external_id == f"{server_name('a conversation')}/{server_name('turn one')}"
+    assert m.scope.id == server_name("a conversation") and m.metadata["memory_id"] == "turn one"
+    assert m.source.session_id == f"{server_name('a conversation')}:{server_name('S 1')}"
+    shared = Naming.for_shared_server()
+    assert (
+        shared.scope("c1").id == f"c1@{shared.tag}" and shared.session_id("p", "q1") == f"p-q1@{shared.tag}"
+    )
+    assert shared.request_id("c1", "0") != Naming().request_id("c1", "0")
+
+
+def test_turns_are_stored_in_session_and_turn_order_whatever_the_files() -> None:
+    """A memory's neighbours are the turns stored before and after it in its session."""
+    rows = [
+        {**TURN, "memory_id": m, "session": s, "turn": t}
+        for m, s, t in [("b", 2, 1), ("a", 1, 10), ("c", 1, 2), ("d", "x", 1), ("e", 1, 2), ("f", "10", 1)]
+    ]
+    assert [r["memory_id"] for r in in_session_order(rows)] == ["c", "e", "a", "b", "f", "d"]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -12,7 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from mnemo.v1 import memory_service_pb2 as pb
-from mnemo_client.client import MnemoClient
+from mnemo_client.client import MnemoClient, MnemoError
+
+if TYPE_CHECKING:
+    from mnemo_server.evaluation.locomo import Naming
 
 # CLI name -> proto enum name (the stubs accept enum names).
 STAGES: dict[str, str] = {
@@ -50,9 +56,17 @@ def eval_group() -> None:
     help="Switch a Recall stage off (repeatable) to measure its contribution.",
 )
 @click.option(
-    "--top-k", type=int, default=50, show_default=True, help="Ids per query in the run file (>= 10)."
+    "--top-k",
+    type=click.IntRange(10, 100),
+    default=50,
+    show_default=True,
+    help="Ids per query in the run file (10-100; 100 is the server's default limit).",
 )
-@click.option("--keep-data", is_flag=True, help="Keep the temporary server's data directory.")
+@click.option(
+    "--keep-data",
+    is_flag=True,
+    help="Keep the temporary server's data directory (with --server: keep this run's memories there).",
+)
 @click.option(
     "--train-sessions",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -83,6 +97,9 @@ def locomo(
 ) -> None:
     """Load a LoCoMo-format split, Recall every query within its conversation, score the run.
     With --train-sessions: measure learning from sessions instead (see session_eval.py)."""
+    _writable(out, "--out")  # checked before any work that a bad path would throw away
+    if json_out is not None:
+        _writable(json_out, "--json-out")
     if train_sessions is not None:
         _locomo_sessions(
             data, out, json_out, server, sidecar, api_key, train_sessions, cross_encoder, tenant, keep_data
@@ -91,11 +108,10 @@ def locomo(
     from mnemo_server.evaluation.locomo import evaluate_locomo
     from mnemo_server.launcher import Launcher, stopped_after
 
-    if top_k < 10:
-        raise click.BadParameter("must be at least 10", param_hint="--top-k")
     memories, queries = _dataset(data)  # checked before any server starts
     console = Console(stderr=True)
     launcher = None if server else Launcher(keep=keep_data)
+    naming = _naming(fresh_server=launcher is not None)
     with stopped_after(launcher, console.print):
         if launcher is not None:
             console.print("starting a fresh server ...")
@@ -103,6 +119,9 @@ def locomo(
         assert server is not None
         with (
             MnemoClient(server, api_key, timeout_s=120) as client,
+            _cleared_after(
+                client, naming, {m["conv_id"] for m in memories}, launcher is None and not keep_data
+            ),
             Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -118,12 +137,18 @@ def locomo(
                 memories,
                 queries,
                 out,
+                naming,
                 top_k=top_k,
                 disabled_stages=[STAGES[s] for s in disabled],
                 stage_names=list(disabled),
                 on_load=lambda n: bar.update(load_task, completed=n),
                 on_query=lambda n: bar.update(query_task, completed=n),
             )
+    if result.short_lines:
+        console.print(
+            f"[yellow]warning: {result.short_lines} of {result.n_queries} queries got fewer than 10 ids: "
+            "their conversation is smaller, or the stages left on found no more[/]"
+        )
     table = Table(
         title=f"LoCoMo retrieval ({result.n_queries} queries, {result.n_memories} memories"
         + (f"; disabled: {', '.join(disabled)}" if disabled else "")
@@ -165,6 +190,7 @@ def _locomo_sessions(
     train_rows, train_queries = _dataset(train)
     console = Console(stderr=True)
     launcher = None if server else Launcher(keep=keep_data)
+    naming = _naming(fresh_server=launcher is not None)
     with stopped_after(launcher, console.print):
         if launcher is not None:
             console.print("starting a fresh sidecar and server ...")
@@ -181,7 +207,11 @@ def _locomo_sessions(
             ).address
         assert server is not None
         assert sidecar is not None
-        with MnemoClient(server, api_key, timeout_s=120) as client:
+        conversations = {r["conv_id"] for r in [*data_rows, *train_rows]}
+        with (
+            MnemoClient(server, api_key, timeout_s=120) as client,
+            _cleared_after(client, naming, conversations, launcher is None and not keep_data),
+        ):
             result = evaluate_with_training(
                 client,
                 SidecarControl(sidecar, tenant),
@@ -190,6 +220,7 @@ def _locomo_sessions(
                 train_rows,
                 train_queries,
                 console.print,
+                naming,
             )
     names = ["Recall@1", "Recall@5", "Recall@10", "MRR@10", "NDCG@10"]
     table = Table(
@@ -224,9 +255,46 @@ def _dataset(data: Path, *, scored_only: bool = True) -> tuple[list[dict[str, An
     from mnemo_server.evaluation.locomo import DatasetError, read_dataset
 
     try:
-        return read_dataset(data, scored_only=scored_only)
+        memories, queries = read_dataset(data, scored_only=scored_only)
     except DatasetError as exc:
         raise click.ClickException(str(exc)) from None
+    if scored_only and not queries:
+        raise click.ClickException(
+            f"{data / 'queries.jsonl'}: no query has gold_memory_ids: nothing to score"
+        )
+    return memories, queries
+
+
+def _writable(path: Path, option: str) -> None:
+    """A file the command can write at the end: its folder exists and takes new files."""
+    folder = path.parent  # "." for a bare file name
+    if not folder.is_dir():
+        raise click.BadParameter(f"{folder} is not a directory", param_hint=option)
+    if path.is_dir() or (path.exists() and not os.access(path, os.W_OK)) or not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"{path} cannot be written", param_hint=option)
+
+
+def _naming(fresh_server: bool) -> Naming:
+    """A fresh server holds this run alone; on a shared one the run's names are its own."""
+    from mnemo_server.evaluation.locomo import Naming
+
+    return Naming() if fresh_server else Naming.for_shared_server()
+
+
+@contextmanager
+def _cleared_after(
+    client: MnemoClient, naming: Naming, conversations: set[str], clear: bool
+) -> Iterator[None]:
+    """On a shared server, the run's memories are purged once it ends (its scopes are its
+    own), so runs neither pile up nor weigh on each other's BM25 statistics."""
+    try:
+        yield
+    finally:
+        if clear and conversations:
+            try:
+                client.purge_memories(naming.scopes(conversations), force=True)
+            except MnemoError as exc:
+                click.echo(f"could not purge this run's memories from the server: {exc}", err=True)
 
 
 def phase_run_path(out: Path, phase: str) -> Path:

@@ -23,7 +23,7 @@ from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client.client import MnemoClient
-from mnemo_server.evaluation.locomo import conversation_scope, judged, load_memories
+from mnemo_server.evaluation.locomo import Naming, judged, load_memories
 from mnemo_server.evaluation.metrics import evaluate
 
 POOL = 50
@@ -64,20 +64,20 @@ def _median(values: list[float]) -> float:
 
 
 def run_sessions(
-    client: MnemoClient, queries: Sequence[dict[str, Any]], prefix: str, feedback: bool
+    client: MnemoClient, queries: Sequence[dict[str, Any]], naming: Naming, prefix: str, feedback: bool
 ) -> tuple[dict[str, list[str]], dict[str, int], list[float]]:
     """StartSession per query (and EndSession with gold feedback when `feedback`)."""
     run: dict[str, list[str]] = {}
     paths: dict[str, int] = {}
     timings: list[float] = []
     for q in queries:
-        sid = f"{prefix}-{q['query_id']}"
+        sid = naming.session_id(prefix, q["query_id"])
         t0 = time.perf_counter()
         resp = client.call(
             client.memory.StartSession,
             pb.StartSessionRequest(
                 session_id=sid,
-                project_id=q["conv_id"],
+                project_id=naming.conversation(q["conv_id"]),
                 context=q["question"],
                 max_memories=POOL,
                 token_budget=100_000,
@@ -88,17 +88,19 @@ def run_sessions(
         timings.append((time.perf_counter() - t0) * 1000.0)
         name = pb.RankingPath.Name(resp.ranking.path).removeprefix("RANKING_PATH_").lower()
         paths[name] = paths.get(name, 0) + 1
-        run[q["query_id"]] = [m.memory.external_id for m in resp.memories]
+        ranked = naming.dataset_ids([m.memory.external_id for m in resp.memories])
+        run[q["query_id"]] = ranked
         if feedback:
             gold = set(q["gold_memory_ids"])
             client.call(
                 client.memory.EndSession,
                 pb.EndSessionRequest(
                     session_id=sid,
-                    request_id=f"end-{sid}",
+                    request_id=naming.request_id("end", sid),
                     feedback=[
                         pb.MemoryFeedback(
-                            memory_id=m.memory.id, relevance=1.0 if m.memory.external_id in gold else 0.0
+                            memory_id=m.memory.id,
+                            relevance=1.0 if naming.dataset_id(m.memory.external_id) in gold else 0.0,
                         )
                         for m in resp.memories
                     ],
@@ -109,8 +111,7 @@ def run_sessions(
 
 
 def run_reranked_recall(
-    client: MnemoClient,
-    queries: Sequence[dict[str, Any]],
+    client: MnemoClient, queries: Sequence[dict[str, Any]], naming: Naming
 ) -> tuple[dict[str, list[str]], dict[str, int], list[float]]:
     run: dict[str, list[str]] = {}
     outcome: dict[str, int] = {}
@@ -119,13 +120,13 @@ def run_reranked_recall(
         req = pb.RecallRequest(
             query=q["question"], top_k=POOL, options=pb.RecallOptions(rerank=True, rerank_deadline_ms=30_000)
         )
-        req.filter.scopes.append(conversation_scope(q["conv_id"]))
+        req.filter.scopes.append(naming.scope(q["conv_id"]))
         t0 = time.perf_counter()
         resp = client.call(client.memory.Recall, req, timeout_s=60)
         timings.append((time.perf_counter() - t0) * 1000.0)
         key = "reranked" if resp.reranked else f"fallback:{resp.rerank_fallback_reason}"
         outcome[key] = outcome.get(key, 0) + 1
-        run[q["query_id"]] = [h.memory.external_id for h in resp.hits]
+        run[q["query_id"]] = naming.dataset_ids([h.memory.external_id for h in resp.hits])
     return run, outcome, timings
 
 
@@ -164,11 +165,13 @@ def evaluate_with_training(
     train_rows: Sequence[dict[str, Any]],
     train_queries: Sequence[dict[str, Any]],
     say: Say,
+    naming: Naming,
 ) -> SessionEvalResult:
     result = SessionEvalResult(train_sessions=len(train_queries))
-    rows = list({r["memory_id"]: r for r in [*data_rows, *train_rows]}.values())
+    # A conversation in both splits is loaded once.
+    rows = list({(r["conv_id"], r["memory_id"]): r for r in [*data_rows, *train_rows]}.values())
     say(f"loading {len(rows)} memories")
-    load_memories(client, rows)
+    load_memories(client, rows, naming)
     gold = judged(data_queries)
 
     def phase(name: str, run_and_paths: tuple[dict[str, list[str]], dict[str, int], list[float]]) -> None:
@@ -178,9 +181,9 @@ def evaluate_with_training(
         overall = p.metrics["overall"]
         say(f"{name}: NDCG@10 {overall['NDCG@10']:.4f}  R@10 {overall['Recall@10']:.4f}  paths {paths}")
 
-    phase("untrained", run_sessions(client, data_queries, "untrained", feedback=False))
+    phase("untrained", run_sessions(client, data_queries, naming, "untrained", feedback=False))
     say(f"replaying {len(train_queries)} training sessions")
-    run_sessions(client, train_queries, "train", feedback=True)
+    run_sessions(client, train_queries, naming, "train", feedback=True)
     deadline = time.monotonic() + 600
     while sidecar.status().stored_sessions < len(train_queries):
         if time.monotonic() > deadline:
@@ -189,12 +192,12 @@ def evaluate_with_training(
     started = time.perf_counter()
     say("training the ranker (no cross-encoder feature)")
     result.outcomes += sidecar.train([rpb.MODEL_KIND_RANKER], say)
-    phase("ranker", run_sessions(client, data_queries, "ranker", feedback=False))
+    phase("ranker", run_sessions(client, data_queries, naming, "ranker", feedback=False))
     say("fine-tuning the cross-encoder")
     result.outcomes += sidecar.train([rpb.MODEL_KIND_CROSS_ENCODER], say)
-    phase("recall+cross_encoder_rerank", run_reranked_recall(client, data_queries))
+    phase("recall+cross_encoder_rerank", run_reranked_recall(client, data_queries, naming))
     say("training the ranker with the cross-encoder feature")
     result.outcomes += sidecar.train([rpb.MODEL_KIND_RANKER], say)
     result.training_seconds = time.perf_counter() - started
-    phase("ranker+cross_encoder", run_sessions(client, data_queries, "trained", feedback=False))
+    phase("ranker+cross_encoder", run_sessions(client, data_queries, naming, "trained", feedback=False))
     return result

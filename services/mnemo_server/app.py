@@ -329,7 +329,9 @@ class Core:
             self.access_counts.flush()
         except Exception:  # closing goes on: the counts are a feature, not acknowledged writes
             log.exception("access counts not written at close")
-        if indexer_stopped and self.index_in_step:
+        # Work left in the worker's queue (a delete whose row is still in the index, say)
+        # would not be done by the next start if the seal vouched for the tables.
+        if indexer_stopped and not self.indexer.pending() and self.index_in_step:
             try:
                 in_step.seal(self.db, self.index)
             except Exception:  # the next start checks every table instead

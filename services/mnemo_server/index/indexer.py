@@ -227,9 +227,10 @@ class IndexWorker:
                 self._failed(exc)
                 log.exception("index batch of %d failed", len(batch))
                 backoff = self._back_off(backoff)
-                if not self._stopping.is_set():
-                    for tenant_id, ids in _by_tenant(batch).items():
-                        self.submit(tenant_id, ids)
+                # Queued again, also when stopping: work left queued keeps the close from
+                # sealing the index (app.Core.close), so the next start checks its rows.
+                for tenant_id, ids in _by_tenant(batch).items():
+                    self.submit(tenant_id, ids)
             finally:
                 with self._idle:
                     self._busy -= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,14 @@ def export_to_onnx(model_dir: Path, target: Path) -> Path:
     if onnx_file.exists() and (target / "tokenizer.json").exists():
         return onnx_file
     done = subprocess.run(
-        [sys.executable, "-m", "mnemo_server.embed.onnx_export", str(model_dir), str(target)],
+        [
+            sys.executable,
+            "-m",
+            "mnemo_server.embed.onnx_export",
+            str(model_dir),
+            str(target),
+            str(os.getpid()),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -118,5 +126,11 @@ def _export(model_dir: Path, target: Path) -> None:
 if __name__ == "__main__":
     import warnings
 
+    from mnemo_server.launcher import watch_parent
+
+    # Ends with the server that asked for it: a server killed during its first start left the
+    # export running on as an orphan, writing into the staging directory the next start's
+    # export uses too (crash probe).
+    watch_parent(int(sys.argv[3]), interval_s=0.2)
     warnings.simplefilter("ignore")  # the exporter's tracer warnings are noise here
     _export(Path(sys.argv[1]), Path(sys.argv[2]))

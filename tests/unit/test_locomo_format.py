@@ -79,6 +79,11 @@ def test_what_the_eval_does_not_need_may_differ(tmp_path: Path) -> None:
             r"memories\.jsonl:2: 'turn' is not a finite number",
         ),
         ([{**TURN, "ts": "1500-01-01T00:00:00"}], [QUERY], r"memories\.jsonl:1: 'ts' is outside 1677-09-21"),
+        (
+            [{**TURN, "memory_id": "m" * 17_000}],
+            [QUERY],
+            r"memories\.jsonl:1: 'memory_id', 'speaker', 'session' and 'turn' make 17\d{3} bytes",
+        ),
         ([TURN], [{**QUERY, "question": "  "}], r"queries\.jsonl:1: 'question' is empty"),
         ([TURN], [{**QUERY, "question": "q" * 4_001}], r"queries\.jsonl:1: 'question' is 4001 characters"),
     ],

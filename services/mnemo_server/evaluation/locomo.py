@@ -42,6 +42,7 @@ INDEX_WAIT_S = 1800.0
 MAX_TEXT_CHARS = 20_000
 MAX_QUESTION_CHARS = 4_000
 MAX_SPEAKER_CHARS = 256
+MAX_METADATA_BYTES = 16_384
 # The times a memory may carry: 64-bit nanoseconds from the epoch.
 EARLIEST = datetime(1677, 9, 21, 0, 12, 44, tzinfo=UTC)
 LATEST = datetime(2262, 4, 11, 23, 47, 16, tzinfo=UTC)
@@ -96,6 +97,12 @@ def _memory_problem(row: dict[str, Any]) -> str:
             return f"{name!r} is not a finite number"
         if isinstance(value, (dict, list)):
             return f"{name!r} is not a number or a string"
+    kept = len(json.dumps(_metadata(row), separators=(",", ":"), ensure_ascii=False).encode())
+    if kept > MAX_METADATA_BYTES:
+        return (
+            f"'memory_id', 'speaker', 'session' and 'turn' make {kept} bytes of metadata; "
+            f"the limit is {MAX_METADATA_BYTES}"
+        )
     if row.get("ts"):
         when = datetime.fromisoformat(row["ts"]).replace(tzinfo=UTC)  # as to_memory stores it
         if not EARLIEST <= when <= LATEST:
@@ -215,15 +222,18 @@ class Naming:
             # A time without a zone is taken as UTC; one with a zone keeps its wall-clock
             # time (the session's local day and hour, which questions ask about).
             m.event_time.FromDatetime(when.replace(tzinfo=UTC))
-        m.metadata.update(
-            {
-                "memory_id": row["memory_id"],
-                "speaker": row["speaker"],
-                "session": row["session"],
-                "turn": row.get("turn", 0),
-            }
-        )
+        m.metadata.update(_metadata(row))
         return m
+
+
+def _metadata(row: dict[str, Any]) -> dict[str, Any]:
+    """What a turn's memory keeps of it in metadata."""
+    return {
+        "memory_id": row["memory_id"],
+        "speaker": row["speaker"],
+        "session": row["session"],
+        "turn": row.get("turn", 0),
+    }
 
 
 def in_session_order(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

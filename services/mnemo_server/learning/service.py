@@ -128,6 +128,8 @@ def check_reason(reason: str, *, required: bool) -> None:
         raise InvalidArgument("reason", "is required")
     if len(reason) > MAX_REASON_CHARS:
         raise InvalidArgument("reason", f"is {len(reason)} characters; the limit is {MAX_REASON_CHARS}")
+    if "\x00" in reason:
+        raise InvalidArgument("reason", "must not contain NUL characters")
     refuse_secret_material("reason", reason)
 
 

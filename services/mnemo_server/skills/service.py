@@ -59,6 +59,8 @@ class SkillService:
                     "description", f"is {len(description)} characters; the limit is {MAX_DESCRIPTION_CHARS}"
                 )
             )
+        elif "\x00" in description:
+            out.append(FieldViolation("description", "must not contain NUL characters"))
         raise_if(out)
         refuse_secret_material("description", description)  # shown with the skill to every agent
         with self.db.transaction() as cur:
@@ -135,8 +137,10 @@ class SkillService:
     def skill_events(self, tenant_id: str, skill_id: str) -> tuple[Skill, list[LifecycleEvent]]:
         """The skill and its state changes, oldest first, read together."""
         require_id(skill_id, "id")
-        cur = self.db.reader()
-        return self._skill(cur, tenant_id, skill_id), learning_repo.events_for(cur, tenant_id, skill_id)
+        # One snapshot: read one after the other, a change between them gave a state its
+        # events contradicted (probe: ACTIVE beside events ending in a revocation).
+        with self.db.snapshot() as cur:
+            return self._skill(cur, tenant_id, skill_id), learning_repo.events_for(cur, tenant_id, skill_id)
 
     # --- rollout ----------------------------------------------------------------------
 
@@ -167,6 +171,7 @@ class SkillService:
             )
         raise_if(out)
         assert stage is not None  # reported above
+        refuse_secret_material("result.run_id", run_id)  # listed back to every caller, like the note
         refuse_secret_material("result.note", note)
         with self.db.transaction() as cur:
             now = self.clock()
@@ -303,7 +308,7 @@ class SkillService:
                 self._move(cur, skill, SkillState.REVOKED, f"rolled back: {reason}", now)
             taken = skill_repo.unrevoked_skill_named(cur, tenant_id, earlier.name)
             if taken is not None and taken.id != earlier.id:
-                raise AlreadyExists(  # raised in the transaction: the revocation above rolls back
+                raise FailedPrecondition(  # raised in the transaction: the revocation above rolls back
                     f"skill {taken.id} holds the name {earlier.name!r}",
                     reason="SKILL_NAME_TAKEN",
                     metadata={**details, "holder_id": taken.id},

@@ -365,6 +365,19 @@ class Database:
         return cur
 
     @contextmanager
+    def snapshot(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """This thread's cursor inside one read transaction: every statement of the block
+        reads the store as of the same moment (each statement of `reader` is a moment of
+        its own). Ended however the block ends: an open transaction would hold back the WAL
+        checkpoint and the clean-up of old row versions."""
+        cur = self.reader()
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            yield cur
+        finally:
+            cur.execute("ROLLBACK")  # it read only
+
+    @contextmanager
     def _holding(self, domains: Sequence[WriteDomain]) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             for d in ALL_DOMAINS:  # one fixed order, so two callers never deadlock

@@ -104,14 +104,17 @@ def unrevoked_skills_from(cur: Cursor, tenant_id: str, learning_id: str) -> list
 
 def last_active_before(cur: Cursor, tenant_id: str, skill: Skill) -> Skill | None:
     """The skill of `skill`'s name that most recently became active (a lifecycle event to
-    active) before `skill` was promoted: what a rollback of `skill` returns to."""
+    active) before `skill` was promoted: what a rollback of `skill` returns to. Ordered by
+    the events' insertion (the table is only appended to), not their times: a clock set
+    back must not reorder them."""
     row = fetch_one(
         cur,
         f"SELECT {_COLUMNS_OF_S} FROM skills s "
         "JOIN lifecycle_events e ON e.tenant_id = s.tenant_id AND e.subject_id = s.id "
         "WHERE s.tenant_id = ? AND s.name = ? AND s.id <> ? AND e.subject_kind = 'skill' AND e.to_state = ? "
-        "AND e.time_ns < ? ORDER BY e.time_ns DESC, e.rowid DESC LIMIT 1",
-        [tenant_id, skill.name, skill.id, SkillState.ACTIVE.value, skill.create_time_ns],
+        "AND e.rowid < (SELECT min(rowid) FROM lifecycle_events WHERE tenant_id = ? AND subject_id = ?) "
+        "ORDER BY e.rowid DESC LIMIT 1",
+        [tenant_id, skill.name, skill.id, SkillState.ACTIVE.value, tenant_id, skill.id],
     )
     return None if row is None else _decode(row)
 

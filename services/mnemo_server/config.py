@@ -9,6 +9,7 @@ Example: ``MNEMO_SERVER__PORT=6000`` or, in ``mnemo.toml``::
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -391,19 +392,48 @@ _INT_RANGES = {
     "index_batch_size": (1, 4_096),
     "max_batch_size": (1, 100_000),
     "max_train_streams": (1, 4_096),
+    # Limits a request must fit: 0 would refuse every call (probe: max_top_k -1 failed every
+    # Recall, max_content_chars -1 every create).
+    "max_top_k": (1, None),
+    "max_content_chars": (1, None),
+    "max_query_chars": (1, None),
+    "max_page_size": (1, None),
+    "max_running": (1, 4_096),  # the sidecar's inference slots: 0 ran nothing
+    "max_candidates": (1, None),
 }
+# Every other number is a size, a count, a time or a weight: 0 or more. These may be less.
+_MAY_BE_NEGATIVE = frozenset({"promote_margin"})
+
+
+def _number(value: Any, typ: Any, where: str) -> int | float:
+    """An int or float setting, within its range (see _INT_RANGES, _MAY_BE_NEGATIVE)."""
+    name = where.rsplit(".", 1)[-1]
+    if isinstance(value, bool):
+        raise FailedPrecondition(f"config {where}: expected a number, got {value!r}", reason="BAD_CONFIG")
+    if typ is int:
+        # A TOML float (port = 1.7) or true would otherwise pass through int() as 1.
+        number = value if isinstance(value, int) else _int_text(value, where)
+        lo, hi = _INT_RANGES.get(name, (None if name in _MAY_BE_NEGATIVE else 0, None))
+        if (lo is not None and number < lo) or (hi is not None and number > hi):
+            span = f"{lo}..{hi}" if hi is not None else f"{lo} or more"
+            raise FailedPrecondition(f"config {where}: {number} is outside {span}", reason="BAD_CONFIG")
+        return number
+    try:
+        real = float(value)
+    except (TypeError, ValueError):
+        raise FailedPrecondition(
+            f"config {where}: expected a number, got {value!r}", reason="BAD_CONFIG"
+        ) from None
+    if not math.isfinite(real) or (real < 0 and name not in _MAY_BE_NEGATIVE):
+        raise FailedPrecondition(
+            f"config {where}: {value!r} is not a finite number of 0 or more", reason="BAD_CONFIG"
+        )
+    return real
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
-    if typ is int and not isinstance(value, bool):
-        # A TOML float (port = 1.7) or true would otherwise pass through int() as 1.
-        number = value if isinstance(value, int) else _int_text(value, where)
-        lo, hi = _INT_RANGES.get(where.rsplit(".", 1)[-1], (None, None))
-        if (lo is not None and number < lo) or (hi is not None and number > hi):
-            raise FailedPrecondition(f"config {where}: {number} is outside {lo}..{hi}", reason="BAD_CONFIG")
-        return number
-    if typ in (int, float) and isinstance(value, bool):
-        raise FailedPrecondition(f"config {where}: expected a number, got {value!r}", reason="BAD_CONFIG")
+    if typ in (int, float):
+        return _number(value, typ, where)
     if get_origin(typ) is Literal:  # one of a few words: anything else is refused at start-up
         allowed = get_args(typ)
         if value in allowed:
@@ -418,15 +448,12 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         if isinstance(value, str) and value.lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
             return value.lower() in {"1", "true", "yes", "on"}
         raise FailedPrecondition(f"config {where}: expected a boolean, got {value!r}", reason="BAD_CONFIG")
-    try:
-        if typ is float:
-            return float(value)
-        if typ is str:
-            return str(value)
-    except (TypeError, ValueError):
-        raise FailedPrecondition(
-            f"config {where}: expected {typ.__name__}, got {value!r}", reason="BAD_CONFIG"
-        ) from None
+    if typ is str:
+        # A number may stand for its digits; a list, a table or true is no text setting
+        # (probe: data_dir ["a", "b"] made a directory named "['a', 'b']", true an admin key "True").
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise FailedPrecondition(f"config {where}: expected str, got {value!r}", reason="BAD_CONFIG")
+        return str(value)
     raise FailedPrecondition(f"config {where}: unsupported type", reason="BAD_CONFIG")
 
 

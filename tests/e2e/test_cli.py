@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -203,3 +205,61 @@ def test_bench_score_measures_score_idle_and_while_the_sidecar_trains(
         # Only the deadline may cut a call short; anything else is a fault of the sidecar.
         assert set(s["failures"]) <= {"DEADLINE_EXCEEDED"}, (phase, s)
     assert "while_training" in out.stdout and "the ranker's training took" in out.stdout
+
+
+def test_memory_clear_deletes_what_it_counted_not_what_came_while_it_asked(
+    server: LiveServer, model_cache: Path
+) -> None:
+    """The prompt names a count; memories stored while it waits are not deleted with them
+    (probe: 5 confirmed, 105 deleted)."""
+    env = base_env(model_cache, MNEMO_SERVER=server.address, MNEMO_ADMIN_KEY=ADMIN_KEY)
+    assert run(["tenant", "create", "acme"], env).returncode == 0
+    secret = run(["key", "create", "acme"], env).stdout.strip()
+    tenant_env = {k: v for k, v in env.items() if k != "MNEMO_ADMIN_KEY"} | {"MNEMO_API_KEY": secret}
+    with MnemoClient(server.address, secret) as client:
+        for i in range(5):
+            client.create_memory(client.new_memory(f"counted note {i}"))
+        proc = subprocess.Popen(
+            [*MNEMO, "memory", "clear"],
+            env=tenant_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            asked, deadline = "", time.monotonic() + 60
+            while "delete 5 memories?" not in asked:  # the prompt ends without a newline
+                assert time.monotonic() < deadline and proc.poll() is None, asked
+                asked += os.read(proc.stdout.fileno(), 256).decode()
+            for i in range(3):
+                client.create_memory(client.new_memory(f"late note {i}"))
+            out, err = proc.communicate("y\n", timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0 and "deleted 5 memories" in out, (out, err)
+        left = sorted(m.content for m in client.list_memories(limit=100))
+    assert left == [f"late note {i}" for i in range(3)]
+
+
+def test_offline_commands_and_paths_are_refused_before_anything_is_made(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """reindex/reembed on a directory with no store (a mistyped --data-dir made a fresh empty
+    one and reported success), a port file or an export in a directory that does not exist
+    (a traceback once serving, or after the export)."""
+    env = base_env(model_cache, MNEMO_AUTH__ENABLED="false")
+    for command in ("reindex", "reembed"):
+        typo = tmp_path / f"typo-{command}"
+        out = run([command, "--data-dir", str(typo)], env)
+        assert out.returncode == 2 and "is not a Mnemo data directory" in out.stderr, out.stderr
+        assert not typo.exists() and "Traceback" not in out.stderr
+    missing = tmp_path / "missing"
+    out = run(
+        ["serve", "--data-dir", str(tmp_path / "d"), "--port", "0", "--port-file", str(missing / "p")], env
+    )
+    assert out.returncode == 2 and "--port-file" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "d").exists()  # refused before the store was opened
+    out = run(["memory", "--server", "127.0.0.1:1", "export", "-o", str(missing / "x.jsonl")], env)
+    assert out.returncode == 2 and "--output" in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -46,6 +46,18 @@ def test_config_file_from_env_var(tmp_path: Path) -> None:
         ({"MNEMO_SERVER__MAX_WORKERS": "0"}, r"server\.max_workers: 0 is outside"),
         ({"MNEMO_EMBEDDING__BATCH_SIZE": "-3"}, r"embedding\.batch_size: -3 is outside 1\.\.4096"),
         ({"MNEMO_INDEX__GRAPH_DTYPE": "q3"}, r"index\.graph_dtype: expected one of 'i8', 'f16', 'f32'"),
+        # Sizes, counts and times are 0 or more, limits 1 or more, and every number finite
+        # (probe: each of these started a server that then failed every call, or silently).
+        ({"MNEMO_LIMITS__MAX_TOP_K": "-1"}, r"limits\.max_top_k: -1 is outside 1 or more"),
+        ({"MNEMO_LIMITS__MAX_CONTENT_CHARS": "0"}, r"limits\.max_content_chars: 0 is outside 1 or more"),
+        ({"MNEMO_SERVER__COMPUTE_SLOTS": "-3"}, r"server\.compute_slots: -3 is outside 0 or more"),
+        ({"MNEMO_STORAGE__ROW_CACHE_ROWS": "-100"}, r"storage\.row_cache_rows: -100 is outside"),
+        ({"MNEMO_STORAGE__GROUP_COMMIT_MAX_MEMORIES": "-1"}, r"storage\.group_commit_max_memories"),
+        (
+            {"MNEMO_SERVER__SHUTDOWN_GRACE_S": "nan"},
+            r"server\.shutdown_grace_s: 'nan' is not a finite number",
+        ),
+        ({"MNEMO_RANKING__DEADLINE_MARGIN_MS": "-5"}, r"ranking\.deadline_margin_ms: '-5' is not a finite"),
     ],
 )
 def test_bad_values_are_clear_errors(env: dict[str, str], message: str) -> None:
@@ -90,3 +102,18 @@ def test_a_word_outside_a_settings_choices_is_refused_at_start_up() -> None:
         load_sidecar_config(env={key: "int4"})
     with pytest.raises(FailedPrecondition, match=r"cross_encoder\.precision"):
         load_sidecar_config(env={"MNEMO_SIDECAR_CROSS_ENCODER__PRECISION": "FP16"})
+
+
+@pytest.mark.parametrize("toml", ['data_dir = ["a", "b"]', "data_dir = true", "data_dir = {a = 1}"])
+def test_a_list_a_table_or_a_boolean_is_no_text_setting(tmp_path: Path, toml: str) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(f"[storage]\n{toml}\n")
+    with pytest.raises(FailedPrecondition, match=r"storage\.data_dir: expected str"):
+        load_config(file, env={})
+
+
+def test_the_sidecar_refuses_an_inference_pool_of_no_slots() -> None:
+    from mnemo_sidecar.config import load_sidecar_config
+
+    with pytest.raises(FailedPrecondition, match=r"inference\.max_running: 0 is outside 1\.\.4096"):
+        load_sidecar_config(env={"MNEMO_SIDECAR_INFERENCE__MAX_RUNNING": "0"})

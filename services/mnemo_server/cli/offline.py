@@ -7,8 +7,10 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from mnemo_server.app import Core
+from mnemo_server.app import Core, DataPaths
 from mnemo_server.cli.common import build_config, config_options
+from mnemo_server.config import Config
+from mnemo_server.errors import FailedPrecondition
 
 
 def _rebuild(core: Core, label: str) -> int:
@@ -23,11 +25,24 @@ def _rebuild(core: Core, label: str) -> int:
         return core.rebuild_index(progress)
 
 
+def _existing_store(cfg: Config) -> None:
+    """These commands rebuild a store that exists: a mistyped --data-dir made a fresh empty
+    one there and reported success ("re-indexed 0 memories")."""
+    store = DataPaths(Path(cfg.storage.data_dir)).duckdb
+    if not store.is_file():
+        raise FailedPrecondition(
+            f"{cfg.storage.data_dir} is not a Mnemo data directory (no {store.name}); "
+            "nothing to rebuild",
+            reason="BAD_DATA_DIR",
+        )
+
+
 @click.command()
 @config_options
 def reembed(config_file: Path | None, data_dir: Path | None) -> None:
     """Adopt the configured embedding model: re-embed every memory and rebuild the index."""
     cfg = build_config(config_file, data_dir)
+    _existing_store(cfg)
     core = Core(cfg, accept_model_change=True)
     try:
         n = _rebuild(core, f"re-embedding with {core.embedder.model_id}")
@@ -41,6 +56,7 @@ def reembed(config_file: Path | None, data_dir: Path | None) -> None:
 def reindex(config_file: Path | None, data_dir: Path | None) -> None:
     """Rebuild the LanceDB index from DuckDB (the source of truth)."""
     cfg = build_config(config_file, data_dir)
+    _existing_store(cfg)
     core = Core(cfg)
     try:
         n = _rebuild(core, "re-indexing")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,8 @@ def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> No
     # Written beside the output and renamed over it once complete: a failed export (a
     # server gone away) leaves an earlier file as it was, not emptied or cut short.
     part = None if str(output) == "-" else output.with_name(output.name + ".part")
+    if part is not None and not part.parent.is_dir():
+        raise click.BadParameter(f"{part.parent} is not a directory", param_hint="--output")
     out = sys.stdout if part is None else part.open("w", encoding="utf-8")
     n = 0
     done = False
@@ -328,10 +331,17 @@ def memory_clear(ctx: click.Context, mtype: str | None, category: str | None, fo
     everything = not (mtype or category)
     with _connect(ctx) as client:
         try:
+            counted_at = time.time_ns()
             n = client.purge_memories(f, all_memories=everything)
             if n and not force:
                 click.confirm(f"delete {n} memories?", abort=True)
-            n = client.purge_memories(f, force=True, all_memories=everything) if n else 0
+                # What was counted and confirmed, not what came while the prompt waited (probe:
+                # 5 confirmed, 105 deleted): only memories stored before the count. The bound is
+                # this machine's clock, the server's on a local server.
+                f.create_time.end_time.FromNanoseconds(counted_at)
+                n = client.purge_memories(f, force=True)
+            elif n:
+                n = client.purge_memories(f, force=True, all_memories=everything)
         except MnemoError as err:
             _fail(err)
     click.echo(f"deleted {n} memories")

@@ -78,6 +78,13 @@ def run_until_signalled(
         click.echo("mnemo stopped", err=True)
 
 
+def _check_port_file(port_file: Path | None) -> None:
+    """Before anything starts: a port file that cannot be written failed only once the
+    server was serving, with a traceback and no orderly stop (so no index seal either)."""
+    if port_file is not None and not port_file.parent.is_dir():
+        raise click.BadParameter(f"{port_file.parent} is not a directory", param_hint="--port-file")
+
+
 def abandon(server: MnemoServer) -> NoReturn:
     """The store failed for good in this process (DuckDB invalidated the database after a
     fatal error): every call would fail INTERNAL from now on. Stop answering (health reports
@@ -116,6 +123,7 @@ def serve(
     parent_pid: int | None,
 ) -> None:
     """Run the memory server (configured by file and MNEMO_* environment variables)."""
+    _check_port_file(port_file)
     server_overrides: dict[str, object] = {}
     if host:
         server_overrides["host"] = host
@@ -170,6 +178,7 @@ def up(
 ) -> None:
     """Run Mnemo locally: the memory server on 127.0.0.1 and the ranking sidecar as its own
     process, data in a local directory, unauthenticated (local mode). Ctrl-C stops both."""
+    _check_port_file(port_file)
     from mnemo_server.launcher import Launcher, LaunchFailed
     from mnemo_server.store.database import make_data_dir
 

@@ -31,8 +31,7 @@ def _existing_store(cfg: Config) -> None:
     store = DataPaths(Path(cfg.storage.data_dir)).duckdb
     if not store.is_file():
         raise FailedPrecondition(
-            f"{cfg.storage.data_dir} is not a Mnemo data directory (no {store.name}); "
-            "nothing to rebuild",
+            f"{cfg.storage.data_dir} is not a Mnemo data directory (no {store.name}); nothing to rebuild",
             reason="BAD_DATA_DIR",
         )
 

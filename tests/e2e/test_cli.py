@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -263,3 +264,30 @@ def test_offline_commands_and_paths_are_refused_before_anything_is_made(
     assert not (tmp_path / "d").exists()  # refused before the store was opened
     out = run(["memory", "--server", "127.0.0.1:1", "export", "-o", str(missing / "x.jsonl")], env)
     assert out.returncode == 2 and "--output" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_export_and_import_give_up_on_a_server_that_stops_answering(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """--timeout bounds each wait for the server in a streamed export or import (they had no
+    deadline at all: a stopped server held them for good)."""
+    env = base_env(model_cache, MNEMO_AUTH__ENABLED="false")
+    server = spawn(["serve", "--data-dir", str(tmp_path / "d"), "--port", "0"], env=env)
+    client_env = {**env, "MNEMO_SERVER": server.address}
+    dump = tmp_path / "one.jsonl"
+    with MnemoClient(server.address, None) as client:
+        client.create_memory(client.new_memory("a note to export"))
+    assert run(["memory", "export", "-o", str(dump)], client_env).returncode == 0
+    # From a pipe, read once (it was read twice, the second time as empty: nothing imported).
+    piped = run(["memory", "import", "/dev/stdin"], client_env, stdin=dump.read_text())
+    assert piped.returncode == 0 and "imported 0 memories, skipped 1" in piped.stdout + piped.stderr, piped
+    os.kill(server.popen.pid, signal.SIGSTOP)
+    try:
+        for args in (["export", "-o", str(tmp_path / "x.jsonl")], ["import", str(dump)]):
+            started = time.monotonic()
+            out = run(["memory", "--timeout", "2", *args], client_env)
+            took = time.monotonic() - started
+            assert out.returncode == 1 and "DEADLINE_EXCEEDED" in out.stderr, (args, out.stderr)
+            assert took < 15, took  # 2 s without a message, not forever
+    finally:
+        os.kill(server.popen.pid, signal.SIGCONT)

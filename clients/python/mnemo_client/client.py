@@ -6,6 +6,7 @@ it, so a write retried after a lost response takes effect exactly once on the se
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -305,23 +306,27 @@ class MnemoClient:
         *,
         include_deleted: bool = False,
         timeout_s: float | None = None,
+        idle_timeout_s: float | None = None,
     ) -> Iterator[pb.ExportMemoriesResponse]:
+        """`timeout_s` bounds the whole stream; `idle_timeout_s` the wait for each message
+        (an export of any size, from a server that stops answering, ends then)."""
         req = pb.ExportMemoriesRequest(include_deleted=include_deleted)
         if filter is not None:
             req.filter.CopyFrom(filter)
-        try:
-            yield from self.memory.ExportMemories(req, metadata=self._metadata, timeout=timeout_s)
-        except grpc.RpcError as err:
-            raise MnemoError.from_rpc(err) from None
+        call = self.memory.ExportMemories(req, metadata=self._metadata, timeout=timeout_s)
+        yield from _watched(call, idle_timeout_s)
 
     def import_memories(
-        self, batches: Iterable[Sequence[memory_pb2.Memory]], *, timeout_s: float | None = None
+        self,
+        batches: Iterable[Sequence[memory_pb2.Memory]],
+        *,
+        timeout_s: float | None = None,
+        idle_timeout_s: float | None = None,
     ) -> Iterator[pb.ImportMemoriesResponse]:
+        """As export_memories: `idle_timeout_s` bounds the wait for each progress message."""
         requests = (pb.ImportMemoriesRequest(memories=list(b)) for b in batches)
-        try:
-            yield from self.memory.ImportMemories(requests, metadata=self._metadata, timeout=timeout_s)
-        except grpc.RpcError as err:
-            raise MnemoError.from_rpc(err) from None
+        call = self.memory.ImportMemories(requests, metadata=self._metadata, timeout=timeout_s)
+        yield from _watched(call, idle_timeout_s)
 
     def status(self) -> pb.GetStatusResponse:
         return self.call(self.memory.GetStatus, pb.GetStatusRequest())
@@ -360,3 +365,33 @@ def metadata_dict(m: memory_pb2.Memory) -> dict[str, Any]:
 
 def empty_struct() -> struct_pb2.Struct:
     return struct_pb2.Struct()
+
+
+def _watched(call: Any, idle_timeout_s: float | None) -> Iterator[Any]:
+    """A streaming call's messages, the call cancelled when the server sends none for
+    `idle_timeout_s` (None: no limit). Time the caller spends on a message does not count."""
+    done = threading.Event()
+    idle = threading.Event()
+    waiting_since = [time.monotonic()]
+
+    def watch(limit: float) -> None:
+        while not done.wait(min(0.2, limit)):
+            if time.monotonic() - waiting_since[0] > limit:
+                idle.set()
+                call.cancel()
+                return
+
+    if idle_timeout_s is not None:
+        threading.Thread(target=watch, args=(idle_timeout_s,), name="mnemo-stream-watch", daemon=True).start()
+    try:
+        for message in call:
+            yield message
+            waiting_since[0] = time.monotonic()
+    except grpc.RpcError as err:
+        if idle.is_set():
+            raise MnemoError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"the server sent nothing for {idle_timeout_s:g} s"
+            ) from None
+        raise MnemoError.from_rpc(err) from None
+    finally:
+        done.set()

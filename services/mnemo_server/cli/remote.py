@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +258,10 @@ def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> No
     try:
         with _connect(ctx) as client, _progress() as bar:
             task = bar.add_task("exporting", total=None)
-            for batch in client.export_memories(include_deleted=include_deleted):
+            # --timeout bounds each wait for the server, not the whole export.
+            for batch in client.export_memories(
+                include_deleted=include_deleted, idle_timeout_s=ctx.obj["timeout"]
+            ):
                 for m in batch.memories:
                     out.write(
                         json_format.MessageToJson(m, preserving_proto_field_name=True, indent=None) + "\n"
@@ -306,12 +309,19 @@ def memory_import(ctx: click.Context, path: Path) -> None:
     # The whole file is read once before anything is sent: a bad line fails the command
     # with nothing imported, not after the batches before it. It is parsed again as it is
     # sent rather than kept: an export of 100k memories would otherwise sit in memory whole.
-    total = sum(1 for _ in _memories(path))
+    batches: Iterable[list[memory_pb2.Memory]]
+    if path.is_file():
+        total = sum(1 for _ in _memories(path))
+        batches = _read_batches(path, 200)
+    else:  # a pipe (export -o - | import /dev/stdin) reads once: it read as empty the second time
+        kept = list(_memories(path))
+        total = len(kept)
+        batches = (kept[i : i + 200] for i in range(0, total, 200))
     last = None
     try:
         with _connect(ctx) as client, _progress() as bar:
             task = bar.add_task("importing", total=total)
-            for last in client.import_memories(_read_batches(path, 200)):
+            for last in client.import_memories(batches, idle_timeout_s=ctx.obj["timeout"]):
                 bar.update(task, completed=last.received_count)
     except MnemoError as err:
         _fail(err)

@@ -291,3 +291,14 @@ def test_export_and_import_give_up_on_a_server_that_stops_answering(
             assert took < 15, took  # 2 s without a message, not forever
     finally:
         os.kill(server.popen.pid, signal.SIGCONT)
+
+
+def test_up_takes_its_data_directory_from_the_environment_as_serve_does(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """Without --data-dir, `up` used ./mnemo-data whatever MNEMO_STORAGE__DATA_DIR said."""
+    data = tmp_path / "from-env"
+    proc = spawn(
+        ["up", "--port", "0", "--no-sidecar"], env=base_env(model_cache, MNEMO_STORAGE__DATA_DIR=str(data))
+    )
+    assert proc.popen.poll() is None and (data / "mnemo.duckdb").exists()

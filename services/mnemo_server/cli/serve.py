@@ -151,9 +151,8 @@ def local_config(config_file: Path | None, data_dir: Path, port: int, sidecar_ad
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("mnemo-data"),
-    show_default=True,
-    help="Where DuckDB, LanceDB and model caches live (the sidecar's in DIR/sidecar).",
+    help="Where DuckDB, LanceDB and model caches live (the sidecar's in DIR/sidecar); default: "
+    "storage.data_dir of the config file or MNEMO_STORAGE__DATA_DIR, else ./mnemo-data.",
 )
 @click.option("--port", type=int, default=50051, show_default=True)
 @click.option("--sidecar-port", type=int, default=50052, show_default=True, help="0 for any free port.")
@@ -167,7 +166,7 @@ def local_config(config_file: Path | None, data_dir: Path, port: int, sidecar_ad
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path))
 @PARENT_PID
 def up(
-    data_dir: Path,
+    data_dir: Path | None,
     port: int,
     sidecar_port: int,
     no_sidecar: bool,
@@ -179,6 +178,8 @@ def up(
     """Run Mnemo locally: the memory server on 127.0.0.1 and the ranking sidecar as its own
     process, data in a local directory, unauthenticated (local mode). Ctrl-C stops both."""
     _check_port_file(port_file)
+    if data_dir is None:  # as `serve` takes it (the --data-dir default wrote over both)
+        data_dir = Path(build_config(config_file, None).storage.data_dir)
     from mnemo_server.launcher import Launcher, LaunchFailed
     from mnemo_server.store.database import make_data_dir
 

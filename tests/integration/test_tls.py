@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +59,46 @@ def test_tls_server_accepts_tls_clients_only(
     with MnemoClient(f"127.0.0.1:{port}", ADMIN_KEY, timeout_s=2) as plain, pytest.raises(MnemoError) as err:
         plain.create_tenant("nope")
     assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def test_the_command_line_reaches_a_tls_server_with_its_certificate(
+    start_server: Callable[..., LiveServer], certificate: tuple[Path, Path]
+) -> None:
+    """`mnemo health`, `tenant`, `status`... spoke plaintext only: a TLS server was out of
+    reach (and compose's health check would call it unhealthy). --tls-ca names the CA."""
+    cert, key = certificate
+    live = start_server(server={"tls_cert_file": str(cert), "tls_key_file": str(key)})
+    server = f"localhost:{live.address.rsplit(':', 1)[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MNEMO_")}
+
+    def mnemo(command: str, *rest: str, ca: bool = True) -> subprocess.CompletedProcess[str]:
+        tls = ["--tls-ca", str(cert)] if ca else []
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mnemo_server.cli.main",
+                command,
+                "--server",
+                server,
+                "--timeout",
+                "5",
+                *tls,
+                *rest,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    healthy = mnemo("health")
+    assert healthy.returncode == 0 and healthy.stdout.strip() == "SERVING", healthy.stderr
+    made = mnemo("tenant", "--admin-key", ADMIN_KEY, "create", "secure")
+    assert made.returncode == 0, made.stderr
+    plain = mnemo("health", ca=False)
+    assert plain.returncode == 1 and "UNAVAILABLE" in plain.stderr
 
 
 def test_tls_settings_are_checked_before_the_server_starts(

@@ -23,9 +23,26 @@ from mnemo_server.jsonl import json_lines
 _console = Console(stderr=True)
 
 
+_TLS_CA = "mnemo.tls_ca"  # where --tls-ca's certificates are kept, in the context's meta
+
+
 def _connect(ctx: click.Context) -> MnemoClient:
     obj: dict[str, Any] = ctx.obj
-    return MnemoClient(obj["server"], obj["key"], timeout_s=obj["timeout"])
+    return _client(obj["server"], obj["key"], obj["timeout"])
+
+
+def _client(server: str, key: str | None, timeout: float) -> MnemoClient:
+    """A client of the server, over TLS when --tls-ca named its certificate authority."""
+    ca = click.get_current_context().meta.get(_TLS_CA)
+    return MnemoClient(server, key, timeout_s=timeout, root_certificates=ca)
+
+
+def _read_ca(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        try:
+            ctx.meta[_TLS_CA] = value.read_bytes()
+        except OSError as exc:
+            raise click.BadParameter(f"{value}: {exc.strerror or exc}") from None
 
 
 def server_options(group: F) -> F:
@@ -35,6 +52,15 @@ def server_options(group: F) -> F:
         default="127.0.0.1:50051",
         show_default=True,
         help="host:port (env: MNEMO_SERVER).",
+    )(group)
+    group = click.option(
+        "--tls-ca",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        envvar="MNEMO_TLS_CA",
+        expose_value=False,
+        callback=_read_ca,
+        help="PEM certificate(s) to trust: connect over TLS to a server with server.tls_cert_file "
+        "(env: MNEMO_TLS_CA).",
     )(group)
     return click.option(
         "--timeout", type=float, default=30.0, show_default=True, help="Per-call deadline in seconds."
@@ -363,7 +389,7 @@ def memory_clear(ctx: click.Context, mtype: str | None, category: str | None, fo
 @click.option("--json", "as_json", is_flag=True)
 def status(server: str, timeout: float, api_key: str | None, as_json: bool) -> None:
     """Counts, index lag and model identity for your tenant."""
-    with MnemoClient(server, api_key, timeout_s=timeout) as client:
+    with _client(server, api_key, timeout) as client:
         try:
             s = client.status()
         except MnemoError as err:
@@ -396,7 +422,13 @@ def health(server: str, timeout: float, service: str) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(server) as channel:
+    ca = click.get_current_context().meta.get(_TLS_CA)
+    secure = ca is not None
+    with (
+        grpc.secure_channel(server, grpc.ssl_channel_credentials(ca))
+        if secure
+        else grpc.insecure_channel(server)
+    ) as channel:
         # The typing stubs for grpc_health declare HealthStub without its methods.
         stub: Any = health_pb2_grpc.HealthStub(channel)
         try:

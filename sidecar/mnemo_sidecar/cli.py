@@ -8,9 +8,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -19,6 +21,8 @@ from mnemo_server.launcher import wait_for_stop, watch_parent
 from mnemo_server.process_memory import fix_malloc_thresholds
 from mnemo_sidecar import __version__
 from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -104,37 +108,74 @@ def _stub(address: str) -> Any:
     return rpb_grpc.RankingServiceStub(grpc.insecure_channel(address))
 
 
+def _metadata(auth_token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """A failed call is one line naming its status (it was a 30-line traceback)."""
+    import grpc
+
+    try:
+        yield
+    except grpc.RpcError as err:
+        raise click.ClickException(f"{err.code().name}: {err.details()}") from None
+
+
+def _sidecar_options(command: F) -> F:
+    command = click.option(
+        "--sidecar", default="127.0.0.1:50052", show_default=True, envvar="MNEMO_SIDECAR_ADDRESS"
+    )(command)
+    command = click.option("--tenant", default="default", show_default=True)(command)
+    return click.option(
+        "--auth-token",
+        envvar="MNEMO_SIDECAR_SERVER__AUTH_TOKEN",
+        help="The sidecar's server.auth_token, when it has one (env: MNEMO_SIDECAR_SERVER__AUTH_TOKEN, "
+        "as the sidecar itself reads it).",
+    )(command)
+
+
 @cli.command()
-@click.option("--sidecar", default="127.0.0.1:50052", show_default=True, envvar="MNEMO_SIDECAR_ADDRESS")
-@click.option("--tenant", default="default", show_default=True)
-def status(sidecar: str, tenant: str) -> None:
+@_sidecar_options
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Deadline in seconds.")
+def status(sidecar: str, tenant: str, auth_token: str | None, timeout: float) -> None:
     """Model versions, cold start, health, pair counts and latency for a tenant."""
     from google.protobuf import json_format
 
     from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 
-    resp = _stub(sidecar).GetModelStatus(rpb.GetModelStatusRequest(tenant_id=tenant), timeout=10)
+    with _one_line_errors():
+        resp = _stub(sidecar).GetModelStatus(
+            rpb.GetModelStatusRequest(tenant_id=tenant), timeout=timeout, metadata=_metadata(auth_token)
+        )
     click.echo(json.dumps(json_format.MessageToDict(resp, preserving_proto_field_name=True), indent=1))
 
 
 @cli.command()
-@click.option("--sidecar", default="127.0.0.1:50052", show_default=True, envvar="MNEMO_SIDECAR_ADDRESS")
-@click.option("--tenant", default="default", show_default=True)
+@_sidecar_options
 @click.option("--force", is_flag=True, help="Train even below the minimum number of sessions.")
-def train(sidecar: str, tenant: str, force: bool) -> None:
+@click.option(
+    "--timeout", type=float, default=3600.0, show_default=True, help="Deadline of the run, in seconds."
+)
+def train(sidecar: str, tenant: str, auth_token: str | None, force: bool, timeout: float) -> None:
     """Train both models now and stream the progress."""
     from google.protobuf import json_format
 
     from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 
-    for event in _stub(sidecar).Train(rpb.TrainRequest(tenant_id=tenant, force=force)):
-        if event.HasField("outcome"):
-            click.echo(json.dumps(json_format.MessageToDict(event.outcome, preserving_proto_field_name=True)))
-        else:
-            click.echo(
-                f"[{rpb.ModelKind.Name(event.model)}] {event.stage} {event.progress:.0%} {event.message}",
-                err=True,
-            )
+    request = rpb.TrainRequest(tenant_id=tenant, force=force)
+    with _one_line_errors():
+        for event in _stub(sidecar).Train(request, timeout=timeout, metadata=_metadata(auth_token)):
+            if event.HasField("outcome"):
+                click.echo(
+                    json.dumps(json_format.MessageToDict(event.outcome, preserving_proto_field_name=True))
+                )
+            else:
+                click.echo(
+                    f"[{rpb.ModelKind.Name(event.model)}] {event.stage} {event.progress:.0%} {event.message}",
+                    err=True,
+                )
 
 
 @cli.command("bench-score")

@@ -302,3 +302,19 @@ def test_up_takes_its_data_directory_from_the_environment_as_serve_does(
         ["up", "--port", "0", "--no-sidecar"], env=base_env(model_cache, MNEMO_STORAGE__DATA_DIR=str(data))
     )
     assert proc.popen.poll() is None and (data / "mnemo.duckdb").exists()
+
+
+def test_a_second_up_on_a_running_instances_directory_starts_nothing(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """It is refused before a second sidecar starts on the first one's sidecar data (which
+    overwrote its log and deleted its port file)."""
+    data = tmp_path / "d"
+    env = base_env(model_cache, MNEMO_RANKING__START_SESSION_DEADLINE_MS="5000")
+    spawn(["up", "--data-dir", str(data), "--port", "0", "--sidecar-port", "0"], env=env)
+    port_file, log = data / "sidecar.port", data / "sidecar.log"
+    before = (port_file.read_text(), log.read_text())
+    second = run(["up", "--data-dir", str(data), "--port", "0", "--sidecar-port", "0"], env)
+    assert second.returncode == 2 and "is in use by another process" in second.stderr, second.stderr
+    assert "sidecar on" not in second.stderr and "Traceback" not in second.stderr
+    assert (port_file.read_text(), log.read_text()[: len(before[1])]) == before

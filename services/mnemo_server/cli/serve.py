@@ -177,13 +177,15 @@ def up(
 ) -> None:
     """Run Mnemo locally: the memory server on 127.0.0.1 and the ranking sidecar as its own
     process, data in a local directory, unauthenticated (local mode). Ctrl-C stops both."""
+    from mnemo_server.app import DataPaths
+    from mnemo_server.launcher import Launcher, LaunchFailed
+    from mnemo_server.store.database import make_data_dir, refuse_if_in_use
+
     _check_port_file(port_file)
     if data_dir is None:  # as `serve` takes it (the --data-dir default wrote over both)
         data_dir = Path(build_config(config_file, None).storage.data_dir)
-    from mnemo_server.launcher import Launcher, LaunchFailed
-    from mnemo_server.store.database import make_data_dir
-
     make_data_dir(data_dir)
+    refuse_if_in_use(DataPaths(data_dir).duckdb)  # before a sidecar starts on its files
     launcher = Launcher(root=data_dir, keep=True)
     address = ""
     try:

@@ -102,6 +102,27 @@ class _CursorWrapper:
         return self._cur.unregister(view_name)
 
 
+def _in_use(path: Path) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"{path} is in use by another process (is a Mnemo server running on this data directory?)",
+        reason="DATA_DIR_LOCKED",
+    )
+
+
+def refuse_if_in_use(path: Path) -> None:
+    """DATA_DIR_LOCKED if another process holds the store at `path`, checked before starting
+    what runs beside it (`mnemo up` started a second sidecar on a running instance's sidecar
+    data, overwriting its log, before its server found the store locked). A read-only open
+    is refused while a writer holds the file; any other trouble is the server's to report."""
+    if not path.is_file():
+        return
+    try:
+        duckdb.connect(str(path), read_only=True).close()
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise _in_use(path) from None
+
+
 def make_data_dir(path: Path) -> None:
     """Create a data directory (and its parents); a path that cannot be one (a file in the
     way, no permission) is a one-line start-up error naming it."""
@@ -288,11 +309,7 @@ class Database:
             self._conn = duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
-                raise FailedPrecondition(
-                    f"{path} is in use by another process (is a Mnemo server running on this data "
-                    "directory?)",
-                    reason="DATA_DIR_LOCKED",
-                ) from None
+                raise _in_use(path) from None
             # Not a database (a stray file, a folder of that name), or unreadable.
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise FailedPrecondition(

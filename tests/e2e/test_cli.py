@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -318,3 +319,38 @@ def test_a_second_up_on_a_running_instances_directory_starts_nothing(
     assert second.returncode == 2 and "is in use by another process" in second.stderr, second.stderr
     assert "sidecar on" not in second.stderr and "Traceback" not in second.stderr
     assert (port_file.read_text(), log.read_text()[: len(before[1])]) == before
+
+
+def test_import_names_the_line_a_server_refuses_and_takes_a_batch_size(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """A refusal part-way names the file's line and what was imported before it (it named a
+    position in the command's own batching); --batch-size fits a server that takes fewer
+    memories a message than the 200 sent by default (every batch was refused)."""
+    env = base_env(
+        model_cache,
+        MNEMO_AUTH__ENABLED="false",
+        MNEMO_LIMITS__MAX_BATCH_SIZE="20",
+        MNEMO_LIMITS__MAX_CONTENT_CHARS="100",
+    )
+    server = spawn(["serve", "--data-dir", str(tmp_path / "d"), "--port", "0"], env=env)
+    client_env = {**env, "MNEMO_SERVER": server.address}
+
+    def exported(content: str) -> str:
+        return json.dumps(
+            {"id": str(uuid.uuid4()), "content": content, "create_time": "2026-01-01T00:00:00Z"}
+        )
+
+    lines = [exported(f"imported memory number {i}") for i in range(50)]
+    lines[44] = exported("x" * 150)  # line 45: over the server's limit
+    dump = tmp_path / "in.jsonl"
+    dump.write_text("\n".join(lines) + "\n")
+    too_big = run(["memory", "import", str(dump)], client_env)
+    assert too_big.returncode == 1 and "at most 20" in too_big.stderr, too_big.stderr
+    refused = run(["memory", "import", "--batch-size", "20", str(dump)], client_env)
+    assert refused.returncode == 1 and f"{dump}:45: INVALID_ARGUMENT" in refused.stderr, refused.stderr
+    assert "(40 imported before it, 0 skipped)" in refused.stderr, refused.stderr
+    del lines[44]
+    dump.write_text("\n".join(lines) + "\n")
+    rest = run(["memory", "import", "--batch-size", "20", str(dump)], client_env)
+    assert rest.returncode == 0 and "imported 9 memories, skipped 40" in rest.stdout + rest.stderr, rest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -307,18 +308,21 @@ def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> No
     _console.print(f"exported {n} memories")
 
 
-def _memories(path: Path) -> Iterator[memory_pb2.Memory]:
-    """The file's memories, one a line; a line that is not one is a one-line error naming it."""
+def _memories(path: Path) -> Iterator[tuple[int, memory_pb2.Memory]]:
+    """The file's memories with their line numbers; a line that is not one is a one-line
+    error naming it."""
     for lineno, value in json_lines(path, click.ClickException):
         try:
-            yield json_format.ParseDict(value, memory_pb2.Memory())
+            yield lineno, json_format.ParseDict(value, memory_pb2.Memory())
         except json_format.ParseError as exc:
             raise click.ClickException(f"{path}:{lineno}: not an exported memory ({exc})") from None
 
 
-def _read_batches(path: Path, size: int) -> Iterator[list[memory_pb2.Memory]]:
+def _batches(
+    memories: Iterable[tuple[int, memory_pb2.Memory]], size: int
+) -> Iterator[list[memory_pb2.Memory]]:
     batch: list[memory_pb2.Memory] = []
-    for m in _memories(path):
+    for _, m in memories:
         batch.append(m)
         if len(batch) == size:
             yield batch
@@ -327,30 +331,55 @@ def _read_batches(path: Path, size: int) -> Iterator[list[memory_pb2.Memory]]:
         yield batch
 
 
+_IN_STREAM = re.compile(r"^messages\[(\d+)\]\.memories\[(\d+)\]")
+
+
+def _refused_line(err: MnemoError, lines: list[int], batch_size: int) -> int | None:
+    """The file line of the memory a refusal names (messages[i].memories[j]), if it names one."""
+    for f in err.fields:
+        found = _IN_STREAM.match(f)
+        if found:
+            at = int(found.group(1)) * batch_size + int(found.group(2))
+            return lines[at] if at < len(lines) else None
+    return None
+
+
 @memory.command("import")
 @click.argument("path", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 100_000),
+    default=200,
+    show_default=True,
+    help="Memories per message (at most the server's limits.max_batch_size).",
+)
 @click.pass_context
-def memory_import(ctx: click.Context, path: Path) -> None:
+def memory_import(ctx: click.Context, path: Path, batch_size: int) -> None:
     """Restore memories from an export (already-present ids are skipped, so re-running is safe)."""
     # The whole file is read once before anything is sent: a bad line fails the command
     # with nothing imported, not after the batches before it. It is parsed again as it is
     # sent rather than kept: an export of 100k memories would otherwise sit in memory whole.
     batches: Iterable[list[memory_pb2.Memory]]
     if path.is_file():
-        total = sum(1 for _ in _memories(path))
-        batches = _read_batches(path, 200)
+        lines = [n for n, _ in _memories(path)]
+        batches = _batches(_memories(path), batch_size)
     else:  # a pipe (export -o - | import /dev/stdin) reads once: it read as empty the second time
         kept = list(_memories(path))
-        total = len(kept)
-        batches = (kept[i : i + 200] for i in range(0, total, 200))
+        lines = [n for n, _ in kept]
+        batches = _batches(kept, batch_size)
     last = None
     try:
         with _connect(ctx) as client, _progress() as bar:
-            task = bar.add_task("importing", total=total)
+            task = bar.add_task("importing", total=len(lines))
             for last in client.import_memories(batches, idle_timeout_s=ctx.obj["timeout"]):
                 bar.update(task, completed=last.received_count)
     except MnemoError as err:
-        _fail(err)
+        # Name the file's line, and what the messages before it did (each is applied as it
+        # comes: a re-run skips them).
+        line = _refused_line(err, lines, batch_size)
+        where = f"{path}:{line}: " if line is not None else ""
+        done = f" ({last.imported_count} imported before it, {last.skipped_count} skipped)" if last else ""
+        raise click.ClickException(f"{where}{err.code.name}: {err.message}{done}") from None
     imported, skipped = (last.imported_count, last.skipped_count) if last else (0, 0)
     _console.print(f"imported {imported} memories, skipped {skipped}")
 

@@ -451,15 +451,9 @@ def health(server: str, timeout: float, service: str) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    ca = click.get_current_context().meta.get(_TLS_CA)
-    secure = ca is not None
-    with (
-        grpc.secure_channel(server, grpc.ssl_channel_credentials(ca))
-        if secure
-        else grpc.insecure_channel(server)
-    ) as channel:
+    with _client(server, None, timeout) as client:  # its channel: plaintext, or TLS with --tls-ca
         # The typing stubs for grpc_health declare HealthStub without its methods.
-        stub: Any = health_pb2_grpc.HealthStub(channel)
+        stub: Any = health_pb2_grpc.HealthStub(client.channel)
         try:
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as err:

@@ -1,5 +1,5 @@
-"""Reading JSONL input files (eval data, rerank pairs): each line's value with its number,
-and one error naming the file, and the line, for whatever cannot be read."""
+"""Reading JSONL input files (eval data, rerank pairs, imports): each line's value with its
+number, and one error naming the file, and the line, for whatever cannot be read."""
 
 from __future__ import annotations
 
@@ -11,10 +11,18 @@ from typing import Any
 
 def json_lines(path: Path, error: Callable[[str], Exception]) -> Iterator[tuple[int, Any]]:
     """(line number, value) of each non-blank line; `error(message)` is raised for a line
-    that is not JSON, a file that cannot be opened, or one that is not UTF-8."""
+    that is not JSON or not UTF-8, and for a file that cannot be opened."""
     try:
-        with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
+        # Bytes, decoded a line at a time: a text-mode reader reports a bad byte by its
+        # position in the decoder's current chunk, which is neither the line nor the offset.
+        with path.open("rb") as fh:
+            for n, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise error(
+                        f"{path}:{n}: not UTF-8 text (byte {raw[exc.start]:#04x}, byte {exc.start + 1} of the line)"
+                    ) from None
                 if not line.strip():
                     continue
                 try:
@@ -24,5 +32,3 @@ def json_lines(path: Path, error: Callable[[str], Exception]) -> Iterator[tuple[
                 yield n, value
     except OSError as exc:
         raise error(f"{path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text ({exc})") from None

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 import pytest
 
+from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client import MemoryTools, MnemoClient, MnemoError
 from mnemo_client.client import scope
 from tests.conftest import LiveServer, TenantClient
@@ -122,3 +123,27 @@ def test_agent_tools_answer_bad_arguments_and_a_closed_client_with_an_error_line
     ):
         answer = tool(*args)
         assert answer.startswith("Error: "), answer
+
+
+def test_listing_pages_within_a_server_page_limit_below_what_the_client_asks(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    """An operator's limits.max_page_size of 10: the default page (page_size 0) fits it, and
+    the client, which asks for 100 a page, pages with the server's default instead of failing."""
+    live = start_server(limits={"max_page_size": 10})
+    from tests.conftest import provision
+
+    with MnemoClient(live.address, provision(live, "paged"), timeout_s=30) as c:
+        created = c.batch_create_memories([c.new_memory(f"note number {i}", category="n") for i in range(25)])
+        assert len(created) == 25
+        default_page = c.call(c.memory.ListMemories, pb.ListMemoriesRequest())
+        assert len(default_page.memories) == 10 and default_page.next_page_token
+        with pytest.raises(MnemoError) as err:
+            c.call(c.memory.ListMemories, pb.ListMemoriesRequest(page_size=11))
+        assert err.value.fields == ["page_size"]
+        assert len({m.id for m in c.list_memories(limit=23)}) == 23
+        assert len(list(c.list_memories())) == 25
+        note = created[0].memory.id
+        for _ in range(12):
+            c.update_memory(note, importance=0.4)
+        assert len(list(c.memory_history(note))) == 13

@@ -212,14 +212,10 @@ class MnemoClient:
 
     def memory_history(self, memory_id: str, *, page_size: int = 100) -> Iterator[pb.MemoryHistoryEntry]:
         """What happened to a memory, oldest first, across pages (also a deleted one's)."""
-        token = ""
-        while True:
-            req = pb.GetMemoryHistoryRequest(id=memory_id, page_size=page_size, page_token=token)
-            page = self.call(self.memory.GetMemoryHistory, req)
+        for page in self._pages(
+            self.memory.GetMemoryHistory, pb.GetMemoryHistoryRequest(id=memory_id), page_size
+        ):
             yield from page.entries
-            token = page.next_page_token
-            if not token:
-                return
 
     def list_memories(
         self,
@@ -232,17 +228,34 @@ class MnemoClient:
         """Newest first, across pages, up to limit (a limit below 1 lists nothing)."""
         if limit is not None and limit < 1:
             return
-        token, n = "", 0
-        while True:
-            req = pb.ListMemoriesRequest(page_size=page_size, page_token=token, show_deleted=show_deleted)
-            if filter is not None:
-                req.filter.CopyFrom(filter)
-            page = self.call(self.memory.ListMemories, req)
+        req = pb.ListMemoriesRequest(show_deleted=show_deleted)
+        if filter is not None:
+            req.filter.CopyFrom(filter)
+        n = 0
+        for page in self._pages(self.memory.ListMemories, req, page_size):
             for m in page.memories:
                 yield m
                 n += 1
                 if limit is not None and n >= limit:
                     return
+
+    def _pages(self, rpc: Callable[..., Any], first: Any, page_size: int) -> Iterator[Any]:
+        """Each page of a paged call, `first` carrying everything but the size and token."""
+        token = ""
+        while True:
+            req = type(first)()
+            req.CopyFrom(first)
+            req.page_size, req.page_token = page_size, token
+            try:
+                page = self.call(rpc, req)
+            except MnemoError as err:
+                # A server whose limits.max_page_size is below the size asked for: its default
+                # page (page_size 0) always fits it, so page with that instead of failing.
+                if token or not page_size or "page_size" not in err.fields:
+                    raise
+                page_size = 0
+                continue
+            yield page
             token = page.next_page_token
             if not token:
                 return

@@ -124,7 +124,9 @@ class Validator:
     def page_size(self, page_size: int, default: int = 50, field: str = "page_size") -> int:
         if page_size < 0 or page_size > self.limits.max_page_size:
             raise InvalidArgument(field, f"must be between 0 and {self.limits.max_page_size}")
-        return page_size or default
+        # 0 asks for the default page, which must fit the operator's limit too: a client that
+        # does not know the limit can always page with 0.
+        return page_size or min(default, self.limits.max_page_size)
 
     def top_k(self, top_k: int, field: str = "top_k") -> int:
         if top_k < 0 or top_k > self.limits.max_top_k:

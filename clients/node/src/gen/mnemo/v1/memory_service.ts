@@ -271,7 +271,7 @@ export interface GetMemoryHistoryRequest {
    * memory's external_id may name another since).
    */
   id: string;
-  /** 1..1000, default 50. */
+  /** 1..1000 (the server's limits.max_page_size), 0 for the default: 50, or that limit if lower. */
   pageSize: number;
   /** From a previous response, for the same id. */
   pageToken: string;
@@ -301,7 +301,7 @@ export interface GetMemoryHistoryResponse {
 }
 
 export interface ListMemoriesRequest {
-  /** 1..1000, default 50. */
+  /** 1..1000 (the server's limits.max_page_size), 0 for the default: 50, or that limit if lower. */
   pageSize: number;
   /** From a previous response; the fields other than page_size must not change between pages. */
   pageToken: string;

@@ -21,7 +21,7 @@ from mnemo_server.api.compute_gate import ComputeGate
 from mnemo_server.api.interceptor import ApiInterceptor
 from mnemo_server.api.learning_servicer import LearningServicer
 from mnemo_server.api.memory_servicer import MemoryServicer
-from mnemo_server.api.server import GrpcServer, is_loopback
+from mnemo_server.api.server import GrpcServer, is_loopback, listen_address
 from mnemo_server.api.skill_servicer import SkillServicer
 from mnemo_server.config import Config
 from mnemo_server.diagnostics import DataDirSize
@@ -418,8 +418,14 @@ class MnemoServer:
         self.scheduler.add("retention", cfg.retention.interval_s, core.retention.sweep)
         self.scheduler.add("access_counts", cfg.ranking.access_flush_interval_s, core.access_counts.flush)
         self.scheduler.start()
-        port = self.grpc.start()
-        log.info("mnemo serving on %s:%d (data in %s)", cfg.server.host, port, cfg.data_dir)
+        try:
+            port = self.grpc.start()
+        except BaseException:
+            # Not served (the port in use, say): the workers just started and the stores are
+            # stopped and closed here, as after serving, not left to the interpreter's exit.
+            self.stop(0.0)
+            raise
+        log.info("mnemo serving on %s (data in %s)", listen_address(cfg.server.host, port), cfg.data_dir)
         return port
 
     def stop(self, grace_s: float | None = None) -> None:

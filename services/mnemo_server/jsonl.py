@@ -20,9 +20,8 @@ def json_lines(path: Path, error: Callable[[str], Exception]) -> Iterator[tuple[
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise error(
-                        f"{path}:{n}: not UTF-8 text (byte {raw[exc.start]:#04x}, byte {exc.start + 1} of the line)"
-                    ) from None
+                    bad = f"byte {raw[exc.start]:#04x}, byte {exc.start + 1} of the line"
+                    raise error(f"{path}:{n}: not UTF-8 text ({bad})") from None
                 if not line.strip():
                     continue
                 try:

@@ -8,7 +8,7 @@ import shutil
 
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
 from mnemo_server.api.interceptor import ApiInterceptor
-from mnemo_server.api.server import GrpcServer
+from mnemo_server.api.server import GrpcServer, listen_address
 from mnemo_server.config import ServerConfig
 from mnemo_server.errors import Unauthenticated
 from mnemo_server.store.database import make_data_dir
@@ -75,9 +75,15 @@ class SidecarServer:
         self.engine.warm_up()
         # No training process runs yet: what is here was left by one killed mid-run.
         shutil.rmtree(self.cfg.training_scratch, ignore_errors=True)
-        port = self.grpc.start()
+        try:
+            port = self.grpc.start()
+        except BaseException:
+            self.stop(0.0)  # not served (the port in use, say): the pair store closed here
+            raise
         log.info(
-            "mnemo-sidecar serving on %s:%d (data in %s)", self.cfg.server.host, port, self.cfg.data_path
+            "mnemo-sidecar serving on %s (data in %s)",
+            listen_address(self.cfg.server.host, port),
+            self.cfg.data_path,
         )
         return port
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
+from mnemo_server.api.server import listen_address
 from mnemo_server.errors import MnemoError
 from mnemo_server.launcher import wait_for_stop, watch_parent
 from mnemo_server.process_memory import fix_malloc_thresholds
@@ -93,7 +94,7 @@ def serve(
         tmp = port_file.with_suffix(".tmp")
         tmp.write_text(str(bound))
         tmp.replace(port_file)
-    click.echo(f"mnemo-sidecar listening on {cfg.server.host}:{bound}", err=True)
+    click.echo(f"mnemo-sidecar listening on {listen_address(cfg.server.host, bound)}", err=True)
     try:
         wait_for_stop(stop)
     finally:

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -303,6 +304,31 @@ def test_up_takes_its_data_directory_from_the_environment_as_serve_does(
         ["up", "--port", "0", "--no-sidecar"], env=base_env(model_cache, MNEMO_STORAGE__DATA_DIR=str(data))
     )
     assert proc.popen.poll() is None and (data / "mnemo.duckdb").exists()
+
+
+def test_serve_on_a_port_in_use_is_one_error_line_and_an_ipv6_host_needs_no_brackets(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """A port in use printed its error and then ~45 lines of leaked DuckDB objects (the stores
+    were left open); server.host = "::1" was "cannot listen on ::1:0 (in use?)"."""
+    env = base_env(model_cache, MNEMO_AUTH__ENABLED="false")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = run(["serve", "--data-dir", str(tmp_path / "d"), "--port", str(port)], env)
+    assert refused.returncode == 2, refused.stderr
+    assert f"error: cannot listen on 127.0.0.1:{port}: the port is in use" in refused.stderr
+    assert "nanobind" not in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    ipv6 = spawn(
+        ["serve", "--data-dir", str(tmp_path / "d"), "--port", "0"], env={**env, "MNEMO_SERVER__HOST": "::1"}
+    )
+    deadline = time.monotonic() + 10  # the line follows the port file
+    while f"mnemo listening on [::1]:{ipv6.port}" not in ipv6.log.read_text():
+        assert time.monotonic() < deadline, ipv6.log.read_text()
+        time.sleep(0.05)
+    with MnemoClient(f"[::1]:{ipv6.port}") as client:
+        assert client.status().memory_count == 0
 
 
 def test_a_second_up_on_a_running_instances_directory_starts_nothing(

@@ -20,9 +20,12 @@ def test_a_byte_that_is_not_utf8_is_named_by_its_line_far_into_the_file(tmp_path
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(lines))
     read: list[int] = []
+
+    def read_all() -> None:
+        read.extend(value["n"] for _, value in json_lines(path, Refused))
+
     with pytest.raises(Refused, match=r"in\.jsonl:1000: not UTF-8 text \(byte 0xff, byte 11 of the line\)"):
-        for n, value in json_lines(path, Refused):
-            read.append(value["n"])
+        read_all()
     assert read == list(range(1, 1000))
 
 

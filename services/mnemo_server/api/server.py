@@ -34,6 +34,13 @@ def is_loopback(host: str) -> bool:
             return False
 
 
+def listen_address(host: str, port: int) -> str:
+    """host:port as gRPC parses it: an IPv6 literal such as ::1 needs its brackets."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
 def tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
     """The server's TLS credentials from its two settings, read and checked when the server
     is made (before any warm-up): None when neither is set. One set alone, a file that
@@ -94,7 +101,7 @@ class GrpcServer:
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
-        address = f"{self.cfg.host}:{self.cfg.port}"
+        address = listen_address(self.cfg.host, self.cfg.port)
         try:
             if self.credentials is not None:
                 self.port = self.server.add_secure_port(address, self.credentials)
@@ -103,7 +110,11 @@ class GrpcServer:
         except RuntimeError:  # a port in use: grpcio raises where older versions returned 0
             self.port = 0
         if self.port == 0:
-            raise FailedPrecondition(f"cannot listen on {address} (in use?)", reason="BIND_FAILED")
+            raise FailedPrecondition(
+                f"cannot listen on {address}: the port is in use, or server.host is not an address of"
+                " this machine",
+                reason="BIND_FAILED",
+            )
         self.server.start()
         self.set_serving(True)
         return self.port

@@ -109,3 +109,27 @@ def test_a_fatal_error_marks_the_store_failed_and_other_errors_do_not(db: Databa
     with pytest.raises(duckdb.FatalException), db.transaction():
         raise fatal
     assert db.failed.is_set() and db.failure is fatal
+
+
+@pytest.mark.parametrize(
+    ("limit", "problem"),
+    [
+        ("-5MB", "is not a size like '512MB'"),
+        ("lots", "is not a size like '512MB'"),
+        ("1KB", "is too small for the store"),
+        ("0MB", "is too small for the store"),
+        ("16000KiB", "is too small for the store"),
+    ],
+)
+def test_a_duckdb_memory_limit_that_cannot_serve_is_one_config_error(
+    tmp_path: Path, limit: str, problem: str
+) -> None:
+    """ "1KB" or "0MB" passed the size check, then DuckDB's OutOfMemory escaped as a traceback."""
+    from mnemo_server.errors import FailedPrecondition
+
+    with pytest.raises(FailedPrecondition, match=f"storage.duckdb_memory_limit '{limit}' {problem}") as err:
+        Database(tmp_path / "m.duckdb", memory_limit=limit)
+    assert err.value.reason == "BAD_CONFIG"
+    db = Database(tmp_path / "m.duckdb", memory_limit="16MiB")  # the file was left usable
+    assert db.reader().execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == "16.0 MiB"
+    db.close()

@@ -102,6 +102,22 @@ class _CursorWrapper:
         return self._cur.unregister(view_name)
 
 
+_SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE_UNITS |= {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+# Below this DuckDB cannot even open the store (1MB fails with OutOfMemory, as a traceback).
+MIN_MEMORY_LIMIT_BYTES = 16 * 2**20
+
+
+def _memory_limit_problem(limit: str) -> str:
+    """What is wrong with a DuckDB memory_limit setting, or "" (units as DuckDB reads them)."""
+    size = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", limit)
+    if size is None:
+        return "is not a size like '512MB'"
+    if float(size.group(1)) * _SIZE_UNITS[size.group(2)] < MIN_MEMORY_LIMIT_BYTES:
+        return "is too small for the store: it must be at least 16MiB"
+    return ""
+
+
 def _in_use(path: Path) -> FailedPrecondition:
     return FailedPrecondition(
         f"{path} is in use by another process (is a Mnemo server running on this data directory?)",
@@ -316,11 +332,11 @@ class Database:
                 f"{path} cannot be opened: {first_line}", reason="BAD_DATA_DIR"
             ) from None
         if memory_limit:
-            if not re.fullmatch(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", memory_limit):
+            problem = _memory_limit_problem(memory_limit)
+            if problem:
                 self._conn.close()
                 raise FailedPrecondition(
-                    f"storage.duckdb_memory_limit {memory_limit!r} is not a size like '512MB'",
-                    reason="BAD_CONFIG",
+                    f"storage.duckdb_memory_limit {memory_limit!r} {problem}", reason="BAD_CONFIG"
                 )
             self._conn.execute(f"SET memory_limit = '{memory_limit}'")
         self._locks = {d: threading.Lock() for d in WriteDomain}

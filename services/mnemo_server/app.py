@@ -78,7 +78,18 @@ class DataPaths:
         return self.root / "vector_graphs"
 
     def models(self, config: Config) -> Path:
-        return Path(config.embedding.cache_dir) if config.embedding.cache_dir else self.root / "models"
+        """The model cache, made here: one that cannot be made is the setting's fault, not a
+        failed export (it was three tracebacks ending in advice about embedding.precision)."""
+        if not config.embedding.cache_dir:
+            return self.root / "models"
+        cache = Path(config.embedding.cache_dir)
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FailedPrecondition(
+                f"embedding.cache_dir {str(cache)!r} cannot be made: {exc.strerror or exc}", reason="BAD_CONFIG"
+            ) from None
+        return cache
 
 
 def check_model_identity(db: Database, embedder: Embedder) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from mnemo_server.errors import FailedPrecondition
 from mnemo_sidecar.config import SidecarConfig
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
 from mnemo_sidecar.deadlines import Deadline
@@ -112,8 +113,21 @@ class RankingEngine:
             return None
         with self._base_ce_lock:
             if self._base_ce is None:
-                self._base_ce = self.load_cross_encoder(Path(self.cfg.cross_encoder.path))
+                self._base_ce = self._configured_cross_encoder(Path(self.cfg.cross_encoder.path))
             return self._base_ce
+
+    def _configured_cross_encoder(self, directory: Path) -> CrossEncoderRuntime:
+        """Loaded at start-up (warm_up): a directory that holds no cross-encoder is the
+        setting's fault, one line (it was the loader's whole traceback)."""
+        try:
+            return self.load_cross_encoder(directory)
+        except (OSError, ValueError, KeyError) as exc:
+            lines = str(exc).strip().splitlines()
+            raise FailedPrecondition(
+                f"cross_encoder.path {str(directory)!r} holds no cross-encoder that loads: "
+                f"{lines[0] if lines else type(exc).__name__}",
+                reason="BAD_CONFIG",
+            ) from None
 
     def cross_encoder(self, tenant: str) -> tuple[CrossEncoderRuntime | None, str]:
         """The tenant's fine-tuned cross-encoder, loaded if need be, else the configured one;

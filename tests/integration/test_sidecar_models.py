@@ -221,3 +221,17 @@ def test_train_calls_join_only_a_run_that_does_what_they_ask_and_streams_are_bou
             next(stub.Train(rpb.TrainRequest(tenant_id="t", **asks), timeout=10))  # type: ignore[arg-type]
         assert err.value.code() == grpc.StatusCode.ABORTED, asks
         assert "already training (RANKER)" in (err.value.details() or ""), asks
+
+
+def test_a_configured_cross_encoder_directory_that_holds_none_is_one_config_error(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    """It was the model loader's whole traceback, printed by `mnemo up` under its error."""
+    from mnemo_server.errors import FailedPrecondition
+
+    empty = tmp_path / "ce"
+    empty.mkdir()
+    with pytest.raises(FailedPrecondition) as err:
+        start_sidecar(cross_encoder={"path": str(empty)})
+    assert err.value.reason == "BAD_CONFIG"
+    assert str(err.value).startswith(f"cross_encoder.path '{empty}' holds no cross-encoder that loads: ")

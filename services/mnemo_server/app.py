@@ -87,7 +87,8 @@ class DataPaths:
             cache.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise FailedPrecondition(
-                f"embedding.cache_dir {str(cache)!r} cannot be made: {exc.strerror or exc}", reason="BAD_CONFIG"
+                f"embedding.cache_dir {str(cache)!r} cannot be made: {exc.strerror or exc}",
+                reason="BAD_CONFIG",
             ) from None
         return cache
 

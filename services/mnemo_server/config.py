@@ -503,6 +503,26 @@ def sections_from_env(env: Mapping[str, str], prefix: str) -> dict[str, dict[str
     return sections
 
 
+def refuse_misspelt_settings(cfg: Any, env: Mapping[str, str], prefix: str) -> None:
+    """A variable that names a setting with one underscore where two belong
+    (MNEMO_STORAGE_DATA_DIR) was silently not read; a misspelt key with two is refused, so
+    is this. Only exact settings count: other MNEMO_ variables (the CLI's) are not settings."""
+    for key in env:
+        if not key.startswith(prefix) or "__" in key:
+            continue
+        rest = key[len(prefix) :].lower()
+        for section in dataclasses.fields(cfg):
+            name = rest.removeprefix(section.name + "_")
+            values = getattr(cfg, section.name)
+            if name != rest and dataclasses.is_dataclass(values) and hasattr(values, name):
+                right = f"{prefix}{section.name.upper()}__{name.upper()}"
+                raise FailedPrecondition(
+                    f"environment variable {key} is not read: settings are {prefix}<SECTION>__<KEY> "
+                    f"(two underscores), here {right}",
+                    reason="BAD_CONFIG",
+                )
+
+
 def read_toml(file: Path) -> dict[str, Any]:
     try:
         with file.open("rb") as fh:
@@ -524,4 +544,5 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         cfg = apply_sections(cfg, read_toml(Path(file)), origin=str(file))
     # MNEMO_SIDECAR_* belongs to the sidecar's own configuration.
     own = {k: v for k, v in env.items() if not k.startswith("MNEMO_SIDECAR_")}
+    refuse_misspelt_settings(cfg, own, ENV_PREFIX)
     return apply_sections(cfg, sections_from_env(own, ENV_PREFIX), origin="environment")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mnemo_server.config import apply_sections, read_toml, sections_from_env
+from mnemo_server.config import apply_sections, read_toml, refuse_misspelt_settings, sections_from_env
 
 ENV_PREFIX = "MNEMO_SIDECAR_"
 Precision = Literal["fp32", "int8"]
@@ -233,4 +233,5 @@ def load_sidecar_config(
     file = path or env.get("MNEMO_SIDECAR_CONFIG")
     if file:
         cfg = apply_sections(cfg, read_toml(Path(file)), origin=str(file))
+    refuse_misspelt_settings(cfg, env, ENV_PREFIX)
     return apply_sections(cfg, sections_from_env(env, ENV_PREFIX), origin="environment")

@@ -117,3 +117,22 @@ def test_the_sidecar_refuses_an_inference_pool_of_no_slots() -> None:
 
     with pytest.raises(FailedPrecondition, match=r"inference\.max_running: 0 is outside 1\.\.4096"):
         load_sidecar_config(env={"MNEMO_SIDECAR_INFERENCE__MAX_RUNNING": "0"})
+
+
+def test_a_setting_named_with_one_underscore_where_two_belong_is_refused_not_ignored() -> None:
+    """MNEMO_STORAGE_DATA_DIR was silently not read (data went to the default directory)."""
+    from mnemo_sidecar.config import load_sidecar_config
+
+    with pytest.raises(
+        FailedPrecondition, match=r"MNEMO_STORAGE_DATA_DIR is not read: .* MNEMO_STORAGE__DATA_DIR"
+    ):
+        load_config(env={"MNEMO_STORAGE_DATA_DIR": "/srv/mnemo"})
+    with pytest.raises(FailedPrecondition, match=r"here MNEMO_SIDECAR_SERVER__AUTH_TOKEN"):
+        load_sidecar_config(env={"MNEMO_SIDECAR_SERVER_AUTH_TOKEN": "t"})
+    # The command line's own variables are no settings, and a server takes the sidecar's as none of its own.
+    cli = {"MNEMO_SERVER": "h:1", "MNEMO_API_KEY": "k", "MNEMO_ADMIN_KEY": "a", "MNEMO_TLS_CA": "ca.pem"}
+    sidecar = {"MNEMO_SIDECAR_ADDRESS": "h:2", "MNEMO_SIDECAR_CONFIG": ""}
+    assert (
+        load_config(env={**cli, **sidecar, "MNEMO_STORAGE__DATA_DIR": "/srv/m"}).storage.data_dir == "/srv/m"
+    )
+    assert load_sidecar_config(env={**cli, **sidecar}).server.port == load_sidecar_config(env={}).server.port

@@ -330,6 +330,12 @@ class RankingConfig:
     # Candidate pool for StartSession; at most max_scored (best baseline first) go to the
     # sidecar, which refuses more than its own cap (100 by default).
     max_scored: int = 100
+    # The query and each memory's text as sent to the sidecar are cut to this many characters:
+    # it refuses longer ones (its inference.max_text_chars, 20,000 by default), which with
+    # limits.max_content_chars raised above it cost every session holding such a memory its
+    # model order, and its training pairs. Keep it at most the sidecar's setting. The models
+    # read only the first few hundred tokens of a text.
+    max_text_chars: int = 20_000
     # How the model's order and the baseline's are fused by the health weight: by rank,
     # weight / (k + rank), with this k; 0 blends min-max-scaled scores instead (below 0 is
     # refused at start-up). A few outlying model scores squeeze the rest of a min-max-scaled
@@ -400,6 +406,7 @@ _INT_RANGES = {
     "max_page_size": (1, None),
     "max_running": (1, 4_096),  # the sidecar's inference slots: 0 ran nothing
     "max_candidates": (1, None),
+    "max_text_chars": (1, None),  # the sidecar's, and what the server sends it
 }
 # Every other number is a size, a count, a time or a weight: 0 or more. These may be less.
 _MAY_BE_NEGATIVE = frozenset({"promote_margin"})

@@ -472,6 +472,46 @@ def test_cold_start_then_feedback_reaches_the_sidecar(
     assert dict(status.ranking_fallbacks) == {"cold_start": 1} and not status.sidecar_call_failures
 
 
+def test_a_memory_longer_than_the_sidecar_takes_costs_no_session_its_pairs(
+    start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any]
+) -> None:
+    """With limits.max_content_chars raised past the sidecar's 20,000 characters, a session
+    whose pool held such a memory had its Score refused and its pairs parked for good."""
+    side = start_sidecar()
+    live = start_server(
+        limits={"max_content_chars": 30_000},
+        ranking={"sidecar_address": f"127.0.0.1:{side.port}", "start_session_deadline_ms": 2000},
+    )
+    t = tenant(live)
+    seed(t)
+    scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p")
+    long_text = "Ana owns the billing service and its runbook. " + "Runbook step follows. " * 1_200
+    assert 25_000 < len(long_text) <= 30_000
+    long = t.memory().CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=long_text, scope=scope), wait_for_index=True),
+        metadata=t.md,
+        timeout=30,
+    )
+    start(t, "s1", "who owns billing?")
+    t.memory().EndSession(
+        pb.EndSessionRequest(
+            session_id="s1", feedback=[pb.MemoryFeedback(memory_id=long.memory.id, used=True)]
+        ),
+        metadata=t.md,
+        timeout=5,
+    )
+    wait_for(
+        lambda: (
+            t.memory()
+            .GetSession(pb.GetSessionRequest(session_id="s1"), metadata=t.md, timeout=5)
+            .session.feedback_delivered
+        )
+    )
+    assert live.server.core.delivery.parked == 0 and side.store.counts("acme")[0] == 1
+    status = t.memory().GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5)
+    assert not status.sidecar_call_failures, dict(status.sidecar_call_failures)
+
+
 def test_training_pairs_carry_query_and_neighbour_features(
     start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any]
 ) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -70,6 +70,15 @@ class SidecarAnswer(Generic[T]):
     @property
     def ok(self) -> bool:
         return self.value is not None
+
+
+def _cut_texts(has_query: Any, candidates: Iterable[rpb.Candidate], limit: int) -> None:
+    """Within the sidecar's text limit (ranking.max_text_chars), in place."""
+    if len(has_query.query) > limit:
+        has_query.query = has_query.query[:limit]
+    for c in candidates:
+        if len(c.text) > limit:
+            c.text = c.text[:limit]
 
 
 class RankingClient:
@@ -164,14 +173,18 @@ class RankingClient:
             self.breaker.probe_failed()
 
     def score(self, request: rpb.ScoreRequest, budget_s: float) -> SidecarAnswer[rpb.ScoreResponse]:
+        _cut_texts(request, request.candidates, self.cfg.max_text_chars)
         return self._call("Score", request, budget_s)
 
     def rerank(self, request: rpb.RerankRequest, budget_s: float) -> SidecarAnswer[rpb.RerankResponse]:
+        _cut_texts(request, request.candidates, self.cfg.max_text_chars)
         return self._call("Rerank", request, budget_s)
 
     def submit(
         self, request: rpb.SubmitTrainingPairsRequest, timeout_s: float
     ) -> SidecarAnswer[rpb.SubmitTrainingPairsResponse]:
+        session = request.session
+        _cut_texts(session, [c.candidate for c in session.candidates], self.cfg.max_text_chars)
         return self._call("SubmitTrainingPairs", request, timeout_s)
 
     def model_status(

@@ -323,7 +323,9 @@ export interface UpdateMemoryRequest {
    * id identifies the memory; the fields named in update_mask are applied. A named field
    * left unset takes the value CreateMemory would give it (importance 0.5, confidence 1,
    * event_time the memory's create_time). A retry with the same request_id answers with
-   * the memory as the first call left it, even if later writes have changed it since.
+   * the memory as the first call left it, even if later writes have changed it since
+   * (a first call made on a server before 2026-11-28, whose record kept no row, is answered
+   * with the memory as it is now: only in the 24 hours a record is kept after an upgrade).
    */
   memory?: Memory | undefined;
   updateMask?: string[] | undefined;

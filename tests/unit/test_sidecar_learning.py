@@ -75,6 +75,28 @@ def test_pair_store_is_idempotent_and_durable(tmp_path: Path) -> None:
     assert reopened.sessions("t") == [s]
 
 
+def test_pair_store_records_its_format_and_refuses_a_newer_ones_file(tmp_path: Path) -> None:
+    """An older sidecar read whatever a newer one wrote (upgrade probe); files of this and
+    earlier formats (none recorded: 0) open, a newer one is refused and left as it was."""
+    import sqlite3
+
+    from mnemo_sidecar.learning.pair_store import FORMAT
+
+    path = tmp_path / "p.sqlite"
+    PairStore(path).close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchall() == [(FORMAT,)]
+        raw.execute(f"PRAGMA user_version = {FORMAT + 1}")
+    with pytest.raises(
+        FailedPrecondition, match=f"is format {FORMAT + 1}, newer than this sidecar's {FORMAT}"
+    ):
+        PairStore(path)
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchall() == [(FORMAT + 1,)]
+        raw.execute("PRAGMA user_version = 0")  # as every file before formats were recorded
+    PairStore(path).close()
+
+
 def test_pair_store_keeps_a_tenants_newest_sessions_up_to_its_cap(tmp_path: Path) -> None:
     rng = random.Random(2)
     store = PairStore(tmp_path / "p.sqlite", max_sessions=5)

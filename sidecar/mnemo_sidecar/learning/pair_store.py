@@ -11,6 +11,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from mnemo_server.errors import FailedPrecondition
 from mnemo_sidecar.learning.model import (
     Candidate,
     FeedbackCandidate,
@@ -48,6 +49,12 @@ CREATE TABLE IF NOT EXISTS fine_tunes (
 """
 
 
+# The file's format, in SQLite's user_version: a sidecar refuses a file a newer one wrote (as
+# the server refuses a newer schema) rather than read it wrongly after a downgrade. Raise it
+# with any change an older sidecar would misread; adding tables alone was harmless so far.
+FORMAT = 1
+
+
 class PairStore:
     def __init__(self, path: Path, max_sessions: int = 0):
         """max_sessions > 0: a tenant keeps its newest that many sessions (and their pairs).
@@ -59,7 +66,16 @@ class PairStore:
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
+        found = self._conn.execute("PRAGMA user_version").fetchall()[0][0]
+        if found > FORMAT:
+            self._conn.close()
+            raise FailedPrecondition(
+                f"{path} is format {found}, newer than this sidecar's {FORMAT}: a newer mnemo-sidecar "
+                "wrote it (downgrade refused)",
+                reason="BAD_DATA_DIR",
+            )
         self._conn.executescript(_SCHEMA)
+        self._conn.execute(f"PRAGMA user_version = {FORMAT}")
         self._lock = threading.Lock()
         # Per tenant (stored sessions, stored pairs): counted once, then kept by add_session.
         self._counts: dict[str, tuple[int, int]] = {}

@@ -144,6 +144,15 @@ class RankingEngine:
         """As `cross_encoder`, loading nothing: what would serve the tenant now."""
         return self._or_configured(self.registry.resident(tenant, CE))
 
+    def cross_encoder_name(self, tenant: str, ce: CrossEncoderRuntime) -> tuple[str, int]:
+        """(version, promote time in ns or 0) naming `ce` as the rest of the sidecar does: a
+        tenant's fine-tune by its registry version, as its pointer, directory and training
+        outcome name it; the configured one by the hash of its files (never promoted)."""
+        own = self.registry.resident(tenant, CE)
+        if own is not None and own.model is ce:
+            return own.version, own.promote_time_ns
+        return ce.version, 0
+
     def _or_configured(
         self, own: Promoted[CrossEncoderRuntime] | None
     ) -> tuple[CrossEncoderRuntime | None, str]:
@@ -192,7 +201,9 @@ class RankingEngine:
         ce, _ = self.serving_cross_encoder(tenant)
         texts = [c.text for c in candidates]
         if ce is not None:
-            return RerankResult(ce.score(query, texts, deadline), True, ce.version)
+            return RerankResult(
+                ce.score(query, texts, deadline), True, self.cross_encoder_name(tenant, ce)[0]
+            )
         scores = self.blend.score(query, texts, [c.baseline_score for c in candidates], deadline)
         return RerankResult(scores, False, self.blend.version)
 

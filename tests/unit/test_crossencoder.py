@@ -825,6 +825,12 @@ def test_a_cross_encoder_promoted_by_a_training_process_is_served_here_and_after
         ce, source = e.cross_encoder("t")
         assert ce is not None and source.startswith("fine-tuned from"), source
         assert e.registry.broken("t", ModelKind.CROSS_ENCODER) == ""
+        # Named in status and Rerank as its outcome and directory name it (it was the hash
+        # of its files, which nothing else names), with its promote time.
+        version, promoted_ns = e.cross_encoder_name("t", ce)
+        assert version == outcome.candidate_version and promoted_ns > 0
+        configured = e.base_cross_encoder()
+        assert configured is not None and e.cross_encoder_name("t", configured) == (configured.version, 0)
         return ce.model_dir
 
     assert served_by(engine) == model_dir

@@ -7,7 +7,6 @@ import threading
 from collections.abc import Iterator
 
 import grpc
-from google.protobuf import timestamp_pb2
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
@@ -159,12 +158,13 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
     ) -> rpb.GetModelStatusResponse:
         tenant = convert.tenant_of(request.tenant_id)
         ce, ce_source = self.engine.resident_cross_encoder(tenant)  # a status call loads nothing
+        ce_version, ce_promoted_ns = self.engine.cross_encoder_name(tenant, ce) if ce else ("", 0)
         ranker = self.engine.ranker(tenant)
         sessions, pairs = self.engine.store.counts(tenant)
         resp = rpb.GetModelStatusResponse(
             cross_encoder=rpb.ModelInfo(
                 kind=rpb.MODEL_KIND_CROSS_ENCODER,
-                version=ce.version if ce else "",
+                version=ce_version,
                 ready=ce is not None,
                 source=ce_source,
             ),
@@ -191,9 +191,9 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
             ),
         )
         if ranker is not None:
-            ts = timestamp_pb2.Timestamp()
-            ts.FromNanoseconds(ranker.promote_time_ns)
-            resp.ranker.promote_time.CopyFrom(ts)
+            resp.ranker.promote_time.FromNanoseconds(ranker.promote_time_ns)
+        if ce_promoted_ns:
+            resp.cross_encoder.promote_time.FromNanoseconds(ce_promoted_ns)
         for name, s in self.stats.snapshot().items():
             resp.latency[name].CopyFrom(
                 rpb.LatencyStats(

@@ -136,6 +136,7 @@ export interface RerankResponse {
   /** Same order as the request. */
   scores: CandidateScore[];
   method: RerankMethod;
+  /** The cross-encoder's, named as GetModelStatus names it, or the embedding blend's. */
   modelVersion: string;
 }
 
@@ -269,11 +270,15 @@ export interface GetModelStatusRequest {
 
 export interface ModelInfo {
   kind: ModelKind;
-  /** Empty when no model is loaded (cold start). */
+  /**
+   * Empty when no model is loaded (cold start). A promoted model's version as its training
+   * outcome (candidate_version) names it; a configured cross-encoder's, a hash of its files.
+   */
   version: string;
   ready: boolean;
   /** Where the served version came from (e.g. "fine-tuned on 312 sessions", a path). */
   source: string;
+  /** When the served version was promoted; unset for a configured cross-encoder. */
   promoteTime?: Date | undefined;
 }
 

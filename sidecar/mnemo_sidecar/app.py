@@ -75,6 +75,7 @@ class SidecarServer:
         self.engine.warm_up()
         # No training process runs yet: what is here was left by one killed mid-run.
         shutil.rmtree(self.cfg.training_scratch, ignore_errors=True)
+        self.engine.registry.remove_abandoned()
         try:
             port = self.grpc.start()
         except BaseException:

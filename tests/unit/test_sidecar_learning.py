@@ -195,6 +195,33 @@ def test_registry_promotes_atomically_and_reloads(tmp_path: Path) -> None:
     assert not d2.exists() and d1.exists()
 
 
+def test_candidates_left_by_stopped_runs_are_removed_at_start_and_never_count_as_kept_versions(
+    tmp_path: Path,
+) -> None:
+    """A run ended by a stop or kill -9 left its candidate for good (a fine-tune's is ~90 MB),
+    and pruning kept the newest four directories by name, such leftovers among them."""
+    from mnemo_sidecar.learning.registry import KEEP_VERSIONS
+
+    reg = ModelRegistry(tmp_path)
+    promoted = []
+    for i in range(KEEP_VERSIONS + 1):
+        _, left = reg.new_version("t", ModelKind.RANKER)  # a run that died before settling
+        (left / "model.onnx").write_bytes(b"half")
+        version, _ = reg.new_version("t", ModelKind.RANKER)
+        reg.promote("t", ModelKind.RANKER, version, f"model-{i}", "test")
+        promoted.append(version)
+    _, other = reg.new_version("u", ModelKind.CROSS_ENCODER)
+    kind_dir = tmp_path / "t" / ModelKind.RANKER.value
+    on_disk = sorted(p.name for p in kind_dir.iterdir() if p.is_dir())
+    assert set(promoted[-KEEP_VERSIONS:]) <= set(on_disk)  # leftovers pushed out no promoted version
+    assert ModelRegistry(tmp_path).remove_abandoned() == KEEP_VERSIONS + 2
+    assert {p.name for p in kind_dir.iterdir() if p.is_dir()} == set(promoted[-KEEP_VERSIONS:])
+    assert not other.exists()
+    fresh = ModelRegistry(tmp_path)
+    assert fresh.current("t", ModelKind.RANKER, lambda d: d.name).model == promoted[-1]  # type: ignore[union-attr]
+    assert fresh.remove_abandoned() == 0
+
+
 def test_registry_loads_a_model_once_however_many_ask_at_once(tmp_path: Path) -> None:
     reg = ModelRegistry(tmp_path)
     v1, _ = reg.new_version("t", ModelKind.RANKER)

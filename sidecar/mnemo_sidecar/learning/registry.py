@@ -1,8 +1,9 @@
 """Versioned models on disk, per tenant and kind, with an atomically replaced pointer to
 the promoted version:  <root>/<tenant>/<kind>/<version>/...  and  <root>/<tenant>/<kind>/current.json
-A crash mid-training leaves at most an unreferenced directory; the pointer always names a
-complete version. Loaded models are swapped in memory under a lock (readers keep whatever
-reference they took).
+A version is written marked as a candidate, and the mark goes at promotion: a run ended by
+the sidecar's stop or a crash leaves a marked directory, which the next start removes
+(`remove_abandoned`); the pointer always names a complete version. Loaded models are
+swapped in memory under a lock (readers keep whatever reference they took).
 
 Promoted models are loaded once: at start-up (`warm_up`, before the sidecar serves, since a
 cross-encoder takes ~1 s to hash and open and a Score that met the load would overrun its
@@ -37,6 +38,8 @@ from mnemo_sidecar.learning.model import ModelKind
 
 M = TypeVar("M")
 KEEP_VERSIONS = 4
+# In a version directory while it is a candidate: no promotion has named it yet.
+CANDIDATE_MARK = "candidate.mark"
 log = logging.getLogger(__name__)
 
 
@@ -83,7 +86,19 @@ class ModelRegistry:
         version = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         path = self._kind_dir(tenant, kind) / version
         path.mkdir(parents=True)
+        (path / CANDIDATE_MARK).touch()
         return version, path
+
+    def remove_abandoned(self) -> int:
+        """Remove the candidates of runs that ended with the process that ran them (kill -9,
+        or a stop, whose parent watch ends the training child before it can discard: a
+        fine-tune's is ~90 MB). Only while no training runs: at start-up. How many went."""
+        abandoned = [mark.parent for mark in self.root.glob(f"*/*/*/{CANDIDATE_MARK}")]
+        for directory in abandoned:
+            shutil.rmtree(directory, ignore_errors=True)
+        if abandoned:
+            log.info("removed %d candidate model versions left by stopped training runs", len(abandoned))
+        return len(abandoned)
 
     @contextmanager
     def candidate(self, tenant: str, kind: ModelKind) -> Iterator[tuple[str, Path]]:
@@ -107,6 +122,7 @@ class ModelRegistry:
     def promote(self, tenant: str, kind: ModelKind, version: str, model: Any, source: str) -> None:
         kind_dir = self._kind_dir(tenant, kind)
         now = time.time_ns()
+        (kind_dir / version / CANDIDATE_MARK).unlink(missing_ok=True)
         # The version's files reach the disk before the pointer that names them does: after
         # a power cut the pointer must not name a version whose files came back empty.
         fsync_tree(kind_dir / version)
@@ -120,7 +136,12 @@ class ModelRegistry:
         shutil.rmtree(self._kind_dir(tenant, kind) / version, ignore_errors=True)
 
     def _prune(self, kind_dir: Path, keep: set[str]) -> None:
-        versions = sorted(p for p in kind_dir.iterdir() if p.is_dir())
+        # Candidates are no versions to keep, nor to count: the newest promoted ones stay. Names
+        # start with their second; within one, the directory's time (its mark's removal) orders.
+        versions = sorted(
+            (p for p in kind_dir.iterdir() if p.is_dir() and not (p / CANDIDATE_MARK).exists()),
+            key=lambda p: (p.name.split("-")[0], p.stat().st_mtime_ns),
+        )
         for old in versions[:-KEEP_VERSIONS]:
             if old.name not in keep:
                 shutil.rmtree(old, ignore_errors=True)

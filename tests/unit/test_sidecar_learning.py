@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -163,6 +164,18 @@ def test_health_ema_floor_and_drift(tmp_path: Path) -> None:
         health.record("t", 0.0)
     snap = health.snapshot("t", has_model=True)
     assert snap.drift and snap.window_win_rate == 0.0 and snap.predictor_weight == pytest.approx(0.1)
+    # A model promoted over the drifting one is judged on its own sessions: it started out
+    # flagged, capped at 0.1, until its wins pushed its predecessor's losses out of the window.
+    health.on_promotion("t", 0.8)
+    snap = health.snapshot("t", has_model=True)
+    assert not snap.drift and snap.window_win_rate == 0.5 and snap.predictor_weight == pytest.approx(0.5)
+    for i in range(12, 15):
+        store.add_session("t", synthetic_session(i, rng), 0.9, 0.3, 0.0)
+        health.record("t", 0.0)
+        assert not health.snapshot("t", has_model=True).drift  # fewer than a window of its own
+    store.add_session("t", synthetic_session(15, rng), 0.9, 0.3, 0.0)
+    health.record("t", 0.0)
+    assert health.snapshot("t", has_model=True).drift  # a window of its own losses
 
 
 def test_ties_are_no_evidence_for_the_health_weight(tmp_path: Path) -> None:
@@ -519,6 +532,55 @@ def ranker_engine(tmp_path: Path, n_estimators: int = 60, **training: Any) -> Ra
     return RankingEngine.over(cfg, store, tmp_path / "models")
 
 
+def test_a_refused_background_run_waits_for_its_schedule_like_any_run(tmp_path: Path) -> None:
+    """Sessions ended without a used memory: with 20 stored but none useful, every next
+    session started another training process, each refused (learning probe: 11 of 15)."""
+    engine = ranker_engine(tmp_path, auto=True)
+    attempts: list[int] = []
+
+    def run_now(tenant: str) -> bool:  # what the runner's process would do, here and at once
+        attempts.append(engine.store.counts(tenant)[0])
+        with pytest.raises(FailedPrecondition, match="0 sessions with positive feedback"):
+            Trainer(engine).train(
+                tenant,
+                {ModelKind.RANKER},
+                force=False,
+                progress=lambda *a: None,
+                should_stop=lambda: False,
+                scheduled=True,
+            )
+        return True
+
+    engine.start_background_training = run_now
+    rng = random.Random(5)
+    for i in range(45):
+        unused = synthetic_session(i, rng)
+        engine.submit(
+            "t", replace(unused, candidates=tuple(replace(c, relevance=0.0) for c in unused.candidates))
+        )
+    assert attempts == [20, 40]  # at the minimum, then once the minimum more had come
+
+
+def test_sessions_that_come_during_a_run_count_towards_the_next(tmp_path: Path) -> None:
+    """The count since training was set to 0 when a run ended, so sessions stored while it
+    trained (which it never saw) counted for nothing: runs came every N + (a run's arrivals)."""
+    engine = ranker_engine(tmp_path)
+    store, health = engine.store, engine.health
+    rng = random.Random(6)
+    for i in range(40):
+        store.add_session("t", synthetic_session(i, rng), None, None, None)
+        health.record("t", None)
+    arrived = iter(range(40, 48))
+
+    def progress(*_: Any) -> None:  # eight sessions come while the run trains
+        for i in itertools.islice(arrived, 8):
+            store.add_session("t", synthetic_session(i, rng), None, None, None)
+            health.record("t", None)
+
+    Trainer(engine).train("t", {ModelKind.RANKER}, force=False, progress=progress, should_stop=lambda: False)
+    assert health.sessions_since_training("t") == 8
+
+
 def test_promoted_ranker_is_refit_on_every_session_and_judged_on_unseen_ones(tmp_path: Path) -> None:
     engine = ranker_engine(tmp_path, min_heldout=5)
     store, cfg = engine.store, engine.cfg
@@ -701,5 +763,5 @@ def test_health_updates_made_at_once_are_all_kept(tmp_path: Path) -> None:
     ema, since_promotion, since_training = health.store.health_state("t")
     assert ema == pytest.approx(1 - 0.5 * 0.9**60, abs=1e-12)
     assert (since_promotion, since_training) == (60, 60)
-    health.on_training("t")
+    health.on_training("t", seen=60)
     assert health.store.health_state("t")[1:] == (60, 0)

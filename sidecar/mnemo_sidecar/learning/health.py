@@ -67,8 +67,15 @@ class HealthTracker:
             tenant, lambda _ema, _promo, since_training: (heldout_win_rate, 0, since_training)
         )
 
-    def on_training(self, tenant: str) -> None:
-        self.store.change_health_state(tenant, lambda ema, since_promotion, _train: (ema, since_promotion, 0))
+    def on_training(self, tenant: str, seen: int) -> None:
+        """A run ended (or was refused) that began when `seen` sessions had come since the
+        last: those that came while it ran count towards the next one (they were reset to 0,
+        so "retrain every N" waited N more sessions after every run)."""
+
+        def after(ema: float, since_promotion: int, since_training: int) -> tuple[float, int, int]:
+            return ema, since_promotion, max(0, since_training - seen)
+
+        self.store.change_health_state(tenant, after)
 
     def sessions_since_training(self, tenant: str) -> int:
         return self.store.health_state(tenant)[2]
@@ -76,7 +83,9 @@ class HealthTracker:
     def snapshot(self, tenant: str, has_model: bool) -> Health:
         ema, since_promotion, _ = self.store.health_state(tenant)
         sessions, _ = self.store.counts(tenant)
-        window = self.store.recent_wins(tenant, self.cfg.drift_window)
+        # The served model's own record: sessions judged before its promotion were its
+        # predecessor's, and a model promoted because that one drifted started out flagged.
+        window = self.store.recent_wins(tenant, self.cfg.drift_window, among_newest=since_promotion)
         rate = sum(w for w, _, _ in window) / len(window) if window else 0.5
         pred = [p for _, p, _ in window if p is not None]
         base = [b for _, _, b in window if b is not None]

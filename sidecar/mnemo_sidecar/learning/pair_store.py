@@ -211,13 +211,19 @@ class PairStore:
                 known = self._counts[tenant] = (int(n_sessions), int(n_pairs))
             return known
 
-    def recent_wins(self, tenant: str, window: int) -> list[tuple[float, float | None, float | None]]:
-        """(win, predictor_ndcg, baseline_ndcg) of the newest sessions that had a predictor."""
+    def recent_wins(
+        self, tenant: str, window: int, among_newest: int | None = None
+    ) -> list[tuple[float, float | None, float | None]]:
+        """(win, predictor_ndcg, baseline_ndcg) of the newest `window` decided sessions, of
+        the tenant's newest `among_newest` sessions if given (seq counts them one by one)."""
+        newest = -1 if among_newest is None else among_newest
         with self._lock:
             rows = self._conn.execute(
                 "SELECT win, predictor_ndcg, baseline_ndcg FROM sessions WHERE tenant = ? "
-                "AND win IS NOT NULL ORDER BY seq DESC LIMIT ?",
-                (tenant, window),
+                "AND win IS NOT NULL AND (? < 0 OR seq > "
+                "(SELECT COALESCE(MAX(seq), 0) FROM sessions WHERE tenant = ?) - ?) "
+                "ORDER BY seq DESC LIMIT ?",
+                (tenant, newest, tenant, newest, window),
             ).fetchall()
         return [(float(w), p, b) for w, p, b in rows]
 

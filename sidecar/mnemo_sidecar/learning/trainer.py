@@ -193,15 +193,22 @@ class Trainer:
         # Only a fine-tune needs the mark. Read before the sessions: one stored in between
         # counts as arrived after the fine-tune.
         mark = store.session_mark(tenant) if fine_tune else SessionMark(0, 0)
+        health = self.engine.health
+        seen = health.sessions_since_training(tenant)  # before the sessions: see on_training
         sessions = store.sessions(tenant)
         useful = [s for s in sessions if s.positives]
         if len(useful) < t.min_sessions and not force:
+            # A refusal is a run for the schedule too: else, with enough sessions stored but
+            # too few with a used memory (sessions ended without feedback), every next
+            # session started another training process to be refused.
+            health.on_training(tenant, seen)
             raise FailedPrecondition(
                 f"{len(useful)} sessions with positive feedback; training needs {t.min_sessions} (or force)",
                 reason="NOT_ENOUGH_SESSIONS",
             )
         train, held = split_heldout(sessions, t.heldout_fraction, t.min_heldout)
         if not train or not held:
+            health.on_training(tenant, seen)
             raise FailedPrecondition(
                 "not enough sessions with positive feedback to train and hold some back",
                 reason="NOT_ENOUGH_SESSIONS",
@@ -230,7 +237,7 @@ class Trainer:
                 outcomes.append(outcome)
         if ModelKind.RANKER in kinds and t.ranker:
             outcomes.append(self._train_ranker(run))
-        self.engine.health.on_training(tenant)
+        health.on_training(tenant, seen)
         for o in outcomes:
             store.add_outcome(tenant, o)
         return outcomes

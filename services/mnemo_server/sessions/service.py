@@ -464,6 +464,7 @@ class SessionService:
         feedback: Sequence[Feedback],
         transcript: str,
         texts: dict[str, Memory],
+        context: str,
     ) -> dict[str, tuple[float, str]]:
         """memory id -> (relevance, source): explicit feedback (for any candidate), else the
         transcript overlap or 0 for each injected memory."""
@@ -474,13 +475,14 @@ class SessionService:
                 raise InvalidArgument(f"feedback[{i}].memory_id", "was not a candidate of this session")
             given[fb.memory_id] = 1.0 if fb.used and fb.relevance == 0 else fb.relevance
         words = content_words(transcript) if transcript else set()
+        asked = content_words(context) if words else set()
         continuity: dict[str, tuple[float, str]] = {}
         for m in members:
             mem = texts.get(m.memory_id)
             if m.memory_id in given:
                 continuity[m.memory_id] = (given[m.memory_id], "feedback")
             elif m.injected_rank and words and mem is not None:
-                continuity[m.memory_id] = (overlap_relevance(mem.content, words), "transcript")
+                continuity[m.memory_id] = (overlap_relevance(mem.content, words, asked), "transcript")
             elif m.injected_rank:
                 continuity[m.memory_id] = (0.0, "default")
         return continuity
@@ -579,7 +581,7 @@ class SessionService:
             if rows is None
             else memory_repo.read_many(cur, rows, tenant_id, ids)
         )
-        continuity = self._continuity(members, feedback, req.transcript, texts)
+        continuity = self._continuity(members, feedback, req.transcript, texts, s.context)
         training = [m for m in members if m.memory_id in continuity]
         payload = {
             "session_id": training_session_key(session_id, s.start_time_ns),

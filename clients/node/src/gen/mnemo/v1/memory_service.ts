@@ -812,7 +812,8 @@ export interface EndSessionRequest {
   sessionId: string;
   /**
    * For the session's candidates (see MemoryFeedback); injected memories without feedback
-   * are scored from the transcript when one is given, else counted as unused.
+   * are scored from the transcript when one is given (the share of their words, beyond
+   * those of the session's opening context, that it holds), else counted as unused.
    */
   feedback: MemoryFeedback[];
   /** The session's transcript (optional), kept and used for continuity scoring. */

@@ -45,6 +45,11 @@ class ScratchArrays:
             if len(self._free) < self.kept:
                 self._free.append(a)
 
+    def clear(self) -> None:
+        """Free the kept arrays (sized for more than callers will ask from now on)."""
+        with self._lock:
+            self._free.clear()
+
     def held_bytes(self) -> int:
         with self._lock:
             return sum(a.nbytes for a in self._free)

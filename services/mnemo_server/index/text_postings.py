@@ -16,8 +16,8 @@ filter), so scores match LanceDB's up to its own rounding.
 
 Rows live in slots; a row written again takes a new slot and its old one is marked dead.
 New postings collect in a small per-term buffer that is folded into compact arrays (one
-sorted run per term) every `MERGE_EVERY` new rows; dead slots' postings are dropped once
-they are a tenth of the rows.
+sorted run per term) every `MERGE_EVERY` new rows; dead slots, their postings and the terms
+only they held are dropped once they are a tenth of the rows.
 """
 
 from __future__ import annotations
@@ -258,10 +258,33 @@ class TextPostings:
             self._drop_dead()
 
     def _drop_dead(self) -> None:
+        """Drop dead slots' postings, then the slots themselves and the terms only they held
+        (under the lock, the buffer folded). Slots are numbered afresh in their order, so
+        equal scores keep their order. Without this a tenant's id list, its per-slot and
+        per-search score arrays and its term dictionary grew with every write ever made, not
+        with its rows (probe: 17.5x the bytes after 3,000 writes at 40 rows). New objects
+        throughout: a search may still hold the old ones."""
         keep = self._alive[self._docs]
         tids = np.repeat(np.arange(len(self._offsets) - 1, dtype=np.int32), np.diff(self._offsets))[keep]
-        self._docs, self._tfs = self._docs[keep], self._tfs[keep]
-        self._offsets = np.concatenate([[0], np.cumsum(np.bincount(tids, minlength=len(self._offsets) - 1))])
+        live = np.flatnonzero(self._alive[: len(self._ids)])
+        renumbered = np.full(len(self._ids), -1, np.int32)
+        renumbered[live] = np.arange(len(live), dtype=np.int32)
+        self._docs, self._tfs = renumbered[self._docs[keep]], self._tfs[keep]
+        per_term = np.bincount(tids, minlength=len(self._offsets) - 1)
+        held = per_term > 0
+        term_number = np.cumsum(held) - 1
+        self._term_ids = {term: int(term_number[t]) for term, t in self._term_ids.items() if held[t]}
+        self._offsets = np.concatenate([[0], np.cumsum(per_term[held])]).astype(np.int64)
+        capacity = max(1024, 2 * len(live))
+        for name in ("_lengths", "_scope", "_alive"):
+            old = getattr(self, name)
+            fresh = np.zeros(capacity, old.dtype)
+            fresh[: len(live)] = old[live]
+            setattr(self, name, fresh)
+        self._ids = [self._ids[slot] for slot in live.tolist()]
+        self._slot_of = {mid: slot for slot, mid in enumerate(self._ids)}
+        for pool in (self._sums, self._out_slots, self._out_scores):
+            pool.clear()  # sized to the slots there were
         self._dead_rows = 0
 
     def _sources(self, wanted: list[tuple[str, int]]) -> tuple[Source, Source]:

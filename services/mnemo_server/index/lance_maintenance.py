@@ -73,7 +73,19 @@ class TableMaintenance:
                 raise
             log.info("compaction lost to a concurrent write; again under the table lock")
             with h.lock:
-                return self._compact(h)
+                metrics = self._compact(h)
+                self.remove_lost_files(h)
+                return metrics
+
+    def remove_lost_files(self, h: TableHandle) -> None:
+        """Remove the files of a compaction whose commit was lost: no version names them, and
+        Lance keeps such files 7 days unless told they are no writer's under way (probe: 114
+        of a churned tenant's 128 MB after 22 minutes, 4.6 MB a minute, kept over restarts).
+        Only under the table lock, where no write is under way: maintenance runs one step at
+        a time, and every write takes the lock."""
+        h.for_maintenance().cleanup_old_versions(
+            older_than=timedelta(seconds=self.cfg.keep_versions_s), delete_unverified=True
+        )
 
     def _fold_and_clean(self, h: TableHandle) -> None:
         """Fold the rows outside the indices in and drop versions nobody reads any more: with

@@ -170,7 +170,13 @@ class LanceIndex:
         self.dimension = dimension
         self.cfg = cfg
         path.mkdir(parents=True, exist_ok=True)
-        self._db = lancedb.connect(str(path))
+        self._db = lancedb.connect(
+            str(path),
+            session=lancedb.Session(
+                index_cache_size_bytes=cfg.writer_index_cache_mb << 20,
+                metadata_cache_size_bytes=cfg.writer_metadata_cache_mb << 20,
+            ),
+        )
         self._handles: dict[str, TableHandle] = {}
         self._lock = threading.Lock()
         # Tables found absent: a search of a tenant with none (no memory indexed yet) asks

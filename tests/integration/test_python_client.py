@@ -147,3 +147,33 @@ def test_listing_pages_within_a_server_page_limit_below_what_the_client_asks(
         for _ in range(12):
             c.update_memory(note, importance=0.4)
         assert len(list(c.memory_history(note))) == 13
+
+
+def test_answers_fit_a_clients_default_message_limit_and_the_client_takes_a_large_batch(
+    client: MnemoClient, server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """250 memories of 19,000 characters: a batch create answered with them (4.8 MB) reached
+    this client as RESOURCE_EXHAUSTED though written, and a page of them or an export message
+    failed so in any client at gRPC's default 4 MiB (Node's, Python's)."""
+    memories = [client.new_memory(f"note {n} " + "word " * 3_800, category="big") for n in range(250)]
+    assert len(client.batch_create_memories(memories, timeout_s=120)) == 250
+    plain = grpc.insecure_channel(server.address)  # gRPC's default limits, as any client's
+    stub = TenantClient(tenant_a.token, plain).memory()
+    listed: list[str] = []
+    token, pages = "", 0
+    while True:
+        page = stub.ListMemories(
+            pb.ListMemoriesRequest(page_size=1000, page_token=token), metadata=tenant_a.md
+        )
+        listed += [m.id for m in page.memories]
+        pages, token = pages + 1, page.next_page_token
+        if not token:
+            break
+    assert len(set(listed)) == 250 and pages > 1
+    exported = [
+        m.id
+        for msg in stub.ExportMemories(pb.ExportMemoriesRequest(), metadata=tenant_a.md)
+        for m in msg.memories
+    ]
+    assert sorted(exported) == sorted(listed)
+    plain.close()

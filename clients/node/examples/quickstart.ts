@@ -20,7 +20,11 @@ const address = process.env.MNEMO_ADDR ?? "127.0.0.1:50051";
 const apiKey = process.env.MNEMO_API_KEY;
 const project = process.env.MNEMO_PROJECT ?? "node-quickstart";
 
-const client = new MemoryServiceClient(address, credentials.createInsecure());
+// Answers may be as large as the server sends (32 MiB: a batch create is answered with its
+// memories), past grpc-js's default 4 MiB a message.
+const client = new MemoryServiceClient(address, credentials.createInsecure(), {
+  "grpc.max_receive_message_length": 32 * 1024 * 1024,
+});
 const metadata = new Metadata();
 if (apiKey) metadata.set("authorization", `Bearer ${apiKey}`);
 

@@ -24,6 +24,7 @@ from mnemo.v1 import memory_service_pb2 as pb
 from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
+MAX_ANSWER_BYTES = 32 << 20  # the server's limit on a message (mnemo_server.api.server)
 
 MEMORY_TYPES = {
     "semantic": common_pb2.MEMORY_TYPE_SEMANTIC,
@@ -107,10 +108,14 @@ class MnemoClient:
         root_certificates: bytes | None = None,
         tls: bool = False,
     ):
+        # Answers as large as the server sends (32 MiB): a batch of 500 memories of 20,000
+        # characters is answered with them, past gRPC's default 4 MiB a message.
+        options = [("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
         if tls or root_certificates:
-            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates))
+            credentials = grpc.ssl_channel_credentials(root_certificates)
+            self.channel = grpc.secure_channel(address, credentials, options=options)
         else:
-            self.channel = grpc.insecure_channel(address)
+            self.channel = grpc.insecure_channel(address, options=options)
         self.timeout_s = timeout_s
         self.retry = retry or RetryPolicy()
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()

@@ -6,10 +6,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from mnemo_server.errors import InvalidArgument
+
+T = TypeVar("T")
 
 
 def query_fingerprint(*parts: Any) -> str:
@@ -39,3 +41,30 @@ def decode_token(
     if position is None or not valid(position):
         raise InvalidArgument(field, "is not a token this server issued")
     return position
+
+
+# What one answer of a listing or an export carries at most, estimated. gRPC clients receive
+# at most 4 MiB a message unless told otherwise (Node's and Python's defaults): a page of
+# 1,000 memories, or an export batch of 500, of the 20,000 characters a memory may hold
+# failed RESOURCE_EXHAUSTED in them though the server sent it (probe). Such a page holds
+# fewer memories, with a token for the rest, as a page may.
+ANSWER_BYTES = 3 << 20
+_PER_MEMORY_BYTES = 512  # ids, scope, times, numbers and field tags
+
+
+def memory_bytes(m: Any) -> int:
+    """A memory's size in an answer, estimated from its text and metadata (a `Memory`)."""
+    content = m.content if m.content.isascii() else m.content.encode()
+    meta = len(json.dumps(m.metadata, separators=(",", ":"), default=str)) if m.metadata else 0
+    return len(content) + meta + _PER_MEMORY_BYTES
+
+
+def fitting(items: Sequence[T], size_of: Callable[[T], int], budget: int = ANSWER_BYTES) -> int:
+    """How many of `items`, from the first, fit `budget` (at least one: a single memory fits
+    any client that takes the memory's own limits)."""
+    used = 0
+    for n, item in enumerate(items):
+        used += size_of(item)
+        if used > budget:
+            return max(1, n)
+    return len(items)

@@ -34,7 +34,7 @@ from mnemo_server.memory.model import (
     now_ns,
 )
 from mnemo_server.memory.normalize import normalize_content, sanitize_category
-from mnemo_server.memory.paging import decode_token, encode_token, query_fingerprint
+from mnemo_server.memory.paging import decode_token, encode_token, fitting, memory_bytes, query_fingerprint
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store import idempotency_repo, memory_repo
@@ -236,6 +236,9 @@ class MemoryService:
                 limit=size + 1,
                 cache=self.db.rows,
             )
+        fits = fitting(rows[:size], memory_bytes)
+        if fits < min(size, len(rows)):  # cut to what a client takes in one message
+            return rows[:fits], encode_token(rows[fits - 1].seq, fingerprint)
         next_token = encode_token(rows[size - 1].seq, fingerprint) if len(rows) > size else ""
         return rows[:size], next_token
 
@@ -467,9 +470,12 @@ class MemoryService:
                 if done == 0:
                     yield [], 0, total
                 return
-            done += len(rows)
             after = rows[-1].seq
-            yield rows, done, max(total, done)
+            while rows:  # in messages a client takes
+                fits = fitting(rows, memory_bytes)
+                done += fits
+                yield rows[:fits], done, max(total, done)
+                rows = rows[fits:]
 
     def import_batch(
         self,

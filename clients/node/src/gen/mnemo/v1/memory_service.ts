@@ -313,6 +313,10 @@ export interface ListMemoriesRequest {
 }
 
 export interface ListMemoriesResponse {
+  /**
+   * At most page_size; fewer when more would not fit 3 MiB, so that a client's default
+   * 4 MiB limit on a message takes any page (the token then goes on from the last one).
+   */
   memories: Memory[];
   /** Empty on the last page. */
   nextPageToken: string;
@@ -435,6 +439,7 @@ export interface ExportMemoriesRequest {
 }
 
 export interface ExportMemoriesResponse {
+  /** A message's memories fit 3 MiB (a client's default limit on a message is 4 MiB). */
   memories: Memory[];
   exportedCount: number;
   totalCount: number;

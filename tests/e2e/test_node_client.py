@@ -70,3 +70,56 @@ def test_quickstart_example_against_live_server(
         check=False,
     )
     assert json.loads(again.stdout.strip().splitlines()[-1])["created"] == result["created"]
+
+
+_ROUND_TRIP = """
+import { credentials, Metadata } from "@grpc/grpc-js";
+import { CreateMemoryRequest, MemoryServiceClient } from "./src/gen/mnemo/v1/memory_service";
+
+const client = new MemoryServiceClient(process.env.MNEMO_ADDR!, credentials.createInsecure());
+const md = new Metadata();
+md.set("authorization", `Bearer ${process.env.MNEMO_API_KEY}`);
+const eventTime = { seconds: -2, nanos: 500_000_001 }; // 1969-12-31T23:59:58.500000001Z
+const memory = { content: "a note from before 1970", eventTime };
+const request = CreateMemoryRequest.fromPartial({ memory });
+client.createMemory(request, md, (err, res) => {
+  if (err) { console.log(JSON.stringify({ error: err.details })); process.exit(0); }
+  client.getMemory({ id: res.memory!.id }, md, (err2, got) => {
+    if (err2) throw err2;
+    const m = got.memory!;
+    console.log(JSON.stringify({ id: m.id, eventTime: m.eventTime, createTime: m.createTime }));
+    client.close();
+  });
+});
+"""
+
+
+def test_timestamps_round_trip_from_node_to_the_nanosecond_before_1970(
+    node_ready: None, server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """As Dates, times before 1970 with a fraction went out with negative nanos (refused:
+    'nanos must be between 0 and 999,999,999'), and every time lost its sub-milliseconds
+    (an export re-imported from Node changed them)."""
+    env = {**os.environ, "MNEMO_ADDR": server.address, "MNEMO_API_KEY": tenant_a.token}
+    out = subprocess.run(
+        [str(TSX), "-e", _ROUND_TRIP],
+        cwd=NODE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result.get("eventTime") == {"seconds": -2, "nanos": 500_000_001}, result
+    m = (
+        tenant_a.memory()
+        .GetMemory(pb.GetMemoryRequest(id=result["id"]), metadata=tenant_a.md, timeout=5)
+        .memory
+    )
+    assert (m.event_time.seconds, m.event_time.nanos) == (-2, 500_000_001)
+    assert (m.create_time.seconds, m.create_time.nanos) == (
+        result["createTime"]["seconds"],
+        result["createTime"]["nanos"],
+    )

@@ -28,7 +28,7 @@ export interface Tenant {
   /** 1..64 characters of [a-z0-9_-], starting with a letter or digit. */
   id: string;
   displayName: string;
-  createTime?: Date | undefined;
+  createTime?: Timestamp | undefined;
 }
 
 export interface ApiKey {
@@ -37,10 +37,10 @@ export interface ApiKey {
   tenantId: string;
   description: string;
   createTime?:
-    | Date
+    | Timestamp
     | undefined;
   /** Output only. Set once revoked. */
-  revokeTime?: Date | undefined;
+  revokeTime?: Timestamp | undefined;
 }
 
 export interface CreateTenantRequest {
@@ -124,7 +124,7 @@ export const Tenant: MessageFns<Tenant> = {
       writer.uint32(18).string(message.displayName);
     }
     if (message.createTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(26).fork()).join();
+      Timestamp.encode(message.createTime, writer.uint32(26).fork()).join();
     }
     return writer;
   },
@@ -163,7 +163,7 @@ export const Tenant: MessageFns<Tenant> = {
               break;
             }
 
-            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -203,7 +203,7 @@ export const Tenant: MessageFns<Tenant> = {
       obj.displayName = message.displayName;
     }
     if (message.createTime !== undefined) {
-      obj.createTime = message.createTime.toISOString();
+      obj.createTime = fromTimestamp(message.createTime).toISOString();
     }
     return obj;
   },
@@ -215,7 +215,9 @@ export const Tenant: MessageFns<Tenant> = {
     const message = createBaseTenant();
     message.id = object.id ?? "";
     message.displayName = object.displayName ?? "";
-    message.createTime = object.createTime ?? undefined;
+    message.createTime = (object.createTime !== undefined && object.createTime !== null)
+      ? Timestamp.fromPartial(object.createTime)
+      : undefined;
     return message;
   },
 };
@@ -236,10 +238,10 @@ export const ApiKey: MessageFns<ApiKey> = {
       writer.uint32(26).string(message.description);
     }
     if (message.createTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.createTime, writer.uint32(34).fork()).join();
     }
     if (message.revokeTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.revokeTime), writer.uint32(42).fork()).join();
+      Timestamp.encode(message.revokeTime, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -286,7 +288,7 @@ export const ApiKey: MessageFns<ApiKey> = {
               break;
             }
 
-            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 5: {
@@ -294,7 +296,7 @@ export const ApiKey: MessageFns<ApiKey> = {
               break;
             }
 
-            message.revokeTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.revokeTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -343,10 +345,10 @@ export const ApiKey: MessageFns<ApiKey> = {
       obj.description = message.description;
     }
     if (message.createTime !== undefined) {
-      obj.createTime = message.createTime.toISOString();
+      obj.createTime = fromTimestamp(message.createTime).toISOString();
     }
     if (message.revokeTime !== undefined) {
-      obj.revokeTime = message.revokeTime.toISOString();
+      obj.revokeTime = fromTimestamp(message.revokeTime).toISOString();
     }
     return obj;
   },
@@ -359,8 +361,12 @@ export const ApiKey: MessageFns<ApiKey> = {
     message.id = object.id ?? "";
     message.tenantId = object.tenantId ?? "";
     message.description = object.description ?? "";
-    message.createTime = object.createTime ?? undefined;
-    message.revokeTime = object.revokeTime ?? undefined;
+    message.createTime = (object.createTime !== undefined && object.createTime !== null)
+      ? Timestamp.fromPartial(object.createTime)
+      : undefined;
+    message.revokeTime = (object.revokeTime !== undefined && object.revokeTime !== null)
+      ? Timestamp.fromPartial(object.revokeTime)
+      : undefined;
     return message;
   },
 };
@@ -1766,13 +1772,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

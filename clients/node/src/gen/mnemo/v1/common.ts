@@ -139,8 +139,8 @@ export interface Source {
 
 /** A half-open interval [start_time, end_time). Either end may be unset (unbounded). */
 export interface TimeRange {
-  startTime?: Date | undefined;
-  endTime?: Date | undefined;
+  startTime?: Timestamp | undefined;
+  endTime?: Timestamp | undefined;
 }
 
 function createBaseScope(): Scope {
@@ -360,10 +360,10 @@ function createBaseTimeRange(): TimeRange {
 export const TimeRange: MessageFns<TimeRange> = {
   encode(message: TimeRange, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.startTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.startTime), writer.uint32(10).fork()).join();
+      Timestamp.encode(message.startTime, writer.uint32(10).fork()).join();
     }
     if (message.endTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.endTime), writer.uint32(18).fork()).join();
+      Timestamp.encode(message.endTime, writer.uint32(18).fork()).join();
     }
     return writer;
   },
@@ -386,7 +386,7 @@ export const TimeRange: MessageFns<TimeRange> = {
               break;
             }
 
-            message.startTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.startTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 2: {
@@ -394,7 +394,7 @@ export const TimeRange: MessageFns<TimeRange> = {
               break;
             }
 
-            message.endTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.endTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -427,10 +427,10 @@ export const TimeRange: MessageFns<TimeRange> = {
   toJSON(message: TimeRange): unknown {
     const obj: any = {};
     if (message.startTime !== undefined) {
-      obj.startTime = message.startTime.toISOString();
+      obj.startTime = fromTimestamp(message.startTime).toISOString();
     }
     if (message.endTime !== undefined) {
-      obj.endTime = message.endTime.toISOString();
+      obj.endTime = fromTimestamp(message.endTime).toISOString();
     }
     return obj;
   },
@@ -440,8 +440,12 @@ export const TimeRange: MessageFns<TimeRange> = {
   },
   fromPartial<I extends Exact<DeepPartial<TimeRange>, I>>(object: I): TimeRange {
     const message = createBaseTimeRange();
-    message.startTime = object.startTime ?? undefined;
-    message.endTime = object.endTime ?? undefined;
+    message.startTime = (object.startTime !== undefined && object.startTime !== null)
+      ? Timestamp.fromPartial(object.startTime)
+      : undefined;
+    message.endTime = (object.endTime !== undefined && object.endTime !== null)
+      ? Timestamp.fromPartial(object.endTime)
+      : undefined;
     return message;
   },
 };
@@ -471,13 +475,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

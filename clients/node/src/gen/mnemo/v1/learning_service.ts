@@ -190,10 +190,10 @@ export interface LearningCandidate {
   learningId: string;
   /** Output only. */
   createTime?:
-    | Date
+    | Timestamp
     | undefined;
   /** Output only. */
-  reviewTime?: Date | undefined;
+  reviewTime?: Timestamp | undefined;
 }
 
 export interface Learning {
@@ -207,8 +207,8 @@ export interface Learning {
   supersedesId: string;
   supersededById: string;
   revokeReason: string;
-  createTime?: Date | undefined;
-  updateTime?: Date | undefined;
+  createTime?: Timestamp | undefined;
+  updateTime?: Timestamp | undefined;
 }
 
 export interface CreateLearningCandidateRequest {
@@ -348,10 +348,10 @@ export const LearningCandidate: MessageFns<LearningCandidate> = {
       writer.uint32(82).string(message.learningId);
     }
     if (message.createTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(90).fork()).join();
+      Timestamp.encode(message.createTime, writer.uint32(90).fork()).join();
     }
     if (message.reviewTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.reviewTime), writer.uint32(98).fork()).join();
+      Timestamp.encode(message.reviewTime, writer.uint32(98).fork()).join();
     }
     return writer;
   },
@@ -454,7 +454,7 @@ export const LearningCandidate: MessageFns<LearningCandidate> = {
               break;
             }
 
-            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 12: {
@@ -462,7 +462,7 @@ export const LearningCandidate: MessageFns<LearningCandidate> = {
               break;
             }
 
-            message.reviewTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.reviewTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -547,10 +547,10 @@ export const LearningCandidate: MessageFns<LearningCandidate> = {
       obj.learningId = message.learningId;
     }
     if (message.createTime !== undefined) {
-      obj.createTime = message.createTime.toISOString();
+      obj.createTime = fromTimestamp(message.createTime).toISOString();
     }
     if (message.reviewTime !== undefined) {
-      obj.reviewTime = message.reviewTime.toISOString();
+      obj.reviewTime = fromTimestamp(message.reviewTime).toISOString();
     }
     return obj;
   },
@@ -572,8 +572,12 @@ export const LearningCandidate: MessageFns<LearningCandidate> = {
     message.state = object.state ?? 0;
     message.reviewReason = object.reviewReason ?? "";
     message.learningId = object.learningId ?? "";
-    message.createTime = object.createTime ?? undefined;
-    message.reviewTime = object.reviewTime ?? undefined;
+    message.createTime = (object.createTime !== undefined && object.createTime !== null)
+      ? Timestamp.fromPartial(object.createTime)
+      : undefined;
+    message.reviewTime = (object.reviewTime !== undefined && object.reviewTime !== null)
+      ? Timestamp.fromPartial(object.reviewTime)
+      : undefined;
     return message;
   },
 };
@@ -628,10 +632,10 @@ export const Learning: MessageFns<Learning> = {
       writer.uint32(82).string(message.revokeReason);
     }
     if (message.createTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(90).fork()).join();
+      Timestamp.encode(message.createTime, writer.uint32(90).fork()).join();
     }
     if (message.updateTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.updateTime), writer.uint32(98).fork()).join();
+      Timestamp.encode(message.updateTime, writer.uint32(98).fork()).join();
     }
     return writer;
   },
@@ -734,7 +738,7 @@ export const Learning: MessageFns<Learning> = {
               break;
             }
 
-            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 12: {
@@ -742,7 +746,7 @@ export const Learning: MessageFns<Learning> = {
               break;
             }
 
-            message.updateTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.updateTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -831,10 +835,10 @@ export const Learning: MessageFns<Learning> = {
       obj.revokeReason = message.revokeReason;
     }
     if (message.createTime !== undefined) {
-      obj.createTime = message.createTime.toISOString();
+      obj.createTime = fromTimestamp(message.createTime).toISOString();
     }
     if (message.updateTime !== undefined) {
-      obj.updateTime = message.updateTime.toISOString();
+      obj.updateTime = fromTimestamp(message.updateTime).toISOString();
     }
     return obj;
   },
@@ -854,8 +858,12 @@ export const Learning: MessageFns<Learning> = {
     message.supersedesId = object.supersedesId ?? "";
     message.supersededById = object.supersededById ?? "";
     message.revokeReason = object.revokeReason ?? "";
-    message.createTime = object.createTime ?? undefined;
-    message.updateTime = object.updateTime ?? undefined;
+    message.createTime = (object.createTime !== undefined && object.createTime !== null)
+      ? Timestamp.fromPartial(object.createTime)
+      : undefined;
+    message.updateTime = (object.updateTime !== undefined && object.updateTime !== null)
+      ? Timestamp.fromPartial(object.updateTime)
+      : undefined;
     return message;
   },
 };
@@ -2524,13 +2532,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

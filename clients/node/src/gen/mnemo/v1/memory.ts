@@ -103,19 +103,19 @@ export interface Memory {
    * 1677-09-21T00:12:43.145224192Z to 2262-04-11T23:47:16.854775807Z.
    */
   eventTime?:
-    | Date
+    | Timestamp
     | undefined;
   /** Output only. */
   createTime?:
-    | Date
+    | Timestamp
     | undefined;
   /** Output only. */
   updateTime?:
-    | Date
+    | Timestamp
     | undefined;
   /** Output only. Set once the memory is deleted (tombstoned). */
   deleteTime?:
-    | Date
+    | Timestamp
     | undefined;
   /** Output only. The memory this one replaced, if any. */
   supersedesId: string;
@@ -205,16 +205,16 @@ export const Memory: MessageFns<Memory> = {
       Struct.encode(Struct.wrap(message.metadata), writer.uint32(98).fork()).join();
     }
     if (message.eventTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.eventTime), writer.uint32(106).fork()).join();
+      Timestamp.encode(message.eventTime, writer.uint32(106).fork()).join();
     }
     if (message.createTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(114).fork()).join();
+      Timestamp.encode(message.createTime, writer.uint32(114).fork()).join();
     }
     if (message.updateTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.updateTime), writer.uint32(122).fork()).join();
+      Timestamp.encode(message.updateTime, writer.uint32(122).fork()).join();
     }
     if (message.deleteTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.deleteTime), writer.uint32(130).fork()).join();
+      Timestamp.encode(message.deleteTime, writer.uint32(130).fork()).join();
     }
     if (message.supersedesId !== "") {
       writer.uint32(138).string(message.supersedesId);
@@ -345,7 +345,7 @@ export const Memory: MessageFns<Memory> = {
               break;
             }
 
-            message.eventTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.eventTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 14: {
@@ -353,7 +353,7 @@ export const Memory: MessageFns<Memory> = {
               break;
             }
 
-            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 15: {
@@ -361,7 +361,7 @@ export const Memory: MessageFns<Memory> = {
               break;
             }
 
-            message.updateTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.updateTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 16: {
@@ -369,7 +369,7 @@ export const Memory: MessageFns<Memory> = {
               break;
             }
 
-            message.deleteTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.deleteTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 17: {
@@ -520,16 +520,16 @@ export const Memory: MessageFns<Memory> = {
       obj.metadata = message.metadata;
     }
     if (message.eventTime !== undefined) {
-      obj.eventTime = message.eventTime.toISOString();
+      obj.eventTime = fromTimestamp(message.eventTime).toISOString();
     }
     if (message.createTime !== undefined) {
-      obj.createTime = message.createTime.toISOString();
+      obj.createTime = fromTimestamp(message.createTime).toISOString();
     }
     if (message.updateTime !== undefined) {
-      obj.updateTime = message.updateTime.toISOString();
+      obj.updateTime = fromTimestamp(message.updateTime).toISOString();
     }
     if (message.deleteTime !== undefined) {
-      obj.deleteTime = message.deleteTime.toISOString();
+      obj.deleteTime = fromTimestamp(message.deleteTime).toISOString();
     }
     if (message.supersedesId !== "") {
       obj.supersedesId = message.supersedesId;
@@ -565,10 +565,18 @@ export const Memory: MessageFns<Memory> = {
       ? Source.fromPartial(object.source)
       : undefined;
     message.metadata = object.metadata ?? undefined;
-    message.eventTime = object.eventTime ?? undefined;
-    message.createTime = object.createTime ?? undefined;
-    message.updateTime = object.updateTime ?? undefined;
-    message.deleteTime = object.deleteTime ?? undefined;
+    message.eventTime = (object.eventTime !== undefined && object.eventTime !== null)
+      ? Timestamp.fromPartial(object.eventTime)
+      : undefined;
+    message.createTime = (object.createTime !== undefined && object.createTime !== null)
+      ? Timestamp.fromPartial(object.createTime)
+      : undefined;
+    message.updateTime = (object.updateTime !== undefined && object.updateTime !== null)
+      ? Timestamp.fromPartial(object.updateTime)
+      : undefined;
+    message.deleteTime = (object.deleteTime !== undefined && object.deleteTime !== null)
+      ? Timestamp.fromPartial(object.deleteTime)
+      : undefined;
     message.supersedesId = object.supersedesId ?? "";
     message.supersededById = object.supersededById ?? "";
     message.embeddingModel = object.embeddingModel ?? "";
@@ -815,13 +823,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

@@ -289,7 +289,7 @@ export interface MemoryHistoryEntry {
   reason: string;
   /** The action's particulars: the memory's type for a create, the fields an update named. */
   details?: { [key: string]: any } | undefined;
-  time?: Date | undefined;
+  time?: Timestamp | undefined;
 }
 
 export interface GetMemoryHistoryResponse {
@@ -474,7 +474,7 @@ export interface GetStatusResponse {
   /** Per type name (semantic, episodic, ...). */
   memoryCountByType: { [key: string]: number };
   oldestPendingIndexTime?:
-    | Date
+    | Timestamp
     | undefined;
   /** Server process resident memory (all tenants), for capacity planning. */
   processRssBytes: number;
@@ -574,7 +574,7 @@ export interface GetStatusResponse {
    */
   indexLastFailureReason: string;
   indexLastFailureTime?:
-    | Date
+    | Timestamp
     | undefined;
   /**
    * The tenants whose search indices the server keeps in memory (all tenants), and whether
@@ -854,9 +854,9 @@ export interface Session {
   ranking?: RankingDecision | undefined;
   injected: InjectedMemory[];
   continuity: MemoryContinuity[];
-  startTime?: Date | undefined;
+  startTime?: Timestamp | undefined;
   endTime?:
-    | Date
+    | Timestamp
     | undefined;
   /** Whether the training pairs reached the sidecar yet (true once ended when it had none). */
   feedbackDelivered: boolean;
@@ -1510,7 +1510,7 @@ export const MemoryHistoryEntry: MessageFns<MemoryHistoryEntry> = {
       Struct.encode(Struct.wrap(message.details), writer.uint32(34).fork()).join();
     }
     if (message.time !== undefined) {
-      Timestamp.encode(toTimestamp(message.time), writer.uint32(42).fork()).join();
+      Timestamp.encode(message.time, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -1565,7 +1565,7 @@ export const MemoryHistoryEntry: MessageFns<MemoryHistoryEntry> = {
               break;
             }
 
-            message.time = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.time = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -1605,7 +1605,7 @@ export const MemoryHistoryEntry: MessageFns<MemoryHistoryEntry> = {
       obj.details = message.details;
     }
     if (message.time !== undefined) {
-      obj.time = message.time.toISOString();
+      obj.time = fromTimestamp(message.time).toISOString();
     }
     return obj;
   },
@@ -1619,7 +1619,7 @@ export const MemoryHistoryEntry: MessageFns<MemoryHistoryEntry> = {
     message.actor = object.actor ?? "";
     message.reason = object.reason ?? "";
     message.details = object.details ?? undefined;
-    message.time = object.time ?? undefined;
+    message.time = (object.time !== undefined && object.time !== null) ? Timestamp.fromPartial(object.time) : undefined;
     return message;
   },
 };
@@ -3840,7 +3840,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
       GetStatusResponse_MemoryCountByTypeEntry.encode({ key: key as any, value }, writer.uint32(58).fork()).join();
     });
     if (message.oldestPendingIndexTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.oldestPendingIndexTime), writer.uint32(66).fork()).join();
+      Timestamp.encode(message.oldestPendingIndexTime, writer.uint32(66).fork()).join();
     }
     if (message.processRssBytes !== 0) {
       writer.uint32(72).int64(message.processRssBytes);
@@ -3901,7 +3901,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
       writer.uint32(210).string(message.indexLastFailureReason);
     }
     if (message.indexLastFailureTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.indexLastFailureTime), writer.uint32(218).fork()).join();
+      Timestamp.encode(message.indexLastFailureTime, writer.uint32(218).fork()).join();
     }
     if (message.indexResidency !== undefined) {
       IndexResidency.encode(message.indexResidency, writer.uint32(226).fork()).join();
@@ -3992,7 +3992,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
               break;
             }
 
-            message.oldestPendingIndexTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.oldestPendingIndexTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 9: {
@@ -4157,7 +4157,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
               break;
             }
 
-            message.indexLastFailureTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.indexLastFailureTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 28: {
@@ -4450,7 +4450,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
       }
     }
     if (message.oldestPendingIndexTime !== undefined) {
-      obj.oldestPendingIndexTime = message.oldestPendingIndexTime.toISOString();
+      obj.oldestPendingIndexTime = fromTimestamp(message.oldestPendingIndexTime).toISOString();
     }
     if (message.processRssBytes !== 0) {
       obj.processRssBytes = Math.round(message.processRssBytes);
@@ -4513,7 +4513,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
       obj.indexLastFailureReason = message.indexLastFailureReason;
     }
     if (message.indexLastFailureTime !== undefined) {
-      obj.indexLastFailureTime = message.indexLastFailureTime.toISOString();
+      obj.indexLastFailureTime = fromTimestamp(message.indexLastFailureTime).toISOString();
     }
     if (message.indexResidency !== undefined) {
       obj.indexResidency = IndexResidency.toJSON(message.indexResidency);
@@ -4551,7 +4551,10 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         }
         return acc;
       }, {});
-    message.oldestPendingIndexTime = object.oldestPendingIndexTime ?? undefined;
+    message.oldestPendingIndexTime =
+      (object.oldestPendingIndexTime !== undefined && object.oldestPendingIndexTime !== null)
+        ? Timestamp.fromPartial(object.oldestPendingIndexTime)
+        : undefined;
     message.processRssBytes = object.processRssBytes ?? 0;
     message.dataBytes = object.dataBytes ?? 0;
     message.searchIndexLagRows = object.searchIndexLagRows ?? 0;
@@ -4584,7 +4587,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.feedbackOutboxUndeliverable = object.feedbackOutboxUndeliverable ?? 0;
     message.indexFailedBatches = object.indexFailedBatches ?? 0;
     message.indexLastFailureReason = object.indexLastFailureReason ?? "";
-    message.indexLastFailureTime = object.indexLastFailureTime ?? undefined;
+    message.indexLastFailureTime = (object.indexLastFailureTime !== undefined && object.indexLastFailureTime !== null)
+      ? Timestamp.fromPartial(object.indexLastFailureTime)
+      : undefined;
     message.indexResidency = (object.indexResidency !== undefined && object.indexResidency !== null)
       ? IndexResidency.fromPartial(object.indexResidency)
       : undefined;
@@ -7172,10 +7177,10 @@ export const Session: MessageFns<Session> = {
       MemoryContinuity.encode(v!, writer.uint32(74).fork()).join();
     }
     if (message.startTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.startTime), writer.uint32(82).fork()).join();
+      Timestamp.encode(message.startTime, writer.uint32(82).fork()).join();
     }
     if (message.endTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.endTime), writer.uint32(90).fork()).join();
+      Timestamp.encode(message.endTime, writer.uint32(90).fork()).join();
     }
     if (message.feedbackDelivered !== false) {
       writer.uint32(96).bool(message.feedbackDelivered);
@@ -7273,7 +7278,7 @@ export const Session: MessageFns<Session> = {
               break;
             }
 
-            message.startTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.startTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 11: {
@@ -7281,7 +7286,7 @@ export const Session: MessageFns<Session> = {
               break;
             }
 
-            message.endTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.endTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 12: {
@@ -7383,10 +7388,10 @@ export const Session: MessageFns<Session> = {
       obj.continuity = message.continuity.map((e) => MemoryContinuity.toJSON(e));
     }
     if (message.startTime !== undefined) {
-      obj.startTime = message.startTime.toISOString();
+      obj.startTime = fromTimestamp(message.startTime).toISOString();
     }
     if (message.endTime !== undefined) {
-      obj.endTime = message.endTime.toISOString();
+      obj.endTime = fromTimestamp(message.endTime).toISOString();
     }
     if (message.feedbackDelivered !== false) {
       obj.feedbackDelivered = message.feedbackDelivered;
@@ -7410,8 +7415,12 @@ export const Session: MessageFns<Session> = {
       : undefined;
     message.injected = object.injected?.map((e) => InjectedMemory.fromPartial(e)) || [];
     message.continuity = object.continuity?.map((e) => MemoryContinuity.fromPartial(e)) || [];
-    message.startTime = object.startTime ?? undefined;
-    message.endTime = object.endTime ?? undefined;
+    message.startTime = (object.startTime !== undefined && object.startTime !== null)
+      ? Timestamp.fromPartial(object.startTime)
+      : undefined;
+    message.endTime = (object.endTime !== undefined && object.endTime !== null)
+      ? Timestamp.fromPartial(object.endTime)
+      : undefined;
     message.feedbackDelivered = object.feedbackDelivered ?? false;
     return message;
   },
@@ -8038,13 +8047,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

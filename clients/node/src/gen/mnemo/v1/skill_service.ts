@@ -135,8 +135,8 @@ export interface Skill {
   state: SkillState;
   /** SHA-256 of name, description and instructions. */
   definitionFingerprint: string;
-  createTime?: Date | undefined;
-  updateTime?: Date | undefined;
+  createTime?: Timestamp | undefined;
+  updateTime?: Timestamp | undefined;
 }
 
 export interface PromoteProcedureRequest {
@@ -167,7 +167,7 @@ export interface SkillEvent {
   fromState: SkillState;
   toState: SkillState;
   reason: string;
-  time?: Date | undefined;
+  time?: Timestamp | undefined;
 }
 
 export interface RolloutResult {
@@ -183,7 +183,7 @@ export interface RolloutResult {
   /** At most 1,000 characters; refused if it looks like it holds a secret. */
   note: string;
   /** Output only. */
-  createTime?: Date | undefined;
+  createTime?: Timestamp | undefined;
 }
 
 export interface RecordRolloutResultRequest {
@@ -306,10 +306,10 @@ export const Skill: MessageFns<Skill> = {
       writer.uint32(58).string(message.definitionFingerprint);
     }
     if (message.createTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(66).fork()).join();
+      Timestamp.encode(message.createTime, writer.uint32(66).fork()).join();
     }
     if (message.updateTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.updateTime), writer.uint32(74).fork()).join();
+      Timestamp.encode(message.updateTime, writer.uint32(74).fork()).join();
     }
     return writer;
   },
@@ -388,7 +388,7 @@ export const Skill: MessageFns<Skill> = {
               break;
             }
 
-            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
           case 9: {
@@ -396,7 +396,7 @@ export const Skill: MessageFns<Skill> = {
               break;
             }
 
-            message.updateTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.updateTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -465,10 +465,10 @@ export const Skill: MessageFns<Skill> = {
       obj.definitionFingerprint = message.definitionFingerprint;
     }
     if (message.createTime !== undefined) {
-      obj.createTime = message.createTime.toISOString();
+      obj.createTime = fromTimestamp(message.createTime).toISOString();
     }
     if (message.updateTime !== undefined) {
-      obj.updateTime = message.updateTime.toISOString();
+      obj.updateTime = fromTimestamp(message.updateTime).toISOString();
     }
     return obj;
   },
@@ -485,8 +485,12 @@ export const Skill: MessageFns<Skill> = {
     message.sourceLearningId = object.sourceLearningId ?? "";
     message.state = object.state ?? 0;
     message.definitionFingerprint = object.definitionFingerprint ?? "";
-    message.createTime = object.createTime ?? undefined;
-    message.updateTime = object.updateTime ?? undefined;
+    message.createTime = (object.createTime !== undefined && object.createTime !== null)
+      ? Timestamp.fromPartial(object.createTime)
+      : undefined;
+    message.updateTime = (object.updateTime !== undefined && object.updateTime !== null)
+      ? Timestamp.fromPartial(object.updateTime)
+      : undefined;
     return message;
   },
 };
@@ -851,7 +855,7 @@ export const SkillEvent: MessageFns<SkillEvent> = {
       writer.uint32(26).string(message.reason);
     }
     if (message.time !== undefined) {
-      Timestamp.encode(toTimestamp(message.time), writer.uint32(34).fork()).join();
+      Timestamp.encode(message.time, writer.uint32(34).fork()).join();
     }
     return writer;
   },
@@ -898,7 +902,7 @@ export const SkillEvent: MessageFns<SkillEvent> = {
               break;
             }
 
-            message.time = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.time = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -942,7 +946,7 @@ export const SkillEvent: MessageFns<SkillEvent> = {
       obj.reason = message.reason;
     }
     if (message.time !== undefined) {
-      obj.time = message.time.toISOString();
+      obj.time = fromTimestamp(message.time).toISOString();
     }
     return obj;
   },
@@ -955,7 +959,7 @@ export const SkillEvent: MessageFns<SkillEvent> = {
     message.fromState = object.fromState ?? 0;
     message.toState = object.toState ?? 0;
     message.reason = object.reason ?? "";
-    message.time = object.time ?? undefined;
+    message.time = (object.time !== undefined && object.time !== null) ? Timestamp.fromPartial(object.time) : undefined;
     return message;
   },
 };
@@ -997,7 +1001,7 @@ export const RolloutResult: MessageFns<RolloutResult> = {
       writer.uint32(58).string(message.note);
     }
     if (message.createTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(66).fork()).join();
+      Timestamp.encode(message.createTime, writer.uint32(66).fork()).join();
     }
     return writer;
   },
@@ -1076,7 +1080,7 @@ export const RolloutResult: MessageFns<RolloutResult> = {
               break;
             }
 
-            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.createTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -1144,7 +1148,7 @@ export const RolloutResult: MessageFns<RolloutResult> = {
       obj.note = message.note;
     }
     if (message.createTime !== undefined) {
-      obj.createTime = message.createTime.toISOString();
+      obj.createTime = fromTimestamp(message.createTime).toISOString();
     }
     return obj;
   },
@@ -1161,7 +1165,9 @@ export const RolloutResult: MessageFns<RolloutResult> = {
     message.succeeded = object.succeeded ?? false;
     message.definitionFingerprint = object.definitionFingerprint ?? "";
     message.note = object.note ?? "";
-    message.createTime = object.createTime ?? undefined;
+    message.createTime = (object.createTime !== undefined && object.createTime !== null)
+      ? Timestamp.fromPartial(object.createTime)
+      : undefined;
     return message;
   },
 };
@@ -2652,13 +2658,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

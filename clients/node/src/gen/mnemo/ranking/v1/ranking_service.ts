@@ -190,7 +190,7 @@ export interface TrainingSession {
    * Between 1677-09-21T00:12:43Z and 2262-04-11T23:47:16Z (64-bit nanoseconds), as every
    * time Mnemo takes.
    */
-  endTime?: Date | undefined;
+  endTime?: Timestamp | undefined;
 }
 
 export interface SubmitTrainingPairsRequest {
@@ -251,7 +251,7 @@ export interface TrainingOutcome {
   reason: string;
   trainSeconds: number;
   trainPairs: number;
-  finishTime?: Date | undefined;
+  finishTime?: Timestamp | undefined;
 }
 
 export interface TrainResponse {
@@ -279,7 +279,7 @@ export interface ModelInfo {
   /** Where the served version came from (e.g. "fine-tuned on 312 sessions", a path). */
   source: string;
   /** When the served version was promoted; unset for a configured cross-encoder. */
-  promoteTime?: Date | undefined;
+  promoteTime?: Timestamp | undefined;
 }
 
 export interface LatencyStats {
@@ -1190,7 +1190,7 @@ export const TrainingSession: MessageFns<TrainingSession> = {
       TrainingCandidate.encode(v!, writer.uint32(34).fork()).join();
     }
     if (message.endTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.endTime), writer.uint32(42).fork()).join();
+      Timestamp.encode(message.endTime, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -1245,7 +1245,7 @@ export const TrainingSession: MessageFns<TrainingSession> = {
               break;
             }
 
-            message.endTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.endTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -1299,7 +1299,7 @@ export const TrainingSession: MessageFns<TrainingSession> = {
       obj.candidates = message.candidates.map((e) => TrainingCandidate.toJSON(e));
     }
     if (message.endTime !== undefined) {
-      obj.endTime = message.endTime.toISOString();
+      obj.endTime = fromTimestamp(message.endTime).toISOString();
     }
     return obj;
   },
@@ -1313,7 +1313,9 @@ export const TrainingSession: MessageFns<TrainingSession> = {
     message.query = object.query ?? "";
     message.featureNames = object.featureNames?.map((e) => e) || [];
     message.candidates = object.candidates?.map((e) => TrainingCandidate.fromPartial(e)) || [];
-    message.endTime = object.endTime ?? undefined;
+    message.endTime = (object.endTime !== undefined && object.endTime !== null)
+      ? Timestamp.fromPartial(object.endTime)
+      : undefined;
     return message;
   },
 };
@@ -1897,7 +1899,7 @@ export const TrainingOutcome: MessageFns<TrainingOutcome> = {
       writer.uint32(80).int64(message.trainPairs);
     }
     if (message.finishTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.finishTime), writer.uint32(90).fork()).join();
+      Timestamp.encode(message.finishTime, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -2000,7 +2002,7 @@ export const TrainingOutcome: MessageFns<TrainingOutcome> = {
               break;
             }
 
-            message.finishTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.finishTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -2096,7 +2098,7 @@ export const TrainingOutcome: MessageFns<TrainingOutcome> = {
       obj.trainPairs = Math.round(message.trainPairs);
     }
     if (message.finishTime !== undefined) {
-      obj.finishTime = message.finishTime.toISOString();
+      obj.finishTime = fromTimestamp(message.finishTime).toISOString();
     }
     return obj;
   },
@@ -2116,7 +2118,9 @@ export const TrainingOutcome: MessageFns<TrainingOutcome> = {
     message.reason = object.reason ?? "";
     message.trainSeconds = object.trainSeconds ?? 0;
     message.trainPairs = object.trainPairs ?? 0;
-    message.finishTime = object.finishTime ?? undefined;
+    message.finishTime = (object.finishTime !== undefined && object.finishTime !== null)
+      ? Timestamp.fromPartial(object.finishTime)
+      : undefined;
     return message;
   },
 };
@@ -2348,7 +2352,7 @@ export const ModelInfo: MessageFns<ModelInfo> = {
       writer.uint32(34).string(message.source);
     }
     if (message.promoteTime !== undefined) {
-      Timestamp.encode(toTimestamp(message.promoteTime), writer.uint32(42).fork()).join();
+      Timestamp.encode(message.promoteTime, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -2403,7 +2407,7 @@ export const ModelInfo: MessageFns<ModelInfo> = {
               break;
             }
 
-            message.promoteTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            message.promoteTime = Timestamp.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -2447,7 +2451,7 @@ export const ModelInfo: MessageFns<ModelInfo> = {
       obj.source = message.source;
     }
     if (message.promoteTime !== undefined) {
-      obj.promoteTime = message.promoteTime.toISOString();
+      obj.promoteTime = fromTimestamp(message.promoteTime).toISOString();
     }
     return obj;
   },
@@ -2461,7 +2465,9 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     message.version = object.version ?? "";
     message.ready = object.ready ?? false;
     message.source = object.source ?? "";
-    message.promoteTime = object.promoteTime ?? undefined;
+    message.promoteTime = (object.promoteTime !== undefined && object.promoteTime !== null)
+      ? Timestamp.fromPartial(object.promoteTime)
+      : undefined;
     return message;
   },
 };
@@ -3374,13 +3380,24 @@ function fromTimestamp(t: Timestamp): Date {
   return new globalThis.Date(millis);
 }
 
-function fromJsonTimestamp(o: any): Date {
+const timestampFractionRegex = /:\d{2}\.\d+/;
+
+function fromJsonTimestamp(o: any): Timestamp {
   if (o instanceof globalThis.Date) {
-    return o;
+    return toTimestamp(o);
   } else if (typeof o === "string") {
-    return new globalThis.Date(o);
+    // Date only keeps milliseconds, and parses longer fractions in an engine-specific way,
+    // so parse the fractional seconds ourselves and give Date only the whole seconds
+    const fraction = timestampFractionRegex.exec(o);
+    if (fraction === null) {
+      return toTimestamp(new globalThis.Date(o));
+    }
+    const fractionNanos = Number(fraction[0].slice(4, 13).padEnd(9, "0"));
+    const wholeSeconds = new globalThis.Date(o.replace(fraction[0], fraction[0].slice(0, 3)));
+    const timestamp = toTimestamp(new globalThis.Date(wholeSeconds.getTime() + Math.trunc(fractionNanos / 1_000_000)));
+    return { ...timestamp, nanos: (timestamp.nanos ?? 0) + (fractionNanos % 1_000_000) };
   } else {
-    return fromTimestamp(Timestamp.fromJSON(o));
+    return Timestamp.fromJSON(o);
   }
 }
 

@@ -70,11 +70,23 @@ def generate_typescript(out_root: Path | None) -> None:
     if not buf.exists():
         sys.exit("codegen: clients/node/node_modules is missing; run `npm ci` in clients/node")
     target = REPO / "clients" / "node" / "src" / "gen"
+    out = [] if out_root is None else ["-o", str(out_root)]
     if out_root is None:
         shutil.rmtree(target, ignore_errors=True)
-        subprocess.run([str(buf), "generate"], check=True, cwd=REPO)
-    else:
-        subprocess.run([str(buf), "generate", "-o", str(out_root)], check=True, cwd=REPO)
+    subprocess.run([str(buf), "generate", *out], check=True, cwd=REPO)
+    # google.rpc's Status, ErrorInfo and BadRequest, which carry a refusal's reason and
+    # fields in the grpc-status-details-bin trailer (clients/node/src/errors.ts decodes
+    # them), from googleapis-common-protos' .proto files (a dependency of the server's).
+    googleapis = _googleapis_protos()
+    names = ("status.proto", "error_details.proto")
+    rpc = [f"--path={googleapis / 'google' / 'rpc' / name}" for name in names]
+    subprocess.run([str(buf), "generate", str(googleapis), *rpc, *out], check=True, cwd=REPO)
+
+
+def _googleapis_protos() -> Path:
+    import google.rpc  # googleapis-common-protos
+
+    return Path(next(iter(google.rpc.__path__))).parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,9 @@ def test_quickstart_example_against_live_server(
     assert result["topHit"] == "Release 4.2 was rolled back because of a slow migration."
     assert result["topHitScores"]["vectorRank"] >= 1
     assert len(result["firstPage"]) == 2 and result["hasNextPage"] is True
+    # The reason a refusal carries in its trailer, decoded by the shipped helper (src/errors.ts).
+    refused = {"code": 5, "reason": "MEMORY_NOT_FOUND", "fields": []}
+    assert result["refused"] == {**refused, "metadata": {"resource": "memory", "id": "external:nowhere"}}
     # The memories are really there, with the metadata Node sent.
     m = (
         tenant_a.memory()
@@ -123,3 +126,39 @@ def test_timestamps_round_trip_from_node_to_the_nanosecond_before_1970(
         result["createTime"]["seconds"],
         result["createTime"]["nanos"],
     )
+
+
+_REFUSED_FIELDS = """
+import { credentials, Metadata, type ServiceError } from "@grpc/grpc-js";
+import { errorDetails } from "./src/errors";
+import { CreateMemoryRequest, MemoryServiceClient } from "./src/gen/mnemo/v1/memory_service";
+
+const client = new MemoryServiceClient(process.env.MNEMO_ADDR!, credentials.createInsecure());
+const md = new Metadata();
+md.set("authorization", `Bearer ${process.env.MNEMO_API_KEY}`);
+const request = CreateMemoryRequest.fromPartial({ memory: { content: "" } });
+client.createMemory(request, md, (err: ServiceError | null) => {
+  console.log(JSON.stringify(err ? { code: err.code, ...errorDetails(err) } : null));
+  client.close();
+});
+"""
+
+
+def test_a_refusals_fields_are_read_from_node_with_the_shipped_helper(
+    node_ready: None, server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """The stubs held no google.rpc types: a Node caller could not read which field was at
+    fault, nor the reason, without writing its own decoder."""
+    env = {**os.environ, "MNEMO_ADDR": server.address, "MNEMO_API_KEY": tenant_a.token}
+    out = subprocess.run(
+        [str(TSX), "-e", _REFUSED_FIELDS],
+        cwd=NODE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    refused = json.loads(out.stdout.strip().splitlines()[-1])
+    assert refused["code"] == 3 and [f["field"] for f in refused["fields"]] == ["memory.content"], refused

@@ -5,11 +5,14 @@
 // MNEMO_API_KEY may be left unset against a local-mode server (`mnemo up`).
 // Prints one JSON summary line on stdout (the test suite reads it).
 import { credentials, Metadata, type ServiceError } from "@grpc/grpc-js";
+import { errorDetails } from "../src/errors";
 import { MemoryType, ScopeKind } from "../src/gen/mnemo/v1/common";
 import {
   MemoryServiceClient,
   type CreateMemoryRequest,
   type CreateMemoryResponse,
+  type GetMemoryRequest,
+  type GetMemoryResponse,
   type ListMemoriesRequest,
   type ListMemoriesResponse,
   type RecallRequest,
@@ -32,7 +35,7 @@ function deadline(seconds: number): Date {
   return new Date(Date.now() + seconds * 1000);
 }
 
-// The generated client is callback-based; wrap the three calls we use as promises.
+// The generated client is callback-based; wrap the calls we use as promises.
 function call<Req, Res>(
   fn: (req: Req, md: Metadata, opts: { deadline: Date }, cb: (err: ServiceError | null, res: Res) => void) => unknown,
   req: Req,
@@ -75,7 +78,14 @@ async function main(): Promise<void> {
     filter: { scopes: [scope], types: [], categories: [], pinnedOnly: false, sourceSessionIds: [] },
   });
 
+  // A refusal's reason and the fields at fault come with the error (src/errors.ts).
+  const refused = await call<GetMemoryRequest, GetMemoryResponse>(client.getMemory, { id: "external:nowhere" }).then(
+    () => null,
+    (err: ServiceError) => ({ code: err.code, ...errorDetails(err) }),
+  );
+
   console.log(JSON.stringify({
+    refused,
     created,
     topHit: recall.hits[0]?.memory?.content,
     topHitScores: recall.hits[0]?.scores,

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -75,6 +76,23 @@ def test_quickstart_example_against_live_server(
     assert json.loads(again.stdout.strip().splitlines()[-1])["created"] == result["created"]
 
 
+def _run_typescript(code: str, server: LiveServer, tenant: TenantClient) -> Any:
+    """Run a TypeScript program in clients/node against the server as the tenant; the JSON
+    of its last line of output."""
+    env = {**os.environ, "MNEMO_ADDR": server.address, "MNEMO_API_KEY": tenant.token}
+    out = subprocess.run(
+        [str(TSX), "-e", code],
+        cwd=NODE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 _ROUND_TRIP = """
 import { credentials, Metadata } from "@grpc/grpc-js";
 import { CreateMemoryRequest, MemoryServiceClient } from "./src/gen/mnemo/v1/memory_service";
@@ -103,18 +121,7 @@ def test_timestamps_round_trip_from_node_to_the_nanosecond_before_1970(
     """As Dates, times before 1970 with a fraction went out with negative nanos (refused:
     'nanos must be between 0 and 999,999,999'), and every time lost its sub-milliseconds
     (an export re-imported from Node changed them)."""
-    env = {**os.environ, "MNEMO_ADDR": server.address, "MNEMO_API_KEY": tenant_a.token}
-    out = subprocess.run(
-        [str(TSX), "-e", _ROUND_TRIP],
-        cwd=NODE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = _run_typescript(_ROUND_TRIP, server, tenant_a)
     assert result.get("eventTime") == {"seconds": -2, "nanos": 500_000_001}, result
     m = (
         tenant_a.memory()
@@ -149,16 +156,5 @@ def test_a_refusals_fields_are_read_from_node_with_the_shipped_helper(
 ) -> None:
     """The stubs held no google.rpc types: a Node caller could not read which field was at
     fault, nor the reason, without writing its own decoder."""
-    env = {**os.environ, "MNEMO_ADDR": server.address, "MNEMO_API_KEY": tenant_a.token}
-    out = subprocess.run(
-        [str(TSX), "-e", _REFUSED_FIELDS],
-        cwd=NODE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    refused = json.loads(out.stdout.strip().splitlines()[-1])
+    refused = _run_typescript(_REFUSED_FIELDS, server, tenant_a)
     assert refused["code"] == 3 and [f["field"] for f in refused["fields"]] == ["memory.content"], refused

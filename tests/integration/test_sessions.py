@@ -440,6 +440,11 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _feedback_delivered(t: TenantClient, session_id: str) -> bool:
+    got = t.memory().GetSession(pb.GetSessionRequest(session_id=session_id), metadata=t.md, timeout=5)
+    return bool(got.session.feedback_delivered)
+
+
 def test_cold_start_then_feedback_reaches_the_sidecar(
     start_server: Callable[..., LiveServer], start_sidecar: Callable[..., Any]
 ) -> None:
@@ -458,13 +463,7 @@ def test_cold_start_then_feedback_reaches_the_sidecar(
         metadata=t.md,
         timeout=5,
     )
-    wait_for(
-        lambda: (
-            t.memory()
-            .GetSession(pb.GetSessionRequest(session_id="s1"), metadata=t.md, timeout=5)
-            .session.feedback_delivered
-        )
-    )
+    wait_for(lambda: _feedback_delivered(t, "s1"))
     assert side.store.counts("acme") == (1, len(r.memories))
     assert side.store.counts("tenant-a") == (0, 0)
     # A cold start is a session ordered by the baseline; no sidecar call failed.
@@ -500,13 +499,7 @@ def test_a_memory_longer_than_the_sidecar_takes_costs_no_session_its_pairs(
         metadata=t.md,
         timeout=5,
     )
-    wait_for(
-        lambda: (
-            t.memory()
-            .GetSession(pb.GetSessionRequest(session_id="s1"), metadata=t.md, timeout=5)
-            .session.feedback_delivered
-        )
-    )
+    wait_for(lambda: _feedback_delivered(t, "s1"))
     assert live.server.core.delivery.parked == 0 and side.store.counts("acme")[0] == 1
     status = t.memory().GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5)
     assert not status.sidecar_call_failures, dict(status.sidecar_call_failures)

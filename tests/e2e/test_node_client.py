@@ -34,12 +34,12 @@ def test_typescript_stubs_typecheck(node_ready: None) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_quickstart_example_against_live_server(
-    node_ready: None, server: LiveServer, tenant_a: TenantClient
-) -> None:
-    env = {**os.environ, "MNEMO_ADDR": server.address, "MNEMO_API_KEY": tenant_a.token, "MNEMO_PROJECT": "ts"}
+def _run_typescript(args: list[str], server: LiveServer, tenant: TenantClient, **env_extra: str) -> Any:
+    """Run tsx with `args` in clients/node against the server as the tenant (a file, or
+    `-e` and a program); the JSON of its last line of output."""
+    env = {**os.environ, "MNEMO_ADDR": server.address, "MNEMO_API_KEY": tenant.token, **env_extra}
     out = subprocess.run(
-        [str(TSX), "examples/quickstart.ts"],
+        [str(TSX), *args],
         cwd=NODE_DIR,
         env=env,
         capture_output=True,
@@ -48,7 +48,13 @@ def test_quickstart_example_against_live_server(
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_quickstart_example_against_live_server(
+    node_ready: None, server: LiveServer, tenant_a: TenantClient
+) -> None:
+    result = _run_typescript(["examples/quickstart.ts"], server, tenant_a, MNEMO_PROJECT="ts")
     assert len(result["created"]) == 3
     assert result["topHit"] == "Release 4.2 was rolled back because of a slow migration."
     assert result["topHitScores"]["vectorRank"] >= 1
@@ -64,33 +70,8 @@ def test_quickstart_example_against_live_server(
     )
     assert m.id == result["created"][1] and dict(m.metadata) == {"client": "node", "n": 1.0}
     # Running it again is idempotent (same request ids): no new memories.
-    again = subprocess.run(
-        [str(TSX), "examples/quickstart.ts"],
-        cwd=NODE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert json.loads(again.stdout.strip().splitlines()[-1])["created"] == result["created"]
-
-
-def _run_typescript(code: str, server: LiveServer, tenant: TenantClient) -> Any:
-    """Run a TypeScript program in clients/node against the server as the tenant; the JSON
-    of its last line of output."""
-    env = {**os.environ, "MNEMO_ADDR": server.address, "MNEMO_API_KEY": tenant.token}
-    out = subprocess.run(
-        [str(TSX), "-e", code],
-        cwd=NODE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    again = _run_typescript(["examples/quickstart.ts"], server, tenant_a, MNEMO_PROJECT="ts")
+    assert again["created"] == result["created"]
 
 
 _ROUND_TRIP = """
@@ -121,7 +102,7 @@ def test_timestamps_round_trip_from_node_to_the_nanosecond_before_1970(
     """As Dates, times before 1970 with a fraction went out with negative nanos (refused:
     'nanos must be between 0 and 999,999,999'), and every time lost its sub-milliseconds
     (an export re-imported from Node changed them)."""
-    result = _run_typescript(_ROUND_TRIP, server, tenant_a)
+    result = _run_typescript(["-e", _ROUND_TRIP], server, tenant_a)
     assert result.get("eventTime") == {"seconds": -2, "nanos": 500_000_001}, result
     m = (
         tenant_a.memory()
@@ -156,5 +137,5 @@ def test_a_refusals_fields_are_read_from_node_with_the_shipped_helper(
 ) -> None:
     """The stubs held no google.rpc types: a Node caller could not read which field was at
     fault, nor the reason, without writing its own decoder."""
-    refused = _run_typescript(_REFUSED_FIELDS, server, tenant_a)
+    refused = _run_typescript(["-e", _REFUSED_FIELDS], server, tenant_a)
     assert refused["code"] == 3 and [f["field"] for f in refused["fields"]] == ["memory.content"], refused

@@ -230,6 +230,8 @@ export interface CreateMemoryRequest {
    * with the first answer's `deduplicated`; the same key with a different request is
    * INVALID_ARGUMENT. (Keeping a copy of every created row for a day, to replay it exactly,
    * would double what each create writes; updates and deletes answer as the first call did.)
+   * Every write's key is remembered for the server's retention.idempotency_hours (24 h by
+   * default); a retry after that is a new request.
    */
   requestId: string;
   /** Block until the memory is searchable (bounded by the call's deadline). */

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from mnemo_server.api.server import listen_address
+from mnemo_server.api.server import announce_listening
 from mnemo_server.errors import MnemoError
 from mnemo_server.launcher import wait_for_stop, watch_parent
 from mnemo_server.process_memory import fix_malloc_thresholds
@@ -90,11 +90,7 @@ def serve(
     bound = app.start()
     if parent_pid:
         watch_parent(parent_pid)
-    if port_file is not None:
-        tmp = port_file.with_suffix(".tmp")
-        tmp.write_text(str(bound))
-        tmp.replace(port_file)
-    click.echo(f"mnemo-sidecar listening on {listen_address(cfg.server.host, bound)}", err=True)
+    announce_listening("mnemo-sidecar", cfg.server.host, bound, port_file)
     try:
         wait_for_stop(stop)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import sys
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,17 @@ def listen_address(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         return f"[{host}]:{port}"
     return f"{host}:{port}"
+
+
+def announce_listening(name: str, host: str, port: int, port_file: Path | None) -> None:
+    """Say where a served process (server or sidecar) listens: the port in `port_file`,
+    written whole and then renamed so that a launcher never reads half of it, and a line on
+    stderr."""
+    if port_file is not None:
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(port_file)
+    print(f"{name} listening on {listen_address(host, port)}", file=sys.stderr, flush=True)
 
 
 def tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:

@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import click
 
-from mnemo_server.api.server import listen_address
+from mnemo_server.api.server import announce_listening
 from mnemo_server.app import MnemoServer
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
@@ -63,11 +63,7 @@ def run_until_signalled(
         freeze_warm_heap()
     if parent_pid:
         watch_parent(parent_pid)
-    if port_file is not None:
-        tmp = port_file.with_suffix(".tmp")
-        tmp.write_text(str(port))
-        tmp.replace(port_file)
-    click.echo(f"mnemo listening on {listen_address(server.config.server.host, port)}", err=True)
+    announce_listening("mnemo", server.config.server.host, port, port_file)
     threading.Thread(target=on_store_failure, name="store-failure", daemon=True).start()
     try:
         wait_for_stop(stop)

@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from mnemo_server.config import LimitsConfig
 from mnemo_server.errors import InvalidArgument
 
 T = TypeVar("T")
@@ -52,6 +53,12 @@ ANSWER_BYTES = 3 << 20
 _PER_MEMORY_BYTES = 512  # ids, scope, times, numbers and field tags
 
 
+def largest_memory_bytes(limits: LimitsConfig) -> int:
+    """What one memory may take in an answer at most, by the server's limits: 4 bytes
+    a character of UTF-8, and metadata at 6 bytes a byte of its limit (a JSON \\uXXXX escape)."""
+    return 4 * limits.max_content_chars + 6 * limits.max_metadata_bytes + _PER_MEMORY_BYTES
+
+
 def memory_bytes(m: Any) -> int:
     """A memory's size in an answer, estimated from its text and metadata (a `Memory`)."""
     content = m.content if m.content.isascii() else m.content.encode()
@@ -59,9 +66,12 @@ def memory_bytes(m: Any) -> int:
     return len(content) + meta + _PER_MEMORY_BYTES
 
 
-def fitting(items: Sequence[T], size_of: Callable[[T], int], budget: int = ANSWER_BYTES) -> int:
+def fitting(items: Sequence[T], size_of: Callable[[T], int], largest: int, budget: int = ANSWER_BYTES) -> int:
     """How many of `items`, from the first, fit `budget` (at least one: a single memory fits
-    any client that takes the memory's own limits)."""
+    any client that takes the memory's own limits). `largest`, what one item may take at
+    most, spares the estimate when all of them cannot pass the budget (the usual page)."""
+    if len(items) * largest <= budget:
+        return len(items)
     used = 0
     for n, item in enumerate(items):
         used += size_of(item)

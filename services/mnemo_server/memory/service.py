@@ -34,7 +34,14 @@ from mnemo_server.memory.model import (
     now_ns,
 )
 from mnemo_server.memory.normalize import normalize_content, sanitize_category
-from mnemo_server.memory.paging import decode_token, encode_token, fitting, memory_bytes, query_fingerprint
+from mnemo_server.memory.paging import (
+    decode_token,
+    encode_token,
+    fitting,
+    largest_memory_bytes,
+    memory_bytes,
+    query_fingerprint,
+)
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store import idempotency_repo, memory_repo
@@ -109,6 +116,7 @@ class MemoryService:
         self.db = db
         self.indexer = indexer
         self.validator = validator
+        self._largest = largest_memory_bytes(validator.limits)  # a memory in an answer, at most
         self.index_cfg = index_cfg
         self.embedding_model = embedding_model
         self.clock = clock
@@ -236,7 +244,7 @@ class MemoryService:
                 limit=size + 1,
                 cache=self.db.rows,
             )
-        fits = fitting(rows[:size], memory_bytes)
+        fits = fitting(rows[:size], memory_bytes, self._largest)
         if fits < min(size, len(rows)):  # cut to what a client takes in one message
             return rows[:fits], encode_token(rows[fits - 1].seq, fingerprint)
         next_token = encode_token(rows[size - 1].seq, fingerprint) if len(rows) > size else ""
@@ -472,7 +480,7 @@ class MemoryService:
                 return
             after = rows[-1].seq
             while rows:  # in messages a client takes
-                fits = fitting(rows, memory_bytes)
+                fits = fitting(rows, memory_bytes, self._largest)
                 done += fits
                 yield rows[:fits], done, max(total, done)
                 rows = rows[fits:]

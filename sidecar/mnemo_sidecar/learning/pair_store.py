@@ -212,18 +212,18 @@ class PairStore:
             return known
 
     def recent_wins(
-        self, tenant: str, window: int, among_newest: int | None = None
+        self, tenant: str, window: int, among_newest: int = 2**62
     ) -> list[tuple[float, float | None, float | None]]:
-        """(win, predictor_ndcg, baseline_ndcg) of the newest `window` decided sessions, of
-        the tenant's newest `among_newest` sessions if given (seq counts them one by one)."""
-        newest = -1 if among_newest is None else among_newest
+        """(win, predictor_ndcg, baseline_ndcg) of the newest `window` decided sessions among
+        the tenant's newest `among_newest` sessions (seq counts them one by one; all of them
+        by default)."""
         with self._lock:
             rows = self._conn.execute(
                 "SELECT win, predictor_ndcg, baseline_ndcg FROM sessions WHERE tenant = ? "
-                "AND win IS NOT NULL AND (? < 0 OR seq > "
-                "(SELECT COALESCE(MAX(seq), 0) FROM sessions WHERE tenant = ?) - ?) "
+                "AND win IS NOT NULL AND seq > "
+                "(SELECT COALESCE(MAX(seq), 0) FROM sessions WHERE tenant = ?) - ? "
                 "ORDER BY seq DESC LIMIT ?",
-                (tenant, newest, tenant, newest, window),
+                (tenant, tenant, among_newest, window),
             ).fetchall()
         return [(float(w), p, b) for w, p, b in rows]
 

@@ -197,22 +197,20 @@ class Trainer:
         seen = health.sessions_since_training(tenant)  # before the sessions: see on_training
         sessions = store.sessions(tenant)
         useful = [s for s in sessions if s.positives]
+        train, held = split_heldout(sessions, t.heldout_fraction, t.min_heldout)
+        refusal = ""
         if len(useful) < t.min_sessions and not force:
+            refusal = (
+                f"{len(useful)} sessions with positive feedback; training needs {t.min_sessions} (or force)"
+            )
+        elif not train or not held:
+            refusal = "not enough sessions with positive feedback to train and hold some back"
+        if refusal:
             # A refusal is a run for the schedule too: else, with enough sessions stored but
             # too few with a used memory (sessions ended without feedback), every next
             # session started another training process to be refused.
             health.on_training(tenant, seen)
-            raise FailedPrecondition(
-                f"{len(useful)} sessions with positive feedback; training needs {t.min_sessions} (or force)",
-                reason="NOT_ENOUGH_SESSIONS",
-            )
-        train, held = split_heldout(sessions, t.heldout_fraction, t.min_heldout)
-        if not train or not held:
-            health.on_training(tenant, seen)
-            raise FailedPrecondition(
-                "not enough sessions with positive feedback to train and hold some back",
-                reason="NOT_ENOUGH_SESSIONS",
-            )
+            raise FailedPrecondition(refusal, reason="NOT_ENOUGH_SESSIONS")
         outcomes: list[TrainingOutcome] = []
         cap = self.cfg.cross_encoder.feature_max_sessions
         everything = [*train, *held]  # oldest first: the held-back sessions are the newest

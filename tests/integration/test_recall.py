@@ -149,3 +149,23 @@ def test_top_k_and_empty_tenant(tenant_a: TenantClient, tenant_b: TenantClient) 
     _seed(tenant_a)
     assert len(_recall(tenant_a, "the", top_k=2)) == 2
     assert _recall(tenant_b, "anything at all") == []
+
+
+def test_a_code_found_only_by_full_text_is_scored_with_its_cosine_too(tenant_a: TenantClient) -> None:
+    """A query of one rare code: the memory holding it is far from the query's vector (its
+    text is about something else), so the vector leg's top K (50 here) is 120 invoices with
+    other codes. Scored by its BM25 share alone it ranked below them; with its own cosine
+    added it comes first, and its scores say the vector leg did not find it."""
+    codes = [f"{n:04X}" for n in range(0x1A2B, 0x1A2B + 120)]
+    memories = [f"Invoice INV-{c} for the cloud hosting plan was paid on time." for c in codes]
+    memories.append("Reference INV-QZ7K: the team offsite lunch was vegetarian pizza and salad.")
+    reqs = [pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=c)) for c in memories]
+    tenant_a.memory().BatchCreateMemories(
+        pb.BatchCreateMemoriesRequest(requests=reqs, wait_for_index=True), metadata=tenant_a.md, timeout=60
+    )
+    hits = _recall(tenant_a, "INV-QZ7K", top_k=10)
+    assert hits[0].memory.content.startswith("Reference INV-QZ7K"), [h.memory.content for h in hits[:3]]
+    top = hits[0].scores
+    assert top.text_rank == 1 and top.vector_rank == 0 and top.vector_score > 0.05
+    # The fused score is both legs' shares: BM25 over the best BM25 (1 here) and the cosine.
+    assert abs(top.fused_score - (0.3 + 0.7 * top.vector_score)) < 1e-4

@@ -143,3 +143,25 @@ def test_search_scores_every_row_as_its_codes_say_and_orders_ties_by_row() -> No
     expected = (codes.astype(np.float32) @ (q / np.linalg.norm(q)).astype(np.float32)) * scales
     for i, score in found:
         assert abs(score - float(expected[int(i[1:])])) < 1e-5
+
+
+def test_cosines_of_given_rows_match_their_vectors_and_follow_writes() -> None:
+    rng = np.random.default_rng(5)
+    n = CHUNK + 200  # scope "a" spans two chunks
+    m = _unit(rng, n)
+    ids = [f"m{i}" for i in range(n)]
+    sv = ScopeVectors(DIM)
+    sv.load([(ids, ["a"] * (n - 10) + ["b"] * 10, m)])
+    q = _unit(rng, 1)[0] * 3.0  # not unit length: cosines, not dot products
+    unit_q = q / np.linalg.norm(q)
+    asked = {"m0": "a", "m1100": "a", f"m{n - 1}": "b", "ghost": "a", "m5": "b"}  # m5 is not in b
+    found = sv.cosines(q, asked)
+    assert set(found) == {"m0", "m1100", f"m{n - 1}"}
+    for mid, cos in found.items():
+        assert abs(cos - float(m[int(mid[1:])] @ unit_q)) < 0.01
+    moved = _unit(rng, 1)[0]
+    sv.put([("m0", "b", moved)], {"m0": "a"})
+    assert sv.cosines(q, {"m0": "a"}) == {}
+    assert abs(sv.cosines(q, {"m0": "b"})["m0"] - float(moved @ unit_q)) < 0.01
+    sv.remove({"m1100": "a"})
+    assert sv.cosines(q, {"m1100": "a"}) == {}

@@ -651,6 +651,21 @@ class LanceIndex:
         attrs = self._attrs_of(h, found)
         return {i: (attrs[i], v) for i, v in zip(found, matrix, strict=True) if i in attrs}
 
+    def cosines(
+        self, tenant_id: str, vector: npt.NDArray[np.float32], hits: Sequence[LegHit]
+    ) -> dict[str, float]:
+        """The cosine of each hit's row with vector (for rows another leg found): from the
+        scope vectors when loaded (microseconds), else read from the table (a scan of the id
+        column: milliseconds at 100k). A row gone meanwhile is left out."""
+        h = self._handle(tenant_id, create=False)
+        if h is None or not hits:
+            return {}
+        if h.vectors.loaded:
+            return h.vectors.cosines(vector, {hit.id: hit.attrs.scope for hit in hits})
+        return {
+            mid: float(v @ vector) for mid, (_, v) in self.rows(tenant_id, [hit.id for hit in hits]).items()
+        }
+
     def vector_search(
         self, tenant_id: str, vector: npt.NDArray[np.float32], k: int, f: MemoryFilter
     ) -> list[LegHit]:

@@ -29,7 +29,7 @@ import bisect
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -43,11 +43,20 @@ _SCALE = 127.0
 _ROW_COSINES = ScratchArrays(np.float32, kept=4)
 
 
+# Row numbers shared by every chunk's position map (ints past 256 are objects of their own).
+_ROW_NUMBERS = tuple(range(CHUNK))
+
+
 @dataclass(frozen=True)
 class _Chunk:
     ids: tuple[str, ...]
     codes: npt.NDArray[np.int8]  # len(ids) x dimension
     scales: npt.NDArray[np.float32]  # len(ids): a row's cosine = codes @ unit query x scale
+    # id -> row, for the cosines of given rows (~40 bytes a row; ~0.03 ms a chunk to build).
+    rows: Mapping[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rows", dict(zip(self.ids, _ROW_NUMBERS, strict=False)))
 
 
 def quantize(vectors: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
@@ -178,6 +187,25 @@ class ScopeVectors:
                 state.pop(scope, None)
 
     # --- search ----------------------------------------------------------------------
+
+    def cosines(self, vector: npt.NDArray[np.float32], scope_of: Mapping[str, str]) -> dict[str, float]:
+        """The cosine of each given row (id -> its scope) with vector; rows not held are left
+        out. A few dictionary lookups a row: for candidates another search found."""
+        state = self._state
+        held: list[tuple[str, _Chunk, int]] = []
+        for mid, scope in scope_of.items():
+            for c in state.get(scope, ()):
+                row = c.rows.get(mid)
+                if row is not None:
+                    held.append((mid, c, row))
+                    break
+        if not held:
+            return {}
+        unit = np.asarray(vector, dtype=np.float32) / (float(np.linalg.norm(vector)) or 1.0)
+        codes = np.stack([c.codes[row] for _, c, row in held]).astype(np.float32)
+        scales = np.array([c.scales[row] for _, c, row in held], dtype=np.float32)
+        cosines = (codes @ unit) * scales
+        return {mid: float(cos) for (mid, _, _), cos in zip(held, cosines.tolist(), strict=True)}
 
     def search(
         self,

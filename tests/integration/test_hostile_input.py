@@ -123,6 +123,19 @@ def test_over_long_ids_are_answered_with_a_short_echo(tenant_a: TenantClient, se
     assert err.code() == grpc.StatusCode.NOT_FOUND, err.details()
 
 
+@pytest.mark.parametrize("char", ["\U0001f600", "\u4e2d", "x"])
+def test_an_echoed_id_is_cut_by_its_bytes_so_the_status_arrives(tenant_a: TenantClient, char: str) -> None:
+    """1,000 emoji are 4,000 bytes, percent-encoded in the message to 12,000, and again in the
+    status: cut by characters they passed the client's 16 KB of trailers, and the client saw
+    a RESOURCE_EXHAUSTED that its own gRPC made up instead of the server's NOT_FOUND."""
+    stub = tenant_a.memory()
+    for ident in (char * 1_000, char * 5_000):
+        err = _refused(lambda: stub.GetMemory(pb.GetMemoryRequest(id=ident), metadata=tenant_a.md, timeout=5))  # noqa: B023
+        assert err.code() == grpc.StatusCode.NOT_FOUND, (len(ident), err.details()[:200])
+        assert len(err.details().encode()) < 1_100 and "more characters" in err.details()
+        assert error_info(err)[0] == "MEMORY_NOT_FOUND"
+
+
 def test_an_import_with_hundreds_of_bad_entries_lists_the_first(tenant_a: TenantClient) -> None:
     bad = [M(id=f"not-a-uuid-{i}", content=f"m{i}", create_time=WHEN) for i in range(300)]
     err = _refused(lambda: _import(tenant_a, *bad))

@@ -41,19 +41,26 @@ def _pack(msg: object) -> any_pb2.Any:
 
 # A status travels in the response's trailers, which clients refuse past 8-16 KB: an id or
 # a list of violations echoed whole (a 10,000-character id, an import of 500 bad entries) would
-# turn the intended error into RESOURCE_EXHAUSTED on the client.
-MAX_MESSAGE_CHARS = 1_000
-MAX_DETAIL_CHARS = 200
+# turn the intended error into RESOURCE_EXHAUSTED on the client. The limits are UTF-8 bytes,
+# not characters: the message goes out percent-encoded (3 bytes for each non-ASCII byte) and
+# again inside the base64 status, so 1,000 emoji (4 bytes each) came to 17 KB of trailers.
+MAX_MESSAGE_BYTES = 1_000
+MAX_DETAIL_BYTES = 200
 MAX_VIOLATIONS = 20
 
 
 def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
+    """Text within `limit` UTF-8 bytes, cut at a character, saying how much was left out."""
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= limit:
+        return text
+    kept = encoded[:limit].decode("utf-8", "ignore")  # a character cut in two is dropped
+    return f"{kept}… ({len(text) - len(kept)} more characters)"
 
 
 def to_rpc_status(exc: errors.MnemoError) -> grpc.Status:
     code = status_code_for(exc)
-    metadata = {k: _cut(v, MAX_DETAIL_CHARS) for k, v in exc.metadata.items()}
+    metadata = {k: _cut(v, MAX_DETAIL_BYTES) for k, v in exc.metadata.items()}
     details = [_pack(error_details_pb2.ErrorInfo(reason=exc.reason, domain=ERROR_DOMAIN, metadata=metadata))]
     message = exc.message
     if isinstance(exc, errors.InvalidArgument):
@@ -66,8 +73,8 @@ def to_rpc_status(exc: errors.MnemoError) -> grpc.Status:
                 error_details_pb2.BadRequest(
                     field_violations=[
                         error_details_pb2.BadRequest.FieldViolation(
-                            field=_cut(v.field, MAX_DETAIL_CHARS),
-                            description=_cut(v.description, MAX_DETAIL_CHARS),
+                            field=_cut(v.field, MAX_DETAIL_BYTES),
+                            description=_cut(v.description, MAX_DETAIL_BYTES),
                         )
                         for v in shown
                     ]
@@ -75,7 +82,7 @@ def to_rpc_status(exc: errors.MnemoError) -> grpc.Status:
             )
         )
     status = status_pb2.Status(
-        code=getattr(code_pb2, code.name), message=_cut(message, MAX_MESSAGE_CHARS), details=details
+        code=getattr(code_pb2, code.name), message=_cut(message, MAX_MESSAGE_BYTES), details=details
     )
     result: grpc.Status = rpc_status.to_status(status)
     return result

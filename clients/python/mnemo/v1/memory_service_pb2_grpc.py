@@ -166,7 +166,12 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteMemory(self, request, context):
-        """Tombstones a memory: hidden at once, purged for good after the retention window.
+        """Tombstones a memory: hidden at once (from searches, lists, exports and sessions; GetMemory
+        by id still shows the tombstone), purged for good after retention.tombstone_days: then no
+        call returns it, and a create retried with its request_id is NOT_FOUND. Purging removes
+        rows, it does not overwrite disk: the text can stay in the storage files' freed space
+        (DuckDB's pages, LanceDB fragments not yet compacted) until reused, and in training pairs
+        of sessions that injected it, which the sidecar keeps for learning.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -57,7 +57,13 @@ class MemoryServiceStub:
     metadata, event_time, content (re-embedded).
     """
     DeleteMemory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.DeleteMemoryRequest, _memory_service_pb2.DeleteMemoryResponse]
-    """Tombstones a memory: hidden at once, purged for good after the retention window."""
+    """Tombstones a memory: hidden at once (from searches, lists, exports and sessions; GetMemory
+    by id still shows the tombstone), purged for good after retention.tombstone_days: then no
+    call returns it, and a create retried with its request_id is NOT_FOUND. Purging removes
+    rows, it does not overwrite disk: the text can stay in the storage files' freed space
+    (DuckDB's pages, LanceDB fragments not yet compacted) until reused, and in training pairs
+    of sessions that injected it, which the sidecar keeps for learning.
+    """
     PurgeMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.PurgeMemoriesRequest, _memory_service_pb2.PurgeMemoriesResponse]
     """Tombstones every memory matching a filter; without force it only counts them."""
     Recall: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.RecallRequest, _memory_service_pb2.RecallResponse]
@@ -115,7 +121,13 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     metadata, event_time, content (re-embedded).
     """
     DeleteMemory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.DeleteMemoryRequest, _memory_service_pb2.DeleteMemoryResponse]  # type: ignore[assignment]
-    """Tombstones a memory: hidden at once, purged for good after the retention window."""
+    """Tombstones a memory: hidden at once (from searches, lists, exports and sessions; GetMemory
+    by id still shows the tombstone), purged for good after retention.tombstone_days: then no
+    call returns it, and a create retried with its request_id is NOT_FOUND. Purging removes
+    rows, it does not overwrite disk: the text can stay in the storage files' freed space
+    (DuckDB's pages, LanceDB fragments not yet compacted) until reused, and in training pairs
+    of sessions that injected it, which the sidecar keeps for learning.
+    """
     PurgeMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.PurgeMemoriesRequest, _memory_service_pb2.PurgeMemoriesResponse]  # type: ignore[assignment]
     """Tombstones every memory matching a filter; without force it only counts them."""
     Recall: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.RecallRequest, _memory_service_pb2.RecallResponse]  # type: ignore[assignment]
@@ -212,7 +224,13 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.DeleteMemoryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.DeleteMemoryResponse, _abc.Awaitable[_memory_service_pb2.DeleteMemoryResponse]]:
-        """Tombstones a memory: hidden at once, purged for good after the retention window."""
+        """Tombstones a memory: hidden at once (from searches, lists, exports and sessions; GetMemory
+        by id still shows the tombstone), purged for good after retention.tombstone_days: then no
+        call returns it, and a create retried with its request_id is NOT_FOUND. Purging removes
+        rows, it does not overwrite disk: the text can stay in the storage files' freed space
+        (DuckDB's pages, LanceDB fragments not yet compacted) until reused, and in training pairs
+        of sessions that injected it, which the sidecar keeps for learning.
+        """
 
     @_abc_1.abstractmethod
     def PurgeMemories(

@@ -7583,7 +7583,14 @@ export const MemoryServiceService = {
       Buffer.from(UpdateMemoryResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): UpdateMemoryResponse => UpdateMemoryResponse.decode(value),
   },
-  /** Tombstones a memory: hidden at once, purged for good after the retention window. */
+  /**
+   * Tombstones a memory: hidden at once (from searches, lists, exports and sessions; GetMemory
+   * by id still shows the tombstone), purged for good after retention.tombstone_days: then no
+   * call returns it, and a create retried with its request_id is NOT_FOUND. Purging removes
+   * rows, it does not overwrite disk: the text can stay in the storage files' freed space
+   * (DuckDB's pages, LanceDB fragments not yet compacted) until reused, and in training pairs
+   * of sessions that injected it, which the sidecar keeps for learning.
+   */
   deleteMemory: {
     path: "/mnemo.v1.MemoryService/DeleteMemory" as const,
     requestStream: false as const,
@@ -7722,7 +7729,14 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * metadata, event_time, content (re-embedded).
    */
   updateMemory: handleUnaryCall<UpdateMemoryRequest, UpdateMemoryResponse>;
-  /** Tombstones a memory: hidden at once, purged for good after the retention window. */
+  /**
+   * Tombstones a memory: hidden at once (from searches, lists, exports and sessions; GetMemory
+   * by id still shows the tombstone), purged for good after retention.tombstone_days: then no
+   * call returns it, and a create retried with its request_id is NOT_FOUND. Purging removes
+   * rows, it does not overwrite disk: the text can stay in the storage files' freed space
+   * (DuckDB's pages, LanceDB fragments not yet compacted) until reused, and in training pairs
+   * of sessions that injected it, which the sidecar keeps for learning.
+   */
   deleteMemory: handleUnaryCall<DeleteMemoryRequest, DeleteMemoryResponse>;
   /** Tombstones every memory matching a filter; without force it only counts them. */
   purgeMemories: handleUnaryCall<PurgeMemoriesRequest, PurgeMemoriesResponse>;
@@ -7866,7 +7880,14 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: UpdateMemoryResponse) => void,
   ): ClientUnaryCall;
-  /** Tombstones a memory: hidden at once, purged for good after the retention window. */
+  /**
+   * Tombstones a memory: hidden at once (from searches, lists, exports and sessions; GetMemory
+   * by id still shows the tombstone), purged for good after retention.tombstone_days: then no
+   * call returns it, and a create retried with its request_id is NOT_FOUND. Purging removes
+   * rows, it does not overwrite disk: the text can stay in the storage files' freed space
+   * (DuckDB's pages, LanceDB fragments not yet compacted) until reused, and in training pairs
+   * of sessions that injected it, which the sidecar keeps for learning.
+   */
   deleteMemory(
     request: DeleteMemoryRequest,
     callback: (error: ServiceError | null, response: DeleteMemoryResponse) => void,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -10,7 +11,7 @@ from google.protobuf import field_mask_pb2
 
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-from tests.conftest import TenantClient, error_info
+from tests.conftest import LiveServer, TenantClient, error_info, provision
 
 
 def _count(t: TenantClient, show_deleted: bool = False) -> int:
@@ -159,3 +160,43 @@ def test_a_delete_retry_answers_with_the_tombstone_after_an_import_restored_the_
     assert not stub.GetMemory(pb.GetMemoryRequest(id=m.id), metadata=tenant_a.md, timeout=5).memory.HasField(
         "delete_time"
     )  # and not done again
+
+
+def test_a_create_retry_after_its_memory_was_purged_for_good_is_not_found(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    """A tombstone window shorter than the request_id's: the retry's memory is gone, and the
+    retry said INTERNAL (a KeyError) instead of NOT_FOUND. A batch retry likewise, and a
+    group of creates written together still writes the others."""
+    live = start_server(retention={"interval_s": 0, "tombstone_days": 0})
+    client = TenantClient(provision(live, "tenant-a"), live.channel())
+    stub = client.memory()
+    one = pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="a note to purge"), request_id="r-p1")
+    batch = pb.BatchCreateMemoriesRequest(
+        requests=[
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"batch note {i}")) for i in range(3)
+        ],
+        request_id="r-p2",
+    )
+    mid = stub.CreateMemory(one, metadata=client.md, timeout=5).memory.id
+    batch_ids = [r.memory.id for r in stub.BatchCreateMemories(batch, metadata=client.md, timeout=5).results]
+    for gone in (mid, batch_ids[1]):
+        stub.DeleteMemory(pb.DeleteMemoryRequest(id=gone), metadata=client.md, timeout=5)
+    live.server.core.retention.sweep()
+    assert _count(client, show_deleted=True) == 2
+    for call, req, gone in ((stub.CreateMemory, one, mid), (stub.BatchCreateMemories, batch, batch_ids[1])):
+        with pytest.raises(grpc.RpcError) as err:
+            call(req, metadata=client.md, timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()
+        assert error_info(err.value)[0] == "MEMORY_NOT_FOUND"
+        assert err.value.details().startswith(f"request_id: memory '{gone}' not found")
+    # Sent at once, the retry and fresh creates may share one write: the fresh ones are written.
+    fresh = [pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"fresh {i}")) for i in range(6)]
+    with ThreadPoolExecutor(7) as pool:
+        retry = pool.submit(stub.CreateMemory, one, metadata=client.md, timeout=5)
+        made = [pool.submit(stub.CreateMemory, r, metadata=client.md, timeout=5) for r in fresh]
+        assert all(f.result().memory.id for f in made)
+        with pytest.raises(grpc.RpcError) as err:
+            retry.result()
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert _count(client) == 2 + 6

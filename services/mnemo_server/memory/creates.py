@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from mnemo_server.config import CapsConfig
-from mnemo_server.errors import AlreadyExists
+from mnemo_server.errors import AlreadyExists, NotFound
 from mnemo_server.memory.live_counts import LiveCounts
 from mnemo_server.memory.model import CreateResult, IdempotencyKey, Memory, MemoryDraft, MemoryType, Scope
 from mnemo_server.memory.normalize import normalize_content
@@ -132,6 +132,10 @@ class CreateWriter:
                 fresh.setdefault(r.tenant_id, []).append(i)
                 continue
             stored = memory_repo.get_many(cur, r.tenant_id, replay["ids"])
+            if gone := [m for m in replay["ids"] if m not in stored]:
+                # Deleted and purged for good since (a tombstone window shorter than the
+                # request_id's): there is nothing left to answer with.
+                raise NotFound("memory", gone[0], field="request_id")
             results = [
                 CreateResult(stored[m], bool(dd))
                 for m, dd in zip(replay["ids"], replay["dedup"], strict=True)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 import pytest
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from mnemo.v1 import memory_service_pb2 as pb
-from mnemo_client import MemoryTools, MnemoClient, MnemoError
+from mnemo_client import MemoryTools, MnemoClient, MnemoError, RetryPolicy
 from mnemo_client.client import scope
 from tests.conftest import LiveServer, TenantClient
 
@@ -177,3 +181,206 @@ def test_answers_fit_a_clients_default_message_limit_and_the_client_takes_a_larg
     ]
     assert sorted(exported) == sorted(listed)
     plain.close()
+
+
+def _two_export_messages(client: MnemoClient) -> None:
+    """501 memories: an export sends them in 2 messages (500 a message)."""
+    client.batch_create_memories([client.new_memory(f"export note {i}") for i in range(500)])
+    client.create_memory(client.new_memory("export note 500"))
+
+
+def test_stream_idle_timeout_does_not_count_the_callers_time(client: MnemoClient) -> None:
+    """idle_timeout_s bounds the server's silence: a caller that spends longer than it on a
+    message (export), or on making the next batch (import), is not cut off."""
+    _two_export_messages(client)
+    exported = []
+    for msg in client.export_memories(idle_timeout_s=0.5):
+        exported += list(msg.memories)
+        time.sleep(1.2)  # the caller's own work on a message
+    assert len(exported) == 501
+
+    def slow_batches() -> Iterator[list[Any]]:
+        for m in exported[:2]:  # already there: each is received and skipped
+            time.sleep(1.2)  # the caller's own work making a batch
+            yield [m]
+
+    progress = []
+    for answer in client.import_memories(slow_batches(), idle_timeout_s=0.5):
+        progress.append(answer.received_count)
+        time.sleep(1.2)
+    assert progress == [1, 2]
+
+
+class _StallingProxy:
+    """A loopback forwarder to `target` that, once `stall` is set, swallows all traffic both
+    ways: a server or network that stops answering without closing the connection."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self.stall = False
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        host, port = self.target.rsplit(":", 1)
+        while True:
+            try:
+                down, _ = self.sock.accept()
+            except OSError:
+                return
+            up = socket.create_connection((host, int(port)))
+            self.conns += [down, up]
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                if not self.stall:
+                    b.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def _run_for_at_most(fn: Callable[[], object], seconds: float) -> tuple[bool, BaseException | None]:
+    """(whether fn ended within `seconds`, what it raised), fn left running on a thread if not."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as err:
+            raised.append(err)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    return not t.is_alive(), raised[0] if raised else None
+
+
+def test_stream_calls_end_on_a_stalled_connection_by_default(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """README: the client adds a deadline to every call. A stream's default bound is an idle
+    one, the client's timeout_s: over a connection that stops answering, export and import
+    called with their defaults end with DEADLINE_EXCEEDED instead of waiting forever."""
+    proxy = _StallingProxy(server.address)
+    c = MnemoClient(proxy.address, tenant_a.token, timeout_s=1)
+    try:
+        c.create_memory(c.new_memory("one memory"))
+        exported = [m for msg in c.export_memories() for m in msg.memories]
+        proxy.stall = True
+        calls: list[tuple[str, Callable[[], object]]] = [
+            ("export", lambda: list(c.export_memories())),
+            ("import", lambda: list(c.import_memories([exported]))),
+        ]
+        for name, fn in calls:
+            started = time.monotonic()
+            ended, error = _run_for_at_most(fn, 15)
+            assert ended, f"{name} still waiting after 15 s (client timeout_s=1)"
+            assert isinstance(error, MnemoError) and error.code == grpc.StatusCode.DEADLINE_EXCEEDED, (
+                name,
+                error,
+            )
+            assert time.monotonic() - started < 5, name
+    finally:
+        c.close()  # cancels a call still waiting
+        proxy.close()
+    # An explicit bound still wins: none at all (math.inf), or an overall deadline.
+    with MnemoClient(server.address, tenant_a.token, timeout_s=0.01) as c:
+        assert sum(len(m.memories) for m in c.export_memories(idle_timeout_s=math.inf)) == 1
+    with MnemoClient(server.address, tenant_a.token, timeout_s=30) as c:
+        assert sum(len(m.memories) for m in c.export_memories(timeout_s=30, idle_timeout_s=5)) == 1
+
+
+class _FailedCall(grpc.RpcError):
+    """A failed call as gRPC raises it (an RpcError that is also the call), its status proto
+    (if any) in the trailers."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, status: status_pb2.Status | None = None):
+        self._code, self._details = code, details
+        self._trailers = (("grpc-status-details-bin", status.SerializeToString()),) if status else ()
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> Any:
+        return self._trailers
+
+
+def _status(code: int, message: str, reason: str) -> status_pb2.Status:
+    status = status_pb2.Status(code=code, message=message)
+    status.details.add().Pack(error_details_pb2.ErrorInfo(reason=reason, domain="mnemo"))
+    return status
+
+
+def test_resource_exhausted_is_retried_only_as_load_shedding_and_a_mismatched_status_is_an_error(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """RESOURCE_EXHAUSTED from shedding (the sidecar's SIDECAR_OVERLOADED) passes and is
+    retried; Mnemo's STORAGE_FULL and gRPC's own (trailers or a message past a limit, no
+    reason) do not. A status proto whose code is not the call's (gRPC failed a call the server
+    had answered NOT_FOUND) is a MnemoError with the call's code, never a raw ValueError."""
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    cases = [
+        (
+            _FailedCall(
+                exhausted, "over", _status(code_pb2.RESOURCE_EXHAUSTED, "over", "SIDECAR_OVERLOADED")
+            ),
+            4,
+        ),
+        (_FailedCall(exhausted, "full", _status(code_pb2.RESOURCE_EXHAUSTED, "full", "STORAGE_FULL")), 1),
+        (_FailedCall(exhausted, "received metadata size exceeds hard limit"), 1),
+        (_FailedCall(grpc.StatusCode.UNAVAILABLE, "down"), 4),
+        (_FailedCall(exhausted, "trailers", _status(code_pb2.NOT_FOUND, "no memory", "MEMORY_NOT_FOUND")), 1),
+    ]
+    quick = MnemoClient(server.address, tenant_a.token, retry=RetryPolicy(initial_backoff_s=0.001))
+    for failure, attempts in cases:
+        sent: list[object] = []
+
+        def method(
+            request: object, failure: _FailedCall = failure, sent: list[object] = sent, **kwargs: object
+        ) -> None:
+            sent.append(request)
+            raise failure
+
+        with pytest.raises(MnemoError) as err:
+            quick.call(method, pb.GetStatusRequest())
+        assert err.value.code == failure.code() and err.value.message == failure.details()
+        assert len(sent) == attempts, (failure.details(), len(sent))
+    quick.close()
+    assert MnemoError.from_rpc(cases[0][0]).reason == "SIDECAR_OVERLOADED"
+    assert MnemoError.from_rpc(cases[-1][0]).reason == ""  # the proto does not describe this call
+    # On the live server: an id of 1,000 emoji is a MnemoError at once, not retried (whether
+    # the server's NOT_FOUND fits the trailers or gRPC refuses them as RESOURCE_EXHAUSTED).
+    slow_retries = MnemoClient(server.address, tenant_a.token, retry=RetryPolicy(initial_backoff_s=3))
+    started = time.monotonic()
+    with pytest.raises(MnemoError) as err:
+        slow_retries.get_memory("\U0001f9e0" * 1000)
+    assert err.value.code in (grpc.StatusCode.NOT_FOUND, exhausted)
+    assert time.monotonic() - started < 1.5  # a retry would have slept 1.5 s at least
+    slow_retries.close()
+
+
+def test_an_unknown_memory_type_is_a_value_error_naming_the_valid_types() -> None:
+    """As scope() for a scope kind; refused before any call (no server needed)."""
+    client = MnemoClient("127.0.0.1:1", timeout_s=1)
+    for make in (
+        lambda: client.new_memory("x", type="fact"),
+        lambda: client.recall("q", types=["semantic", "fact"]),
+    ):
+        with pytest.raises(ValueError, match=r"memory type must be one of \[.*'semantic'.*\], not 'fact'"):
+            make()
+    client.close()
+    with pytest.raises(ValueError, match=r"scope kind must be one of \[.*'project'.*\], not 'bogus'"):
+        scope("bogus")

@@ -5,11 +5,13 @@ it, so a write retried after a lost response takes effect exactly once on the se
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -40,9 +42,12 @@ SCOPE_KINDS = {
     "workspace": common_pb2.SCOPE_KIND_WORKSPACE,
 }
 
-_RETRYABLE = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
-)
+_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED})
+# RESOURCE_EXHAUSTED is retried only as load shedding, told by the ErrorInfo reason Mnemo sets
+# on it (the sidecar's admission gate). The others do not pass in a retry's second: Mnemo's
+# STORAGE_FULL lasts until space is freed, and gRPC's own (a message or trailers past a limit,
+# which carry no reason) come back the same on every attempt.
+_SHED_REASONS = frozenset({"SIDECAR_OVERLOADED"})
 
 
 class MnemoError(Exception):
@@ -61,7 +66,13 @@ class MnemoError(Exception):
         from grpc_status import rpc_status
 
         reason, fields = "", []
-        status = rpc_status.from_call(err)  # type: ignore[arg-type]
+        try:
+            status = rpc_status.from_call(err)  # type: ignore[arg-type]
+        except ValueError:
+            # A status proto whose code is not the call's (gRPC failed the call itself, e.g.
+            # trailers past its limit, after the server's status): it does not describe what
+            # happened, so the call's own code and details stand alone.
+            status = None
         for detail in status.details if status else []:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                 info = error_details_pb2.ErrorInfo()
@@ -73,6 +84,13 @@ class MnemoError(Exception):
                 fields = [v.field for v in bad.field_violations]
         return cls(err.code(), err.details() or "", reason, fields)
 
+    @property
+    def transient(self) -> bool:
+        """Whether the same call may succeed if sent again shortly."""
+        if self.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return self.reason in _SHED_REASONS
+        return self.code in _RETRYABLE
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -81,10 +99,19 @@ class RetryPolicy:
     max_backoff_s: float = 2.0
 
 
+def _named(names: Mapping[str, T], name: str, what: str) -> T:
+    """The value `name` stands for, or a ValueError listing the valid names."""
+    if name not in names:
+        raise ValueError(f"{what} must be one of {sorted(names)}, not {name!r}")
+    return names[name]
+
+
 def scope(kind: str, ident: str = "") -> common_pb2.Scope:
-    if kind not in SCOPE_KINDS:
-        raise ValueError(f"scope kind must be one of {sorted(SCOPE_KINDS)}")
-    return common_pb2.Scope(kind=SCOPE_KINDS[kind], id=ident)
+    return common_pb2.Scope(kind=_named(SCOPE_KINDS, kind, "scope kind"), id=ident)
+
+
+def memory_type(name: str) -> common_pb2.MemoryType:
+    return _named(MEMORY_TYPES, name, "memory type")
 
 
 def timestamp(when: datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -145,8 +172,9 @@ class MnemoClient:
             try:
                 return method(request, metadata=self._metadata, timeout=timeout_s or self.timeout_s)
             except grpc.RpcError as err:
-                if err.code() not in _RETRYABLE or attempt == attempts:
-                    raise MnemoError.from_rpc(err) from None
+                error = MnemoError.from_rpc(err)
+                if not error.transient or attempt == attempts:
+                    raise error from None
                 time.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, self.retry.max_backoff_s)
         raise AssertionError("unreachable")
@@ -170,7 +198,7 @@ class MnemoClient:
     ) -> memory_pb2.Memory:
         m = memory_pb2.Memory(
             content=content,
-            type=MEMORY_TYPES[type],
+            type=memory_type(type),
             category=category,
             pinned=pinned,
             external_id=external_id,
@@ -313,7 +341,7 @@ class MnemoClient:
         timeout_s: float | None = None,
     ) -> list[pb.RecallHit]:
         req = pb.RecallRequest(query=query, top_k=top_k, options=pb.RecallOptions(explain=explain))
-        req.filter.types.extend(MEMORY_TYPES[t] for t in types)
+        req.filter.types.extend(memory_type(t) for t in types)
         req.filter.scopes.extend(scopes)
         req.filter.categories.extend(categories)
         return list(self.call(self.memory.Recall, req, timeout_s=timeout_s).hits)
@@ -326,13 +354,17 @@ class MnemoClient:
         timeout_s: float | None = None,
         idle_timeout_s: float | None = None,
     ) -> Iterator[pb.ExportMemoriesResponse]:
-        """`timeout_s` bounds the whole stream; `idle_timeout_s` the wait for each message
-        (an export of any size, from a server that stops answering, ends then)."""
+        """`timeout_s` bounds the whole stream (None, the default: no overall deadline, as an
+        export of any size takes as long as it takes); `idle_timeout_s` bounds each wait for
+        the server's next message, so that a server or connection that stops answering ends
+        the call with DEADLINE_EXCEEDED. It defaults to the client's `timeout_s`; pass
+        `math.inf` for no bound. Time the caller spends on a message does not count."""
         req = pb.ExportMemoriesRequest(include_deleted=include_deleted)
         if filter is not None:
             req.filter.CopyFrom(filter)
+        watch = _IdleWatch(self.timeout_s if idle_timeout_s is None else idle_timeout_s)
         call = self.memory.ExportMemories(req, metadata=self._metadata, timeout=timeout_s)
-        yield from _watched(call, idle_timeout_s)
+        yield from watch.messages(call)
 
     def import_memories(
         self,
@@ -341,10 +373,23 @@ class MnemoClient:
         timeout_s: float | None = None,
         idle_timeout_s: float | None = None,
     ) -> Iterator[pb.ImportMemoriesResponse]:
-        """As export_memories: `idle_timeout_s` bounds the wait for each progress message."""
-        requests = (pb.ImportMemoriesRequest(memories=list(b)) for b in batches)
-        call = self.memory.ImportMemories(requests, metadata=self._metadata, timeout=timeout_s)
-        yield from _watched(call, idle_timeout_s)
+        """As export_memories: `idle_timeout_s` (by default the client's `timeout_s`; `math.inf`
+        for none) bounds each wait for the server's next progress message. Time the caller
+        spends on a message, or in `batches` making the next batch, does not count."""
+        watch = _IdleWatch(self.timeout_s if idle_timeout_s is None else idle_timeout_s)
+
+        def requests() -> Iterator[pb.ImportMemoriesRequest]:
+            source = iter(batches)
+            while True:
+                with watch.paused():
+                    try:
+                        batch = next(source)
+                    except StopIteration:
+                        return
+                yield pb.ImportMemoriesRequest(memories=list(batch))
+
+        call = self.memory.ImportMemories(requests(), metadata=self._metadata, timeout=timeout_s)
+        yield from watch.messages(call)
 
     def status(self) -> pb.GetStatusResponse:
         return self.call(self.memory.GetStatus, pb.GetStatusRequest())
@@ -385,31 +430,54 @@ def empty_struct() -> struct_pb2.Struct:
     return struct_pb2.Struct()
 
 
-def _watched(call: Any, idle_timeout_s: float | None) -> Iterator[Any]:
-    """A streaming call's messages, the call cancelled when the server sends none for
-    `idle_timeout_s` (None: no limit). Time the caller spends on a message does not count."""
-    done = threading.Event()
-    idle = threading.Event()
-    waiting_since = [time.monotonic()]
+class _IdleWatch:
+    """Cancels a streaming call once the server has sent nothing for `limit` seconds (an
+    infinite limit: never). Time while paused does not count: a message out with the caller,
+    the caller's own iterable making the next request. The wait starts again on resuming."""
 
-    def watch(limit: float) -> None:
-        while not done.wait(min(0.2, limit)):
-            if time.monotonic() - waiting_since[0] > limit:
-                idle.set()
+    def __init__(self, limit: float):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._pauses = 0
+        self._since = time.monotonic()
+        self._done = threading.Event()
+        self._fired = False
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._lock:
+            self._pauses += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pauses -= 1
+                self._since = time.monotonic()
+
+    def _idle(self) -> bool:
+        with self._lock:
+            self._fired = not self._pauses and time.monotonic() - self._since > self.limit
+            return self._fired
+
+    def _watch(self, call: Any) -> None:
+        while not self._done.wait(min(0.2, max(self.limit, 0.01))):
+            if self._idle():
                 call.cancel()
                 return
 
-    if idle_timeout_s is not None:
-        threading.Thread(target=watch, args=(idle_timeout_s,), name="mnemo-stream-watch", daemon=True).start()
-    try:
-        for message in call:
-            yield message
-            waiting_since[0] = time.monotonic()
-    except grpc.RpcError as err:
-        if idle.is_set():
-            raise MnemoError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"the server sent nothing for {idle_timeout_s:g} s"
-            ) from None
-        raise MnemoError.from_rpc(err) from None
-    finally:
-        done.set()
+    def messages(self, call: Any) -> Iterator[Any]:
+        """The call's messages, each handed to the caller with the watch paused."""
+        if math.isfinite(self.limit):
+            threading.Thread(target=self._watch, args=(call,), name="mnemo-stream-watch", daemon=True).start()
+        try:
+            for message in call:
+                with self.paused():
+                    yield message
+        except grpc.RpcError as err:
+            if self._fired:
+                raise MnemoError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"the server sent nothing for {self.limit:g} s"
+                ) from None
+            raise MnemoError.from_rpc(err) from None
+        finally:
+            self._done.set()

@@ -373,6 +373,7 @@ class MnemoServer:
                 ComputeGate(config.server.compute_slots, config.server.compute_reserved_slots),
                 config.server.slow_call_ms,
                 call_times,
+                config.server.max_streams,
             ),
         )
         self.core = Core(config)

@@ -28,6 +28,11 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     max_workers: int = 32
+    # Streamed calls (ExportMemories, ImportMemories) at once; more are RESOURCE_EXHAUSTED
+    # (TOO_MANY_STREAMS). Each holds one of the max_workers for as long as its client takes
+    # to read or send, so without a bound 32+ slow export readers left no worker for any
+    # other call, health checks included (overload probe). Keep it below max_workers.
+    max_streams: int = 8
     # Recall and StartSession (CPU-bound) running at once; more wait their turn within their
     # deadline, StartSession first (api/compute_gate.py has the measurements). Two per core
     # suits a small machine for throughput, one per core for latency; 0 removes the limit.
@@ -406,6 +411,7 @@ _INT_RANGES = {
     "index_batch_size": (1, 4_096),
     "max_batch_size": (1, 100_000),
     "max_train_streams": (1, 4_096),
+    "max_streams": (1, 4_096),
     # Limits a request must fit: 0 would refuse every call (probe: max_top_k -1 failed every
     # Recall, max_content_chars -1 every create).
     "max_top_k": (1, None),

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+import uuid
+from collections.abc import Callable, Iterator
 
+import grpc
+import pytest
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-from tests.conftest import TenantClient
+from tests.conftest import LiveServer, TenantClient, error_info, provision
 
 
 def _export(t: TenantClient, include_deleted: bool = True) -> list[memory_pb2.Memory]:
@@ -165,3 +171,67 @@ def test_an_import_restores_a_tombstoned_id_unless_its_content_lives_on_elsewher
         pb.GetMemoryHistoryRequest(id=kept.id), metadata=tenant_a.md, timeout=5
     ).entries
     assert [e.action for e in history] == ["create", "delete"]
+
+
+def test_streamed_calls_past_max_streams_are_refused_and_leave_workers_for_the_rest(
+    start_server: Callable[..., LiveServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each export or import holds a worker thread while its client reads or sends; past
+    server.max_streams they are RESOURCE_EXHAUSTED, so unary calls keep their workers (36
+    slow export readers took all 32, GetStatus and the health check included). A client
+    stream cancelled half way is no incident in the log."""
+    live = start_server(server={"max_workers": 4, "max_streams": 2})
+    t = TenantClient(provision(live, "tenant-a"), live.channel())
+    stub = t.memory()
+    reqs = [
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"note {i} {'x' * 400}")) for i in range(500)
+    ]
+    for _ in range(4):  # 2,000 memories: four export messages of 500, more than the window holds
+        stub.BatchCreateMemories(pb.BatchCreateMemoriesRequest(requests=reqs), metadata=t.md, timeout=30)
+        reqs = [
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=r.memory.content + " more")) for r in reqs
+        ]
+    held = [stub.ExportMemories(pb.ExportMemoriesRequest(), metadata=t.md, timeout=60) for _ in range(2)]
+    for call in held:
+        next(call)  # started, and read no further: its worker waits for the client
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.ExportMemories(pb.ExportMemoriesRequest(), metadata=t.md, timeout=10))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error_info(err.value)[0] == "TOO_MANY_STREAMS" and "server.max_streams" in err.value.details()
+    for _ in range(5):  # the two workers left answer unary calls
+        assert stub.GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5).memory_count == 2_000
+    held[0].cancel()
+    deadline = time.monotonic() + 10
+    codes, exported = [], 0
+    while time.monotonic() < deadline:  # its slot comes back once its handler sees the cancel
+        try:
+            export = stub.ExportMemories(pb.ExportMemoriesRequest(), metadata=t.md, timeout=30)
+            exported = sum(len(r.memories) for r in export)
+            break
+        except grpc.RpcError as again:
+            codes.append(again.code())
+            time.sleep(0.1)
+    assert exported == 2_000 and set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    held[1].cancel()
+
+    sent = threading.Event()
+
+    def batches() -> Iterator[pb.ImportMemoriesRequest]:
+        yield pb.ImportMemoriesRequest(
+            memories=[
+                memory_pb2.Memory(
+                    id=str(uuid.uuid4()), content="kept", create_time=timestamp_pb2.Timestamp(seconds=1)
+                )
+            ]
+        )
+        sent.set()
+        time.sleep(30)  # the client cancels while the server waits for the next message
+
+    with caplog.at_level(logging.DEBUG, logger="mnemo_server"):
+        call = stub.ImportMemories(batches(), metadata=t.md, timeout=60)
+        assert sent.wait(10)
+        time.sleep(0.5)
+        call.cancel()
+        time.sleep(1.0)
+    incidents = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert incidents == [], [r.getMessage() for r in incidents]

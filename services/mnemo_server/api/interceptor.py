@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 from mnemo_server.api.compute_gate import COMPUTE_PRIORITY, ComputeGate
 from mnemo_server.api.errors import internal_status, storage_full, to_rpc_status
 from mnemo_server.call_trace import CallTrace, mark, traced
-from mnemo_server.errors import InvalidArgument, MnemoError, Unauthenticated
+from mnemo_server.errors import InvalidArgument, MnemoError, ResourceExhausted, Unauthenticated
 from mnemo_server.latency_histogram import CallTimes
 from mnemo_server.tenancy.tenants import Principal
 
@@ -93,6 +93,11 @@ def _parsed(request: Any) -> Any:
 def _fail(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
     if isinstance(exc, MnemoError):
         context.abort_with_status(to_rpc_status(exc))
+    if isinstance(exc, grpc.RpcError) and not context.is_active():
+        # Reading a client stream the client cancelled (or whose deadline passed): nobody
+        # waits for the answer and nothing failed here, so it is no incident.
+        log.debug("%s ended by its client: %s", method, exc)
+        context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled by its client")
     incident = uuid.uuid4().hex[:12]
     log.error("incident %s in %s", incident, method, exc_info=exc)
     full = storage_full(exc, incident)
@@ -106,8 +111,11 @@ class ApiInterceptor(grpc.ServerInterceptor):
         gate: ComputeGate | None = None,
         slow_call_ms: float = 0.0,
         call_times: CallTimes | None = None,
+        max_streams: int = 8,
     ):
         self._authenticate = authenticate
+        self._max_streams = max_streams
+        self._streams = threading.BoundedSemaphore(max_streams)
         self._gate = gate or ComputeGate(0)
         self._slow_call_ms = slow_call_ms
         self.call_times = call_times or CallTimes()
@@ -126,6 +134,21 @@ class ApiInterceptor(grpc.ServerInterceptor):
             with self._idle:
                 self._active -= 1
                 self._idle.notify_all()
+
+    @contextmanager
+    def _stream_slot(self, context: grpc.ServicerContext) -> Iterator[None]:
+        """One of max_streams for a streamed call, else RESOURCE_EXHAUSTED at once."""
+        if not self._streams.acquire(blocking=False):
+            busy = ResourceExhausted(
+                f"{self._max_streams} streamed calls (exports, imports) are running "
+                "(server.max_streams); retry once one ends",
+                reason="TOO_MANY_STREAMS",
+            )
+            context.abort_with_status(to_rpc_status(busy))
+        try:
+            yield
+        finally:
+            self._streams.release()
 
     def wait_idle(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -158,7 +181,7 @@ class ApiInterceptor(grpc.ServerInterceptor):
             behavior = handler.unary_stream or handler.stream_stream
 
             def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                with self._in_flight():
+                with self._stream_slot(context), self._in_flight():
                     yield from guarded(request, context)
 
             def guarded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:

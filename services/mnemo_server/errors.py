@@ -87,6 +87,12 @@ class DeadlineExceeded(MnemoError):
     default_reason = "DEADLINE_EXCEEDED"
 
 
+class Cancelled(MnemoError):
+    """The caller cancelled the call (or went away): its work stops, and nobody reads this."""
+
+    default_reason = "CANCELLED"
+
+
 class Aborted(MnemoError):
     """A concurrent write won: nothing of this one was written, and a retry is safe."""
 

@@ -2,8 +2,10 @@
 
 Every RPC turns the caller's remaining time into a Deadline (minus a margin for the reply)
 and checks it between units of work, so an answer is either on time or DEADLINE_EXCEEDED,
-never late. The AdmissionGate bounds how many requests may wait for the inference threads;
-beyond it requests are shed with RESOURCE_EXHAUSTED instead of piling up."""
+never late. The same checks stop a call its caller cancelled: cancelled Reranks used to run
+to the end, and ten of them, cancelled 10 ms after sending, kept the next live Rerank waiting
+17 s (overload probe). The AdmissionGate bounds how many requests may wait for the inference
+threads; beyond it requests are shed with RESOURCE_EXHAUSTED instead of piling up."""
 
 from __future__ import annotations
 
@@ -13,12 +15,19 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from mnemo_server.errors import DeadlineExceeded, ResourceExhausted
+from mnemo_server.errors import Cancelled, DeadlineExceeded, ResourceExhausted
 
 
 class Deadline:
-    def __init__(self, remaining_s: float | None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        remaining_s: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        alive: Callable[[], bool] | None = None,
+    ):
+        """`alive`: whether the caller still waits (grpc's context.is_active)."""
         self._clock = clock
+        self._alive = alive
         self.at = math.inf if remaining_s is None else clock() + max(0.0, remaining_s)
 
     @classmethod
@@ -31,9 +40,18 @@ class Deadline:
     def expired(self) -> bool:
         return self.remaining() <= 0
 
+    def cancelled(self) -> bool:
+        return self._alive is not None and not self._alive()
+
     def check(self, stage: str) -> None:
+        if self.cancelled():
+            raise Cancelled(f"the caller cancelled the call during {stage}")
         if self.expired():
             raise DeadlineExceeded(f"the deadline passed during {stage}", reason="SIDECAR_DEADLINE")
+
+
+# How often a request waiting for an inference slot looks whether its caller cancelled.
+_QUEUED_CHECK_S = 0.05
 
 
 class AdmissionGate:
@@ -57,9 +75,7 @@ class AdmissionGate:
                 )
             self._inside += 1
         try:
-            timeout = deadline.remaining()
-            if timeout <= 0 or not self._slots.acquire(timeout=timeout):
-                raise DeadlineExceeded("the deadline passed while queued", reason="SIDECAR_DEADLINE")
+            self._wait_for_slot(deadline)
             try:
                 yield
             finally:
@@ -67,3 +83,9 @@ class AdmissionGate:
         finally:
             with self._lock:
                 self._inside -= 1
+
+    def _wait_for_slot(self, deadline: Deadline) -> None:
+        while True:
+            deadline.check("the wait for an inference slot")
+            if self._slots.acquire(timeout=min(_QUEUED_CHECK_S, deadline.remaining())):
+                return

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mnemo_server.errors import DeadlineExceeded
+from mnemo_server.errors import Cancelled, DeadlineExceeded
 from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
 from mnemo_sidecar.crossencoder.data import (
     PairsError,
@@ -504,6 +504,17 @@ def test_deadline_expiring_midway_raises_instead_of_answering_late(
 
     session.runs, session.now = 0, 0.0
     assert runtime.score("q", texts, Deadline(10.0, clock=session.clock)).shape == (40,)
+
+
+def test_a_call_cancelled_midway_stops_between_batches(
+    runtime: CrossEncoderRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = _ClockedSession(runtime._session)
+    monkeypatch.setattr(runtime, "_session", session)
+    texts = [f"passage number {i}" for i in range(40)]  # three micro-batches of 16
+    with pytest.raises(Cancelled):  # the caller went away during the first batch
+        runtime.score("q", texts, Deadline(100.0, clock=session.clock, alive=lambda: session.runs == 0))
+    assert session.runs == 1
 
 
 def test_batch_that_cannot_finish_in_time_is_refused_up_front(

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mnemo_server.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted
+from mnemo_server.errors import Cancelled, DeadlineExceeded, FailedPrecondition, ResourceExhausted
 from mnemo_sidecar.config import HealthConfig, RankerConfig, SidecarConfig
 from mnemo_sidecar.deadlines import AdmissionGate, Deadline
 from mnemo_sidecar.engine import RankingEngine
@@ -636,6 +636,36 @@ def test_deadline_and_admission_gate() -> None:
     gate2 = AdmissionGate(running=1, queued=1)
     with gate2.admit(Deadline(1.0)), pytest.raises(DeadlineExceeded), gate2.admit(Deadline(0.05)):
         pass
+
+
+def test_a_cancelled_call_leaves_the_queue_at_once_and_its_slot_goes_to_the_next() -> None:
+    """A caller that cancels while its call waits for the only inference slot: the call
+    leaves within ~0.05 s, not at its deadline, and never takes the slot."""
+    gate = AdmissionGate(running=1, queued=2)
+    caller_waits = threading.Event()
+    caller_waits.set()
+    outcome: list[BaseException] = []
+
+    def queued() -> None:
+        try:
+            with gate.admit(Deadline(30.0, alive=caller_waits.is_set)):
+                outcome.append(AssertionError("a cancelled call was admitted"))
+        except Exception as exc:
+            outcome.append(exc)
+
+    with gate.admit(Deadline(30.0)):
+        waiter = threading.Thread(target=queued)
+        waiter.start()
+        time.sleep(0.2)
+        cancelled_at = time.monotonic()
+        caller_waits.clear()
+        waiter.join(5.0)
+        assert time.monotonic() - cancelled_at < 1.0 and not waiter.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], Cancelled)
+    with gate.admit(Deadline(1.0)):  # the slot and the queue place are free again
+        pass
+    with pytest.raises(Cancelled):
+        Deadline(30.0, alive=lambda: False).check("scoring")
 
 
 def test_out_of_fold_scores_never_come_from_a_model_that_saw_the_session(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ _CODES: list[tuple[type[errors.MnemoError], grpc.StatusCode]] = [
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.Aborted, grpc.StatusCode.ABORTED),
+    (errors.Cancelled, grpc.StatusCode.CANCELLED),
 ]
 
 

@@ -34,7 +34,7 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
     def _deadline(self, context: grpc.ServicerContext) -> Deadline:
         remaining = context.time_remaining()
         margin = self.cfg.inference.deadline_margin_ms / 1000.0
-        return Deadline(None if remaining is None else remaining - margin)
+        return Deadline(None if remaining is None else remaining - margin, alive=context.is_active)
 
     def Rerank(self, request: rpb.RerankRequest, context: grpc.ServicerContext) -> rpb.RerankResponse:
         tenant = convert.tenant_of(request.tenant_id)

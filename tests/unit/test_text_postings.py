@@ -60,6 +60,25 @@ def test_terms_split_fold_stem_and_drop_stop_words() -> None:
     assert terms("having the very best of it") == ["veri", "best"]  # stop words after stemming
 
 
+def test_letters_without_accents_fold_as_lancedb_folds_them(tmp_path: Path) -> None:
+    """ł, ø, æ, ... decompose to no accent to drop: each folds to what finds its row in
+    LanceDB's index, and a query in either spelling finds it here."""
+    folds = {"ł": "l", "ø": "o", "æ": "ae", "œ": "oe", "đ": "d", "ð": "d", "þ": "th", "ß": "ss"}
+    folds |= {"ſ": "s", "ı": "i", "ħ": "h", "ŧ": "t", "ŋ": "n", "ĸ": "k"}
+    words = [f"mab{c}rot" for c in folds]
+    table = _lance_table(tmp_path, words)
+    postings = TextPostings()
+    postings.load((f"d{i}", "s", w) for i, w in enumerate(words))
+    for i, (letter, ascii_form) in enumerate(folds.items()):
+        plain = f"mab{ascii_form}rot"
+        assert terms(f"mab{letter}rot") == terms(plain) == [plain]
+        assert f"d{i}" in [j for j, _ in _lance_search(table, plain, 5)], letter
+        assert [j for j, _ in postings.search(plain, 5)] == [j for j, _ in postings.search(words[i], 5)]
+    assert terms("Łódź København Ærø Œuvre Tromsø STRASSE Straße") == [
+        "lodz", "kobenhavn", "aero", "oeuvr", "tromso", "strass", "strass"
+    ]  # fmt: skip
+
+
 def test_stop_words_are_the_words_lancedb_ignores(tmp_path: Path) -> None:
     """LanceDB finds nothing for a stop word; every other word finds its row."""
     extra = "would could also yes one two get got like make cannot ourselves heres thats"

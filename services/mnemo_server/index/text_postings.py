@@ -9,10 +9,10 @@ scopes is limited to the ids LanceDB finds passing the filter (`allowed`), and a
 reads the texts back from the table.
 
 Terms are made as LanceDB's default full-text index makes them (the "simple" tokenizer:
-runs of letters and digits; tokens over 40 characters dropped; lower case; accents
-folded; Snowball English stems; English stop words removed), and scored with BM25 (k1 1.2,
-b 0.75; document frequencies and the average length over the tenant's rows, whatever the
-filter), so scores match LanceDB's up to its own rounding.
+runs of letters and digits; tokens over 40 characters dropped; lower case; accents and
+letters such as ł, ø, æ folded; Snowball English stems; English stop words removed), and
+scored with BM25 (k1 1.2, b 0.75; document frequencies and the average length over the
+tenant's rows, whatever the filter), so scores match LanceDB's up to its own rounding.
 
 Rows live in slots; a row written again takes a new slot and its old one is marked dead.
 New postings collect in a small per-term buffer that is folded into compact arrays (one
@@ -60,11 +60,20 @@ _TOKEN = re.compile(r"[^\W_]+")
 _local = threading.local()
 
 
+# Lower-case letters that carry no combining accent to drop, folded as LanceDB's ASCII
+# folding folds them (checked against it in tests/unit/test_text_postings.py): without these,
+# "Lodz" did not find "Łódź" nor "Tromso" "Tromsø", which LanceDB's own index finds.
+_LETTER_FOLDS = str.maketrans(
+    {"ł": "l", "ø": "o", "æ": "ae", "œ": "oe", "đ": "d", "ð": "d", "þ": "th", "ß": "ss"}
+    | {"ſ": "s", "ı": "i", "ħ": "h", "ŧ": "t", "ŋ": "n", "ĸ": "k"}
+)
+
+
 def _fold(text: str) -> str:
     if text.isascii():
         return text
     decomposed = unicodedata.normalize("NFKD", text)
-    return "".join(c for c in decomposed if not unicodedata.combining(c))
+    return "".join(c for c in decomposed if not unicodedata.combining(c)).translate(_LETTER_FOLDS)
 
 
 def terms(text: str) -> list[str]:

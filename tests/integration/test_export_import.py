@@ -173,6 +173,26 @@ def test_an_import_restores_a_tombstoned_id_unless_its_content_lives_on_elsewher
     assert [e.action for e in history] == ["create", "delete"]
 
 
+def test_one_import_message_keeps_one_of_its_entries_with_the_same_content(tenant_a: TenantClient) -> None:
+    """Entries of one message are checked against each other, as a batch create's are: three
+    unnamed entries with the same content in a scope were all imported (live duplicates no
+    other write makes), while one per message imported one."""
+    stub = tenant_a.memory()
+    when = timestamp_pb2.Timestamp(seconds=1_700_000_000)
+    project = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p1")
+    same = ["Ship the release on Friday", "ship the release on friday.", "Ship  the release on Friday!"]
+    entries = [memory_pb2.Memory(id=str(uuid.uuid4()), content=c, create_time=when) for c in same]
+    entries.append(memory_pb2.Memory(id=str(uuid.uuid4()), content=same[0], create_time=when, scope=project))
+    done = list(
+        stub.ImportMemories(
+            iter([pb.ImportMemoriesRequest(memories=entries)]), metadata=tenant_a.md, timeout=10
+        )
+    )
+    assert (done[-1].imported_count, done[-1].skipped_count) == (2, 2)
+    live = _export(tenant_a, include_deleted=False)
+    assert sorted(m.id for m in live) == sorted([entries[0].id, entries[3].id])
+
+
 def test_streamed_calls_past_max_streams_are_refused_and_leave_workers_for_the_rest(
     start_server: Callable[..., LiveServer], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -557,6 +557,10 @@ class MemoryService:
                 ):
                     continue
                 seen.add(m.id)
+                if m.delete_time_ns is None and not m.external_id:
+                    # Later entries of this message with the same content in the scope are
+                    # duplicates of this one, as a batch create's are of its first.
+                    dups[(m.scope.key, norm.hash)] = m
                 rows.append(
                     (
                         replace(

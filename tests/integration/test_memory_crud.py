@@ -340,6 +340,34 @@ def test_external_ids_name_distinct_memories_with_equal_content(tenant_a: Tenant
             timeout=10,
         )
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    # An update follows the same rules: a named memory may take content another holds...
+    third = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("you're welcome", external_id="turn-3")),
+        metadata=tenant_a.md,
+        timeout=10,
+    ).memory
+    mask = field_mask_pb2.FieldMask(paths=["content"])
+    updated = stub.UpdateMemory(
+        pb.UpdateMemoryRequest(memory=memory_pb2.Memory(id=third.id, content="thanks!"), update_mask=mask),
+        metadata=tenant_a.md,
+        timeout=10,
+    ).memory
+    assert updated.content == "thanks!" and updated.external_id == "turn-3"
+    # ...and an unnamed one may not (a create of it would have returned the other).
+    plain = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=_mem("no thanks")), metadata=tenant_a.md, timeout=10
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        stub.UpdateMemory(
+            pb.UpdateMemoryRequest(
+                memory=memory_pb2.Memory(id=plain.memory.id, content="Thanks"), update_mask=mask
+            ),
+            metadata=tenant_a.md,
+            timeout=10,
+        )
+    assert (
+        err.value.code() == grpc.StatusCode.ALREADY_EXISTS and error_info(err.value)[0] == "DUPLICATE_CONTENT"
+    )
 
 
 def test_concurrent_creates_are_each_written_once_and_counted(tenant_a: TenantClient) -> None:

@@ -308,7 +308,10 @@ class MemoryService:
                 if "event_time_ns" in changes and changes["event_time_ns"] is None:
                     # Named and unset: what CreateMemory gives a memory without one.
                     changes["event_time_ns"] = current.create_time_ns
-                if "content_hash" in changes and changes["content_hash"] != current.content_hash:
+                # A named memory may share its content with others, as CreateMemory lets two
+                # names hold "thanks!"; an unnamed one may not (a create would return the other).
+                changed = "content_hash" in changes and changes["content_hash"] != current.content_hash
+                if changed and not current.external_id:
                     dup = memory_repo.find_live_duplicates(
                         cur, self.db.stored.hashes, tenant_id, [changes["content_hash"]]
                     ).get((current.scope.key, changes["content_hash"]))

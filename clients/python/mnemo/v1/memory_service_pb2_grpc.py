@@ -119,8 +119,10 @@ class MemoryServiceServicer:
     """
 
     def CreateMemory(self, request, context):
-        """Stores one memory. An exact duplicate (same normalized content in the same scope)
-        returns the existing memory with deduplicated = true.
+        """Stores one memory. A duplicate (the same normalized content in the same scope: whitespace
+        collapsed, letter case and trailing ".,!?;:" ignored, so "Deploy on Friday." repeats
+        "deploy on friday") returns the existing memory with deduplicated = true, unless the
+        memory is named by an external_id: named memories may share content.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,8 +36,10 @@ class MemoryServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> MemoryServiceAsyncStub: ...
     CreateMemory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.CreateMemoryRequest, _memory_service_pb2.CreateMemoryResponse]
-    """Stores one memory. An exact duplicate (same normalized content in the same scope)
-    returns the existing memory with deduplicated = true.
+    """Stores one memory. A duplicate (the same normalized content in the same scope: whitespace
+    collapsed, letter case and trailing ".,!?;:" ignored, so "Deploy on Friday." repeats
+    "deploy on friday") returns the existing memory with deduplicated = true, unless the
+    memory is named by an external_id: named memories may share content.
     """
     BatchCreateMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.BatchCreateMemoriesRequest, _memory_service_pb2.BatchCreateMemoriesResponse]
     """Stores up to 500 memories atomically: all are validated before any is written."""
@@ -100,8 +102,10 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateMemory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.CreateMemoryRequest, _memory_service_pb2.CreateMemoryResponse]  # type: ignore[assignment]
-    """Stores one memory. An exact duplicate (same normalized content in the same scope)
-    returns the existing memory with deduplicated = true.
+    """Stores one memory. A duplicate (the same normalized content in the same scope: whitespace
+    collapsed, letter case and trailing ".,!?;:" ignored, so "Deploy on Friday." repeats
+    "deploy on friday") returns the existing memory with deduplicated = true, unless the
+    memory is named by an external_id: named memories may share content.
     """
     BatchCreateMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.BatchCreateMemoriesRequest, _memory_service_pb2.BatchCreateMemoriesResponse]  # type: ignore[assignment]
     """Stores up to 500 memories atomically: all are validated before any is written."""
@@ -167,8 +171,10 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.CreateMemoryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.CreateMemoryResponse, _abc.Awaitable[_memory_service_pb2.CreateMemoryResponse]]:
-        """Stores one memory. An exact duplicate (same normalized content in the same scope)
-        returns the existing memory with deduplicated = true.
+        """Stores one memory. A duplicate (the same normalized content in the same scope: whitespace
+        collapsed, letter case and trailing ".,!?;:" ignored, so "Deploy on Friday." repeats
+        "deploy on friday") returns the existing memory with deduplicated = true, unless the
+        memory is named by an external_id: named memories may share content.
         """
 
     @_abc_1.abstractmethod

@@ -75,7 +75,10 @@ export interface Memory {
   category: string;
   /** The text. Whitespace is collapsed; casing is kept. */
   content: string;
-  /** Output only. SHA-256 (hex) of the normalized content: the deduplication key. */
+  /**
+   * Output only. SHA-256 (hex) of the normalized content (whitespace collapsed, lower-cased,
+   * trailing ".,!?;:" removed): the deduplication key within a scope.
+   */
   contentHash: string;
   /** 0..1, defaults to 0.5 when unset. */
   importance?:

@@ -7504,8 +7504,10 @@ export const GetSessionResponse: MessageFns<GetSessionResponse> = {
 export type MemoryServiceService = typeof MemoryServiceService;
 export const MemoryServiceService = {
   /**
-   * Stores one memory. An exact duplicate (same normalized content in the same scope)
-   * returns the existing memory with deduplicated = true.
+   * Stores one memory. A duplicate (the same normalized content in the same scope: whitespace
+   * collapsed, letter case and trailing ".,!?;:" ignored, so "Deploy on Friday." repeats
+   * "deploy on friday") returns the existing memory with deduplicated = true, unless the
+   * memory is named by an external_id: named memories may share content.
    */
   createMemory: {
     path: "/mnemo.v1.MemoryService/CreateMemory" as const,
@@ -7705,8 +7707,10 @@ export const MemoryServiceService = {
 
 export interface MemoryServiceServer extends UntypedServiceImplementation {
   /**
-   * Stores one memory. An exact duplicate (same normalized content in the same scope)
-   * returns the existing memory with deduplicated = true.
+   * Stores one memory. A duplicate (the same normalized content in the same scope: whitespace
+   * collapsed, letter case and trailing ".,!?;:" ignored, so "Deploy on Friday." repeats
+   * "deploy on friday") returns the existing memory with deduplicated = true, unless the
+   * memory is named by an external_id: named memories may share content.
    */
   createMemory: handleUnaryCall<CreateMemoryRequest, CreateMemoryResponse>;
   /** Stores up to 500 memories atomically: all are validated before any is written. */
@@ -7772,8 +7776,10 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
 
 export interface MemoryServiceClient extends Client {
   /**
-   * Stores one memory. An exact duplicate (same normalized content in the same scope)
-   * returns the existing memory with deduplicated = true.
+   * Stores one memory. A duplicate (the same normalized content in the same scope: whitespace
+   * collapsed, letter case and trailing ".,!?;:" ignored, so "Deploy on Friday." repeats
+   * "deploy on friday") returns the existing memory with deduplicated = true, unless the
+   * memory is named by an external_id: named memories may share content.
    */
   createMemory(
     request: CreateMemoryRequest,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from google.protobuf import field_mask_pb2
@@ -167,3 +169,32 @@ def test_a_page_token_is_refused_in_another_tenant(tenant_a: TenantClient, tenan
     with pytest.raises(grpc.RpcError) as err:
         b.ListMemories(pb.ListMemoriesRequest(page_size=1, page_token=token), metadata=tenant_b.md, timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(err.value)[1] == ["page_token"]
+
+
+def test_a_tenants_write_is_indexed_while_another_tenants_bulk_load_waits(
+    tenant_a: TenantClient, tenant_b: TenantClient
+) -> None:
+    """One worker indexes every tenant: with one line for all, B's create waited behind A's
+    whole backlog (20k rows: still pending after 5 s, unsearchable for minutes). Tenants take
+    turns, so B's memory is searchable within a batch or two of A's."""
+    stub_a = tenant_a.memory()
+    for b in range(6):  # 3,000 rows for the worker: several seconds of embedding here
+        reqs = [
+            pb.CreateMemoryRequest(
+                memory=memory_pb2.Memory(content=f"bulk note {b}-{i}: the nightly job moved {i} files")
+            )
+            for i in range(500)
+        ]
+        stub_a.BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(requests=reqs), metadata=tenant_a.md, timeout=60
+        )
+    started = time.monotonic()
+    created = tenant_b.memory().CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="B's one note"), wait_for_index=True),
+        metadata=tenant_b.md,
+        timeout=30,
+    )
+    took = time.monotonic() - started
+    backlog = stub_a.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=5).pending_index_count
+    assert created.memory.index_state == memory_pb2.INDEX_STATE_INDEXED and took < 3.0, (took, backlog)
+    assert backlog > 0  # B's note did not wait for A's backlog to drain

@@ -31,14 +31,13 @@ from dataclasses import dataclass
 from mnemo_server.config import IndexConfig
 from mnemo_server.embed.embedder import Embedder
 from mnemo_server.errors import is_storage_full
+from mnemo_server.index.fair_queue import FairQueue, Key
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
 from mnemo_server.index.maintenance import MaintenanceSchedule
 from mnemo_server.store import index_marks, memory_repo
 from mnemo_server.store.database import Database, WriteDomain
 
 log = logging.getLogger(__name__)
-
-Key = tuple[str, str]  # (tenant_id, memory_id)
 
 # The rows check compares tables a slice at a time, between two index batches: a create
 # waits for the slice under way. Slices of 64 small tables made creates (one after another,
@@ -69,10 +68,12 @@ class IndexerStats:
 
 
 def _by_tenant(batch: Sequence[Key]) -> dict[str, list[str]]:
+    """A batch's ids by tenant, the tenants with fewest first: a tenant's one write is not
+    kept waiting while a bulk load's share of the batch is embedded."""
     by_tenant: dict[str, list[str]] = defaultdict(list)
     for tenant_id, mid in dict.fromkeys(batch):
         by_tenant[tenant_id].append(mid)
-    return by_tenant
+    return dict(sorted(by_tenant.items(), key=lambda item: len(item[1])))
 
 
 class IndexWorker:
@@ -82,7 +83,7 @@ class IndexWorker:
         self.embedder = embedder
         self.cfg = cfg
         self.stats = IndexerStats()
-        self._queue: queue.Queue[Key | None] = queue.Queue()
+        self._queue = FairQueue()  # tenants take turns (fair_queue.py)
         self._queued: set[Key] = set()
         self._queued_lock = threading.Lock()
         self._waiters: dict[Key, list[threading.Event]] = defaultdict(list)
@@ -170,7 +171,7 @@ class IndexWorker:
         if self._thread is None:
             return True
         self._stopping.set()
-        self._queue.put(None)
+        self._queue.wake()
         self._thread.join(timeout_s)
         ended = not self._thread.is_alive()
         self._thread = None

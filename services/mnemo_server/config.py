@@ -273,6 +273,11 @@ class IndexConfig:
     reconcile_interval_s: float = 60.0
     # Longest a wait_for_index call blocks (the call's own deadline also bounds it).
     max_wait_for_index_s: float = 30.0
+    # wait_for_index calls blocked at once, server-wide; past it a call answers at once with
+    # its memory as written (index_state pending). Each blocked call holds a gRPC worker:
+    # 40 of one tenant's, waiting on its backlog, took all 32, and another tenant's
+    # GetMemory timed out (noisy-neighbour probe).
+    max_index_waits: int = 8
 
 
 @dataclass(frozen=True)

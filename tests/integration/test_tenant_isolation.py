@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -10,7 +12,7 @@ from google.protobuf import field_mask_pb2
 
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-from tests.conftest import TenantClient, error_info
+from tests.conftest import LiveServer, TenantClient, error_info, provision
 
 
 @pytest.fixture
@@ -198,3 +200,34 @@ def test_a_tenants_write_is_indexed_while_another_tenants_bulk_load_waits(
     backlog = stub_a.GetStatus(pb.GetStatusRequest(), metadata=tenant_a.md, timeout=5).pending_index_count
     assert created.memory.index_state == memory_pb2.INDEX_STATE_INDEXED and took < 3.0, (took, backlog)
     assert backlog > 0  # B's note did not wait for A's backlog to drain
+
+
+def test_wait_for_index_calls_past_max_index_waits_answer_at_once_pending(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    """A blocked wait_for_index holds a gRPC worker: 40 of one tenant's took all 32 and
+    another tenant's GetMemory timed out. Past index.max_index_waits they answer at once,
+    written and pending, and are indexed as ever."""
+    live = start_server(index={"max_index_waits": 1})
+    t = TenantClient(provision(live, "tenant-a"), live.channel())
+    stub = t.memory()
+    indexer = live.server.core.indexer
+    indexer.stop()  # nothing is indexed until it starts again: a wait lasts its deadline
+
+    def create(content: str, timeout: float) -> tuple[pb.CreateMemoryResponse, float]:
+        started = time.monotonic()
+        req = pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=content), wait_for_index=True)
+        return stub.CreateMemory(req, metadata=t.md, timeout=timeout), time.monotonic() - started
+
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(create, "the first note waits", 3.0)
+        time.sleep(0.5)
+        second, took = create("the second note does not", 3.0)
+        assert took < 1.0 and second.memory.index_state == memory_pb2.INDEX_STATE_PENDING
+        waited, first_took = first.result()
+        assert first_took > 2.0 and waited.memory.index_state == memory_pb2.INDEX_STATE_PENDING
+    indexer.start()
+    assert indexer.wait_idle(30)
+    for m in (second.memory, waited.memory):
+        got = stub.GetMemory(pb.GetMemoryRequest(id=m.id), metadata=t.md, timeout=5).memory
+        assert got.index_state == memory_pb2.INDEX_STATE_INDEXED

@@ -88,6 +88,7 @@ class IndexWorker:
         self._queued_lock = threading.Lock()
         self._waiters: dict[Key, list[threading.Event]] = defaultdict(list)
         self._waiters_lock = threading.Lock()
+        self._wait_slots = threading.BoundedSemaphore(cfg.max_index_waits) if cfg.max_index_waits else None
         self._idle = threading.Condition()
         self._busy = 0
         self._thread: threading.Thread | None = None
@@ -112,10 +113,19 @@ class IndexWorker:
             return len(self._queued)
 
     def wait_indexed(self, tenant_id: str, ids: Sequence[str], timeout_s: float) -> bool:
-        """Block until every id is searchable (or deleted), at most timeout_s. A batch
-        notifies every id it took, whatever revision it indexed: one read before a later
-        write indexes the older revision, so a notified id is read again and waited for
-        again until its current revision is the one indexed."""
+        """Block until every id is searchable (or deleted), at most timeout_s; False at once
+        when index.max_index_waits calls already wait (each holds a gRPC worker)."""
+        if self._wait_slots is None or not self._wait_slots.acquire(blocking=False):
+            return False
+        try:
+            return self._wait_indexed(tenant_id, ids, timeout_s)
+        finally:
+            self._wait_slots.release()
+
+    def _wait_indexed(self, tenant_id: str, ids: Sequence[str], timeout_s: float) -> bool:
+        """A batch notifies every id it took, whatever revision it indexed: one read before
+        a later write indexes the older revision, so a notified id is read again and waited
+        for again until its current revision is the one indexed."""
         deadline = time.monotonic() + timeout_s
         waiting = list(dict.fromkeys(ids))
         while True:

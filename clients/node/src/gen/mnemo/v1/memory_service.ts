@@ -234,7 +234,11 @@ export interface CreateMemoryRequest {
    * default); a retry after that is a new request.
    */
   requestId: string;
-  /** Block until the memory is searchable (bounded by the call's deadline). */
+  /**
+   * Block until the memory is searchable (bounded by the call's deadline and the server's
+   * index.max_wait_for_index_s). Best effort: with index.max_index_waits calls (8 by
+   * default) already waiting, server-wide, the call answers at once with the memory pending.
+   */
   waitForIndex: boolean;
 }
 

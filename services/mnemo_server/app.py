@@ -374,6 +374,7 @@ class MnemoServer:
                 config.server.slow_call_ms,
                 call_times,
                 config.server.max_streams,
+                config.server.max_streams_per_tenant,
             ),
         )
         self.core = Core(config)

@@ -33,6 +33,9 @@ class ServerConfig:
     # to read or send, so without a bound 32+ slow export readers left no worker for any
     # other call, health checks included (overload probe). Keep it below max_workers.
     max_streams: int = 8
+    # Of those, at most this many one tenant's: idle imports of one tenant took all 8, and
+    # every other tenant's exports and imports were refused for as long (noisy-neighbour probe).
+    max_streams_per_tenant: int = 4
     # Recall and StartSession (CPU-bound) running at once; more wait their turn within their
     # deadline, StartSession first (api/compute_gate.py has the measurements). Two per core
     # suits a small machine for throughput, one per core for latency; 0 removes the limit.
@@ -417,6 +420,7 @@ _INT_RANGES = {
     "max_batch_size": (1, 100_000),
     "max_train_streams": (1, 4_096),
     "max_streams": (1, 4_096),
+    "max_streams_per_tenant": (1, 4_096),
     # Limits a request must fit: 0 would refuse every call (probe: max_top_k -1 failed every
     # Recall, max_content_chars -1 every create).
     "max_top_k": (1, None),

@@ -197,11 +197,13 @@ def test_streamed_calls_past_max_streams_are_refused_and_leave_workers_for_the_r
     start_server: Callable[..., LiveServer], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each export or import holds a worker thread while its client reads or sends; past
-    server.max_streams they are RESOURCE_EXHAUSTED, so unary calls keep their workers (36
-    slow export readers took all 32, GetStatus and the health check included). A client
-    stream cancelled half way is no incident in the log."""
-    live = start_server(server={"max_workers": 4, "max_streams": 2})
+    server.max_streams (or a tenant's share of them) they are RESOURCE_EXHAUSTED, so unary
+    calls keep their workers (36 slow export readers took all 32, GetStatus and the health
+    check included) and other tenants their streams. A client stream cancelled half way is
+    no incident in the log."""
+    live = start_server(server={"max_workers": 5, "max_streams": 3, "max_streams_per_tenant": 2})
     t = TenantClient(provision(live, "tenant-a"), live.channel())
+    other = TenantClient(provision(live, "tenant-b"), live.channel())
     stub = t.memory()
     reqs = [
         pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"note {i} {'x' * 400}")) for i in range(500)
@@ -218,6 +220,8 @@ def test_streamed_calls_past_max_streams_are_refused_and_leave_workers_for_the_r
         list(stub.ExportMemories(pb.ExportMemoriesRequest(), metadata=t.md, timeout=10))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error_info(err.value)[0] == "TOO_MANY_STREAMS" and "server.max_streams" in err.value.details()
+    # Another tenant still has a stream of its own: one tenant's cannot take them all.
+    assert list(other.memory().ExportMemories(pb.ExportMemoriesRequest(), metadata=other.md, timeout=10))
     for _ in range(5):  # the two workers left answer unary calls
         assert stub.GetStatus(pb.GetStatusRequest(), metadata=t.md, timeout=5).memory_count == 2_000
     held[0].cancel()

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -112,10 +113,14 @@ class ApiInterceptor(grpc.ServerInterceptor):
         slow_call_ms: float = 0.0,
         call_times: CallTimes | None = None,
         max_streams: int = 8,
+        max_streams_per_tenant: int = 4,
     ):
         self._authenticate = authenticate
         self._max_streams = max_streams
-        self._streams = threading.BoundedSemaphore(max_streams)
+        self._max_streams_per_tenant = max_streams_per_tenant
+        self._streams_lock = threading.Lock()
+        self._streams = 0
+        self._streams_of: Counter[str] = Counter()
         self._gate = gate or ComputeGate(0)
         self._slow_call_ms = slow_call_ms
         self.call_times = call_times or CallTimes()
@@ -136,19 +141,33 @@ class ApiInterceptor(grpc.ServerInterceptor):
                 self._idle.notify_all()
 
     @contextmanager
-    def _stream_slot(self, context: grpc.ServicerContext) -> Iterator[None]:
-        """One of max_streams for a streamed call, else RESOURCE_EXHAUSTED at once."""
-        if not self._streams.acquire(blocking=False):
+    def _stream_slot(self, context: grpc.ServicerContext, tenant_id: str) -> Iterator[None]:
+        """One of max_streams for a streamed call, at most max_streams_per_tenant of them a
+        tenant's (or one tenant's idle imports would lock every other out), else
+        RESOURCE_EXHAUSTED at once."""
+        with self._streams_lock:
+            mine = self._streams_of[tenant_id]
+            free = self._streams < self._max_streams and mine < self._max_streams_per_tenant
+            if free:
+                self._streams += 1
+                self._streams_of[tenant_id] += 1
+        if not free:
             busy = ResourceExhausted(
-                f"{self._max_streams} streamed calls (exports, imports) are running "
-                "(server.max_streams); retry once one ends",
+                f"{min(mine, self._max_streams_per_tenant)} of your streamed calls (exports, imports) "
+                f"and {self._streams} in all are running (server.max_streams_per_tenant "
+                f"{self._max_streams_per_tenant}, server.max_streams {self._max_streams}); "
+                "retry once one ends",
                 reason="TOO_MANY_STREAMS",
             )
             context.abort_with_status(to_rpc_status(busy))
         try:
             yield
         finally:
-            self._streams.release()
+            with self._streams_lock:
+                self._streams -= 1
+                self._streams_of[tenant_id] -= 1
+                if not self._streams_of[tenant_id]:
+                    del self._streams_of[tenant_id]
 
     def wait_idle(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -181,7 +200,12 @@ class ApiInterceptor(grpc.ServerInterceptor):
             behavior = handler.unary_stream or handler.stream_stream
 
             def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                with self._stream_slot(context), self._in_flight():
+                try:
+                    tenant_id = principal().tenant_id
+                except Exception as exc:
+                    _fail(context, exc, method)
+                    raise  # unreachable: abort raises
+                with self._stream_slot(context, tenant_id), self._in_flight():
                     yield from guarded(request, context)
 
             def guarded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:

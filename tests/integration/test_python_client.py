@@ -67,6 +67,31 @@ def test_unreachable_server_is_retried_then_reported() -> None:
     with MnemoClient("127.0.0.1:1", timeout_s=0.5) as c, pytest.raises(MnemoError) as err:
         c.status()
     assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert err.value.request_id == ""  # not a write
+
+
+def test_a_failed_write_names_its_request_id_so_it_can_be_sent_again_once(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """Past its retries a write's outcome is unknown (it may have been stored); the error
+    carries the request_id the client generated, and sending the request again with it
+    stores the memory once."""
+    with MnemoClient("127.0.0.1:1", timeout_s=0.5) as gone, pytest.raises(MnemoError) as err:
+        gone.create_memory(gone.new_memory("sent while the server was away"))
+    generated = err.value.request_id
+    assert len(generated) == 32 and err.value.code in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
+    with MnemoClient(server.address, tenant_a.token, timeout_s=30) as c:
+        note = c.new_memory("sent while the server was away")
+        first = c.create_memory(note, request_id=generated)
+        again = c.create_memory(note, request_id=generated)
+        assert again.memory.id == first.memory.id  # the same key answers as the first call did
+        with pytest.raises(MnemoError) as refused:
+            c.create_memory(c.new_memory(""), request_id="mine-1")
+        assert refused.value.request_id == "mine-1"
+        assert c.status().memory_count == 1
 
 
 def test_agent_tools_return_prompt_text(client: MnemoClient) -> None:

@@ -51,7 +51,9 @@ _SHED_REASONS = frozenset({"SIDECAR_OVERLOADED"})
 
 
 class MnemoError(Exception):
-    """A failed call: the status code, message and ErrorInfo reason."""
+    """A failed call: the status code, message and ErrorInfo reason; for a write, the
+    request_id it was sent with (generated when the caller gave none), so that the same
+    request sent again with it takes effect once, whether or not the failed call had."""
 
     def __init__(self, code: grpc.StatusCode, message: str, reason: str = "", fields: Sequence[str] = ()):
         super().__init__(f"{code.name}: {message}")
@@ -59,6 +61,7 @@ class MnemoError(Exception):
         self.message = message
         self.reason = reason
         self.fields = list(fields)
+        self.request_id = ""
 
     @classmethod
     def from_rpc(cls, err: grpc.RpcError) -> MnemoError:
@@ -174,6 +177,7 @@ class MnemoClient:
             except grpc.RpcError as err:
                 error = MnemoError.from_rpc(err)
                 if not error.transient or attempt == attempts:
+                    error.request_id = getattr(request, "request_id", "")
                     raise error from None
                 time.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, self.retry.max_backoff_s)

@@ -119,8 +119,7 @@ class ApiInterceptor(grpc.ServerInterceptor):
         self._max_streams = max_streams
         self._max_streams_per_tenant = max_streams_per_tenant
         self._streams_lock = threading.Lock()
-        self._streams = 0
-        self._streams_of: Counter[str] = Counter()
+        self._streams_of: Counter[str] = Counter()  # tenant -> its streamed calls running
         self._gate = gate or ComputeGate(0)
         self._slow_call_ms = slow_call_ms
         self.call_times = call_times or CallTimes()
@@ -146,15 +145,14 @@ class ApiInterceptor(grpc.ServerInterceptor):
         tenant's (or one tenant's idle imports would lock every other out), else
         RESOURCE_EXHAUSTED at once."""
         with self._streams_lock:
-            mine = self._streams_of[tenant_id]
-            free = self._streams < self._max_streams and mine < self._max_streams_per_tenant
+            mine, running = self._streams_of[tenant_id], self._streams_of.total()
+            free = running < self._max_streams and mine < self._max_streams_per_tenant
             if free:
-                self._streams += 1
                 self._streams_of[tenant_id] += 1
         if not free:
             busy = ResourceExhausted(
-                f"{min(mine, self._max_streams_per_tenant)} of your streamed calls (exports, imports) "
-                f"and {self._streams} in all are running (server.max_streams_per_tenant "
+                f"{mine} of your streamed calls (exports, imports) "
+                f"and {running} in all are running (server.max_streams_per_tenant "
                 f"{self._max_streams_per_tenant}, server.max_streams {self._max_streams}); "
                 "retry once one ends",
                 reason="TOO_MANY_STREAMS",
@@ -164,7 +162,6 @@ class ApiInterceptor(grpc.ServerInterceptor):
             yield
         finally:
             with self._streams_lock:
-                self._streams -= 1
                 self._streams_of[tenant_id] -= 1
                 if not self._streams_of[tenant_id]:
                     del self._streams_of[tenant_id]
@@ -201,16 +198,16 @@ class ApiInterceptor(grpc.ServerInterceptor):
 
             def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 try:
-                    tenant_id = principal().tenant_id
+                    caller = principal()  # before a stream slot: slots are shared out by tenant
                 except Exception as exc:
                     _fail(context, exc, method)
                     raise  # unreachable: abort raises
-                with self._stream_slot(context, tenant_id), self._in_flight():
-                    yield from guarded(request, context)
+                with self._stream_slot(context, caller.tenant_id), self._in_flight():
+                    yield from guarded(request, context, caller)
 
-            def guarded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            def guarded(request: Any, context: grpc.ServicerContext, caller: Principal) -> Iterator[Any]:
                 try:
-                    token = _PRINCIPAL.set(principal())
+                    token = _PRINCIPAL.set(caller)
                     try:
                         yield from behavior(_parsed(request), context)
                     finally:

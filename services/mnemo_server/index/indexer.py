@@ -88,7 +88,7 @@ class IndexWorker:
         self._queued_lock = threading.Lock()
         self._waiters: dict[Key, list[threading.Event]] = defaultdict(list)
         self._waiters_lock = threading.Lock()
-        self._wait_slots = threading.BoundedSemaphore(cfg.max_index_waits) if cfg.max_index_waits else None
+        self._wait_slots = threading.Semaphore(cfg.max_index_waits)
         self._idle = threading.Condition()
         self._busy = 0
         self._thread: threading.Thread | None = None
@@ -115,7 +115,7 @@ class IndexWorker:
     def wait_indexed(self, tenant_id: str, ids: Sequence[str], timeout_s: float) -> bool:
         """Block until every id is searchable (or deleted), at most timeout_s; False at once
         when index.max_index_waits calls already wait (each holds a gRPC worker)."""
-        if self._wait_slots is None or not self._wait_slots.acquire(blocking=False):
+        if not self._wait_slots.acquire(blocking=False):
             return False
         try:
             return self._wait_indexed(tenant_id, ids, timeout_s)

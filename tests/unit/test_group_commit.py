@@ -43,9 +43,12 @@ class Writer:
         return request.upper()
 
     def commit(
-        self, max_size: int = 10, size_of: Callable[[str], int] = lambda _: 1
+        self,
+        max_size: int = 10,
+        size_of: Callable[[str], int] = lambda _: 1,
+        tenant_of: Callable[[str], str] | None = None,
     ) -> GroupCommit[str, str]:
-        return GroupCommit(self.together, self.alone, max_size, size_of)
+        return GroupCommit(self.together, self.alone, max_size, size_of, tenant_of)
 
 
 def _queued_behind_a_slow_group(
@@ -119,6 +122,30 @@ def test_groups_keep_within_the_size_limit_and_an_oversized_request_goes_alone()
     queued = ["aa", "bb", "c", "dddddd", "e"]  # sizes 2, 2, 1, 6, 1
     done = _queued_behind_a_slow_group(gc, writer, queued)
     assert writer.groups == [["first"], ["aa", "bb"], ["c"], ["dddddd"], ["e"]]
+    assert done == {r: r.upper() for r in queued}
+
+
+def test_tenants_take_turns_so_one_tenants_batches_do_not_queue_ahead_of_anothers_create() -> None:
+    # Requests are "<tenant>:<name>", sized by their name ("first" is its own tenant).
+    # Tenant a queues three batches of 4 (a whole group each), then b and c one create
+    # each, then b another: b and c go right after the group being written, ahead of a's
+    # batches; b's second create comes after its first, and a's batches keep their order.
+    writer = Writer(block_first=True)
+    gc = writer.commit(
+        max_size=4,
+        size_of=lambda r: len(r.partition(":")[2]) or 1,
+        tenant_of=lambda r: r.partition(":")[0],
+    )
+    queued = ["a:1111", "a:2222", "a:3333", "b:1", "c:1", "b:2"]
+    done = _queued_behind_a_slow_group(gc, writer, queued)
+    # Shares: b:1 1, c:1 1, b:2 2, a:1111 4, a:2222 8, a:3333 12.
+    assert writer.groups == [
+        ["first"],
+        ["b:1", "c:1", "b:2"],
+        ["a:1111"],
+        ["a:2222"],
+        ["a:3333"],
+    ]
     assert done == {r: r.upper() for r in queued}
 
 

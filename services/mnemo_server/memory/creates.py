@@ -82,9 +82,13 @@ class CreateWriter:
         self.live_counts = live_counts
         self.embedding_model = embedding_model
         self.clock = clock
-        # max 0: every create is its own transaction.
+        # max 0: every create is its own transaction. Tenants take turns in the queue.
         self._groups: GroupCommit[CreateRequest, CreateWritten] = GroupCommit(
-            self._write_together, self._write_alone, group_max_memories, lambda r: len(r.drafts)
+            self._write_together,
+            self._write_alone,
+            group_max_memories,
+            size_of=lambda r: len(r.drafts),
+            tenant_of=lambda r: r.tenant_id,
         )
 
     def write(self, request: CreateRequest) -> CreateWritten:

@@ -13,6 +13,14 @@ read as if they had been written one after another). If that raises, whatever th
 group is written again one request at a time by `write_alone` (each its own transaction, the
 first attempt having rolled back), so one request's error (a taken id, a reused request_id)
 fails that request alone, with the error it would have had on its own.
+
+Tenants take turns. Taken first come first served, one tenant's bulk writer (four threads
+sending batches of 500) put up to four ~0.5 s transactions ahead of another tenant's one-row
+create: its p50 was 405-518 ms against 7-9 ms alone, up to 2 s (noisy-neighbour probe). With
+`tenant_of`, the queue is taken smallest share first: each request is ranked by how many
+units its tenant has queued up to and including it, so a tenant's first request goes ahead
+of another's second batch and a lone create waits for at most the transaction being written.
+One tenant's own requests keep their order.
 """
 
 from __future__ import annotations
@@ -54,8 +62,9 @@ class GroupStats:
 class GroupCommit(Generic[Req, Res]):
     """Writes queued requests in groups of at most `max_size` units (a request's size is
     what `size_of` says; one larger than `max_size` goes alone). Requests are taken in the
-    order they queued. With `max_size` 0 nothing is grouped: each request is written alone
-    as it comes (counted as a group of one)."""
+    order they queued, or, with `tenant_of`, tenants' smallest shares first (see above). With
+    `max_size` 0 nothing is grouped: each request is written alone as it comes (counted as a
+    group of one)."""
 
     def __init__(
         self,
@@ -63,6 +72,7 @@ class GroupCommit(Generic[Req, Res]):
         write_alone: Callable[[Req], Res],
         max_size: int,
         size_of: Callable[[Req], int] = lambda _: 1,
+        tenant_of: Callable[[Req], str] | None = None,
     ):
         if max_size < 0:
             raise ValueError("max_size must be 0 (no groups) or more")
@@ -70,6 +80,7 @@ class GroupCommit(Generic[Req, Res]):
         self._alone = write_alone
         self._max_size = max_size
         self._size_of = size_of
+        self._tenant_of = tenant_of
         self._queue: list[_Slot[Req, Res]] = []
         # Guards the queue and the leader's flag. Followers wait on it until either their
         # request is done or no one leads (then one of them leads); waiting on a lock held
@@ -114,17 +125,33 @@ class GroupCommit(Generic[Req, Res]):
         return slot.result  # type: ignore[return-value]  # done without error: a result
 
     def _take_group(self) -> list[_Slot[Req, Res]]:
-        """The queue's head, up to the size limit (called holding `_turn`)."""
+        """The queue's head in turn order, up to the size limit (called holding `_turn`)."""
         group: list[_Slot[Req, Res]] = []
         total = 0
-        for s in self._queue:
+        for s in self._in_turn_order():
             if group and total + s.size > self._max_size:
                 break
             group.append(s)
             total += s.size
-        del self._queue[: len(group)]
+        taken = {id(s) for s in group}
+        self._queue = [s for s in self._queue if id(s) not in taken]
         self._writing = len(group)
         return group
+
+    def _in_turn_order(self) -> list[_Slot[Req, Res]]:
+        """The queue by each tenant's units queued up to and including the request, then
+        arrival: tenants alternate, the one with less queued first. Without `tenant_of`: as
+        queued."""
+        if self._tenant_of is None:
+            return self._queue
+        queued: dict[str, int] = {}
+        ranked: list[tuple[int, int, _Slot[Req, Res]]] = []
+        for arrival, s in enumerate(self._queue):
+            tenant = self._tenant_of(s.request)
+            queued[tenant] = queued.get(tenant, 0) + s.size
+            ranked.append((queued[tenant], arrival, s))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        return [s for _, _, s in ranked]
 
     def _write(self, group: list[_Slot[Req, Res]]) -> None:
         try:

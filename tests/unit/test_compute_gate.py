@@ -151,3 +151,63 @@ def test_reserved_slots_leave_one_for_the_others_and_may_not_be_negative() -> No
         ComputeGate(4, reserved=-1)
     assert err.value.reason == "BAD_CONFIG"
     assert "compute_reserved_slots" in str(err.value)
+
+
+def test_tenants_take_turns_so_a_flood_does_not_queue_ahead_of_another_tenants_call() -> None:
+    # Tenant a holds the one slot and queues three more calls, then b queues one: b goes
+    # next, then a's calls in their order; the gate forgets both tenants once they leave.
+    gate = ComputeGate(1)
+    admitted: list[str] = []
+    lock = threading.Lock()
+
+    def call(name: str) -> None:
+        with gate.slot(10, 1, tenant=name[0]), lock:
+            admitted.append(name)
+
+    with gate.slot(10, 1, tenant="a"):
+        threads = []
+        for name in ["a1", "a2", "a3", "b1"]:
+            t = threading.Thread(target=call, args=(name,))
+            t.start()
+            threads.append(t)
+            _wait_until_queued(gate, len(threads))
+    for t in threads:
+        t.join()
+    assert admitted == ["b1", "a1", "a2", "a3"]
+    assert gate.free == 1 and not gate._held and not gate._last_grant
+
+
+def test_a_waiting_tenant_holding_fewer_slots_goes_first_whatever_its_arrival() -> None:
+    # Two slots: a holds one (until released) and b the other. a queues two calls, then b
+    # two. When b's slot frees, b holds none and a one, so both of b's calls go ahead of
+    # a's earlier ones; a's then take the free slot in their order.
+    gate = ComputeGate(2)
+    admitted: list[str] = []
+    lock = threading.Lock()
+    a_holding, release_a = threading.Event(), threading.Event()
+
+    def call(name: str) -> None:
+        with gate.slot(10, 1, tenant=name[0]), lock:
+            admitted.append(name)
+
+    def hold_a() -> None:
+        with gate.slot(10, 1, tenant="a"):
+            a_holding.set()
+            release_a.wait(5)
+
+    holder = threading.Thread(target=hold_a)
+    holder.start()
+    assert a_holding.wait(5)
+    with gate.slot(10, 1, tenant="b"):
+        threads = []
+        for name in ["a1", "a2", "b1", "b2"]:
+            t = threading.Thread(target=call, args=(name,))
+            t.start()
+            threads.append(t)
+            _wait_until_queued(gate, len(threads))
+    for t in threads:
+        t.join(5)
+    release_a.set()
+    holder.join(5)
+    assert admitted == ["b1", "b2", "a1", "a2"]
+    assert gate.free == 2 and not gate._held and not gate._last_grant

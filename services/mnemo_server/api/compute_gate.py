@@ -41,15 +41,23 @@ with 1 reserved (1 of the 9 minutes within its 120 ms deadline + 10), and 118-15
 breaker's background probe, ranking/breaker.py). Recall's p50 pays ~8 ms of it; total
 throughput does not change.
 
+Tenants take turns within a priority. Admitted by arrival alone, one tenant's flood of slow
+Recalls (1.4 s each over a large unindexed backlog) queued ahead of another tenant's ~40 ms
+Recall, which took p50 1.24 s, p99 2.4 s (noisy-neighbour probe). A waiter is now admitted
+by priority, then by how few slots its tenant holds, then by how long ago its tenant was
+last admitted, then arrival: another tenant's call waits for the next slot to free, not for
+the flood's queue to drain, and with one slot tenants alternate. No slot is kept idle for
+fairness: a tenant alone may take them all.
+
 The StartSession latencies above were read by a bench whose StartSession timing included
 the EndSession of every third session (corrected in 11f167f): their levels are too high,
 the comparisons between settings were made with the same error on both sides."""
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -65,8 +73,10 @@ COMPUTE_PRIORITY: dict[str, int] = {
 
 @dataclass
 class _Waiter:
+    priority: int
+    tenant: str
+    arrival: int
     granted: threading.Event = field(default_factory=threading.Event)
-    abandoned: bool = False
 
 
 class ComputeGate:
@@ -82,9 +92,14 @@ class ComputeGate:
         self.reserved = min(reserved, max(slots - 1, 0))
         self._lock = threading.Lock()
         self._free = slots
-        # (priority, arrival, waiter). Invariant: no live waiter is queued while a slot it
-        # may take is free, because each release admits the best waiters it can.
-        self._queue: list[tuple[int, int, _Waiter]] = []
+        self._held: Counter[str] = Counter()  # slots held, by tenant
+        # When each tenant with a held slot or a waiter was last admitted (a grant number).
+        self._last_grant: dict[str, int] = {}
+        self._grants = itertools.count()
+        # Invariant: no waiter is queued while a slot it may take is free, because each
+        # release admits the best waiters it can. A waiter that gives up leaves the queue; it
+        # holds a few dozen calls at most (the server's workers), so a scan is cheap.
+        self._queue: list[_Waiter] = []
         self._arrivals = itertools.count()
 
     def _admits(self, priority: int) -> bool:
@@ -96,12 +111,12 @@ class ComputeGate:
             return self._free
 
     @contextmanager
-    def slot(self, timeout_s: float | None, priority: int = 0) -> Iterator[None]:
+    def slot(self, timeout_s: float | None, priority: int = 0, tenant: str = "") -> Iterator[None]:
         """Hold one slot for the body; timeout_s is what is left of the caller's deadline."""
         if self.slots <= 0:
             yield
             return
-        if not self._acquire(timeout_s, priority):
+        if not self._acquire(timeout_s, priority, tenant):
             raise DeadlineExceeded(
                 "the deadline passed while the call waited for a free compute slot",
                 reason="QUEUED_PAST_DEADLINE",
@@ -109,15 +124,15 @@ class ComputeGate:
         try:
             yield
         finally:
-            self._release()
+            self._release(tenant)
 
-    def _acquire(self, timeout_s: float | None, priority: int) -> bool:
+    def _acquire(self, timeout_s: float | None, priority: int, tenant: str) -> bool:
         with self._lock:
             if self._admits(priority):
-                self._free -= 1
+                self._take(tenant)
                 return True
-            waiter = _Waiter()
-            heapq.heappush(self._queue, (priority, next(self._arrivals), waiter))
+            waiter = _Waiter(priority, tenant, next(self._arrivals))
+            self._queue.append(waiter)
         # A call without a deadline reports ~1.8e19 s remaining, past what an Event waits.
         timeout = None if timeout_s is None else min(max(timeout_s, 0.0), threading.TIMEOUT_MAX)
         if waiter.granted.wait(timeout):
@@ -126,19 +141,35 @@ class ComputeGate:
             # The slot may have been handed over between the timeout and this lock.
             if waiter.granted.is_set():
                 return True
-            waiter.abandoned = True  # left in the heap; _release skips it
+            self._queue.remove(waiter)
+            self._forget_if_idle(tenant)
             return False
 
-    def _release(self) -> None:
+    def _take(self, tenant: str) -> None:
+        self._free -= 1
+        self._held[tenant] += 1
+        self._last_grant[tenant] = next(self._grants)
+
+    def _turn(self, w: _Waiter) -> tuple[int, int, int, int]:
+        return (w.priority, self._held[w.tenant], self._last_grant.get(w.tenant, -1), w.arrival)
+
+    def _forget_if_idle(self, tenant: str) -> None:
+        """Drop a tenant's last grant once it holds no slot and has no waiter, so the map
+        holds only tenants in the gate."""
+        if not self._held[tenant] and not any(w.tenant == tenant for w in self._queue):
+            self._last_grant.pop(tenant, None)
+
+    def _release(self, tenant: str) -> None:
         with self._lock:
             self._free += 1
+            self._held[tenant] -= 1
+            if not self._held[tenant]:
+                del self._held[tenant]
+            self._forget_if_idle(tenant)
             while self._queue:
-                priority, _, waiter = self._queue[0]
-                if waiter.abandoned:
-                    heapq.heappop(self._queue)
-                    continue
-                if not self._admits(priority):
+                best = min(self._queue, key=self._turn)
+                if not self._admits(best.priority):
                     break  # the best waiter may not take it, so no later one may either
-                heapq.heappop(self._queue)
-                self._free -= 1
-                waiter.granted.set()
+                self._queue.remove(best)
+                self._take(best.tenant)
+                best.granted.set()

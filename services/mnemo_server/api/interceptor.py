@@ -243,7 +243,8 @@ class ApiInterceptor(grpc.ServerInterceptor):
                     request = _parsed(request)
                     if priority is None:
                         return behavior(request, context)
-                    with self._gate.slot(context.time_remaining(), priority):
+                    # Tenants take turns at the gate.
+                    with self._gate.slot(context.time_remaining(), priority, _PRINCIPAL.get().tenant_id):
                         mark("gate")
                         return behavior(request, context)
                 finally:

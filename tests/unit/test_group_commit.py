@@ -149,6 +149,53 @@ def test_tenants_take_turns_so_one_tenants_batches_do_not_queue_ahead_of_another
     assert done == {r: r.upper() for r in queued}
 
 
+class Trickle(Writer):
+    """While each write runs, tenant b queues its next one-unit create, up to `creates`, so
+    b always has a create waiting when the next group is taken."""
+
+    def __init__(self, creates: int):
+        super().__init__(block_first=True)
+        self.creates = creates
+        self.queued = 0
+        self.gc: GroupCommit[str, str] | None = None
+        self.threads: list[threading.Thread] = []
+
+    def _record(self, requests: list[str]) -> None:
+        super()._record(requests)
+        if self.gc is None or self.queued == self.creates:
+            return
+        self.queued += 1
+        waiting = self.gc.waiting
+        t = threading.Thread(target=self.gc.submit, args=(f"b:{self.queued}",))
+        t.start()
+        self.threads.append(t)
+        deadline = time.monotonic() + 5
+        while self.gc.waiting == waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert self.gc.waiting == waiting + 1, "b's create did not queue"
+
+
+def test_a_batch_is_written_while_another_tenant_keeps_a_create_queued() -> None:
+    # a's batch holds 4 units; b always has a create queued. Ranked by units queued, b's
+    # next create always went ahead and a waited until b stopped (12 creates); in fair order
+    # a waits for at most its own size in b's units.
+    writer = Trickle(creates=12)
+    gc = writer.commit(
+        max_size=4,
+        size_of=lambda r: 4 if r.startswith("a:") else 1,
+        tenant_of=lambda r: r.partition(":")[0],
+    )
+    writer.gc = gc
+    done = _queued_behind_a_slow_group(gc, writer, ["a:batch"])
+    for t in writer.threads:
+        t.join(5)
+    written = [r for group in writer.groups for r in group]
+    assert done == {"a:batch": "A:BATCH"}
+    assert len(written) == 1 + 1 + 12  # first, a's batch, b's creates
+    assert ["a:batch"] in writer.groups, "a's batch went alone (a whole group)"
+    assert 1 <= written.index("a:batch") - 1 <= 4, written  # b's units written before it
+
+
 def test_a_lone_request_that_fails_gets_its_error_and_a_short_group_is_written_one_by_one() -> None:
     writer = Writer()
     with pytest.raises(ValueError, match="bad bad0"):

@@ -17,14 +17,19 @@ fails that request alone, with the error it would have had on its own.
 Tenants take turns. Taken first come first served, one tenant's bulk writer (four threads
 sending batches of 500) put up to four ~0.5 s transactions ahead of another tenant's one-row
 create: its p50 was 405-518 ms against 7-9 ms alone, up to 2 s (noisy-neighbour probe). With
-`tenant_of`, the queue is taken smallest share first: each request is ranked by how many
-units its tenant has queued up to and including it, so a tenant's first request goes ahead
-of another's second batch and a lone create waits for at most the transaction being written.
-One tenant's own requests keep their order.
+`tenant_of` the queue is taken in fair-queueing order: a request's tag is where its tenant's
+queued units would end, counted from the tag of the last request taken (or from the end of
+that tenant's previous request, if later), and the smallest tag goes first. A lone create
+thus goes ahead of another tenant's queued batches and waits for at most the transaction
+being written, and a batch waits for at most its own size in other tenants' units. (Ranking
+by units queued alone starved a batch: another tenant's next create, queued while a group
+was written, always ranked ahead of it.) One tenant's requests keep their order; without
+`tenant_of` the order is arrival.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -43,6 +48,7 @@ Res = TypeVar("Res")
 class _Slot(Generic[Req, Res]):
     request: Req
     size: int
+    tag: int  # the fair-queueing order (see above); ties go by arrival
     done: bool = False
     result: Res | None = None
     error: BaseException | None = None
@@ -62,7 +68,7 @@ class GroupStats:
 class GroupCommit(Generic[Req, Res]):
     """Writes queued requests in groups of at most `max_size` units (a request's size is
     what `size_of` says; one larger than `max_size` goes alone). Requests are taken in the
-    order they queued, or, with `tenant_of`, tenants' smallest shares first (see above). With
+    order they queued, or, with `tenant_of`, in fair-queueing order by tenant (see above). With
     `max_size` 0 nothing is grouped: each request is written alone as it comes (counted as a
     group of one)."""
 
@@ -81,7 +87,11 @@ class GroupCommit(Generic[Req, Res]):
         self._max_size = max_size
         self._size_of = size_of
         self._tenant_of = tenant_of
-        self._queue: list[_Slot[Req, Res]] = []
+        self._queue: list[_Slot[Req, Res]] = []  # by (tag, arrival)
+        # The tag of the last request taken, and the tag of each tenant's last request still
+        # ahead of it (a tenant's entry at or below `_taken_tag` says nothing more, so goes).
+        self._taken_tag = 0
+        self._tenant_tag: dict[str, int] = {}
         # Guards the queue and the leader's flag. Followers wait on it until either their
         # request is done or no one leads (then one of them leads); waiting on a lock held
         # through the write instead would keep a follower whose request is written waiting
@@ -99,9 +109,14 @@ class GroupCommit(Generic[Req, Res]):
             finally:
                 with self._stats_lock:
                     self._stats = self._stats.plus(1)
-        slot: _Slot[Req, Res] = _Slot(request, self._size_of(request))
+        size = self._size_of(request)
+        tenant = self._tenant_of(request) if self._tenant_of is not None else ""
         with self._turn:
-            self._queue.append(slot)
+            tag = max(self._taken_tag, self._tenant_tag.get(tenant, 0)) + size
+            self._tenant_tag[tenant] = tag
+            slot: _Slot[Req, Res] = _Slot(request, size, tag)
+            # After every request with a tag as small: ties keep arrival order.
+            bisect.insort_right(self._queue, slot, key=lambda s: s.tag)
         while not slot.done:
             with self._turn:
                 while self._leading and not slot.done:
@@ -125,33 +140,19 @@ class GroupCommit(Generic[Req, Res]):
         return slot.result  # type: ignore[return-value]  # done without error: a result
 
     def _take_group(self) -> list[_Slot[Req, Res]]:
-        """The queue's head in turn order, up to the size limit (called holding `_turn`)."""
+        """The queue's head, up to the size limit (called holding `_turn`)."""
         group: list[_Slot[Req, Res]] = []
         total = 0
-        for s in self._in_turn_order():
+        for s in self._queue:
             if group and total + s.size > self._max_size:
                 break
             group.append(s)
             total += s.size
-        taken = {id(s) for s in group}
-        self._queue = [s for s in self._queue if id(s) not in taken]
+        del self._queue[: len(group)]
         self._writing = len(group)
+        self._taken_tag = max(self._taken_tag, group[-1].tag)
+        self._tenant_tag = {t: tag for t, tag in self._tenant_tag.items() if tag > self._taken_tag}
         return group
-
-    def _in_turn_order(self) -> list[_Slot[Req, Res]]:
-        """The queue by each tenant's units queued up to and including the request, then
-        arrival: tenants alternate, the one with less queued first. Without `tenant_of`: as
-        queued."""
-        if self._tenant_of is None:
-            return self._queue
-        queued: dict[str, int] = {}
-        ranked: list[tuple[int, int, _Slot[Req, Res]]] = []
-        for arrival, s in enumerate(self._queue):
-            tenant = self._tenant_of(s.request)
-            queued[tenant] = queued.get(tenant, 0) + s.size
-            ranked.append((queued[tenant], arrival, s))
-        ranked.sort(key=lambda r: (r[0], r[1]))
-        return [s for _, _, s in ranked]
 
     def _write(self, group: list[_Slot[Req, Res]]) -> None:
         try:

@@ -17,14 +17,14 @@ fails that request alone, with the error it would have had on its own.
 Tenants take turns. Taken first come first served, one tenant's bulk writer (four threads
 sending batches of 500) put up to four ~0.5 s transactions ahead of another tenant's one-row
 create: its p50 was 405-518 ms against 7-9 ms alone, up to 2 s (noisy-neighbour probe). With
-`tenant_of` the queue is taken in fair-queueing order: a request's tag is where its tenant's
-queued units would end, counted from the tag of the last request taken (or from the end of
-that tenant's previous request, if later), and the smallest tag goes first. A lone create
-thus goes ahead of another tenant's queued batches and waits for at most the transaction
-being written, and a batch waits for at most its own size in other tenants' units. (Ranking
-by units queued alone starved a batch: another tenant's next create, queued while a group
-was written, always ranked ahead of it.) One tenant's requests keep their order; without
-`tenant_of` the order is arrival.
+`tenant_of` the queue is taken in self-clocked fair-queueing order, on units: a request's tag
+is where its tenant's queued units would end, counted from the tag of the last request taken
+(or from the end of that tenant's previous request, if later), and the smallest tag goes
+first. A lone create thus goes ahead of another tenant's queued batches and waits for at
+most the transaction being written, and a batch waits for at most its own size in other
+tenants' units. (Ranking by units queued alone starved a batch: another tenant's next
+create, queued while a group was written, always ranked ahead of it.) One tenant's requests
+keep their order; without `tenant_of` the order is arrival.
 """
 
 from __future__ import annotations

@@ -25,6 +25,11 @@ most the transaction being written, and a batch waits for at most its own size i
 tenants' units. (Ranking by units queued alone starved a batch: another tenant's next
 create, queued while a group was written, always ranked ahead of it.) One tenant's requests
 keep their order; without `tenant_of` the order is arrival.
+
+Measured the same way (A: four threads of 500-row batches; B: one create at a time; two
+runs each, alternating with the old code, on a loaded machine): B's p50 108-165 ms, p99
+362-464 ms, against 494-627 / 1070-1084 ms first come first served. What is left is mostly
+the transaction of A's being written when B's create arrives.
 """
 
 from __future__ import annotations

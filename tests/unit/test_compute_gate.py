@@ -153,24 +153,31 @@ def test_reserved_slots_leave_one_for_the_others_and_may_not_be_negative() -> No
     assert "compute_reserved_slots" in str(err.value)
 
 
-def test_tenants_take_turns_so_a_flood_does_not_queue_ahead_of_another_tenants_call() -> None:
-    # Tenant a holds the one slot and queues three more calls, then b queues one: b goes
-    # next, then a's calls in their order; the gate forgets both tenants once they leave.
-    gate = ComputeGate(1)
-    admitted: list[str] = []
+def _queue_tenant_calls(gate: ComputeGate, names: list[str], admitted: list[str]) -> list[threading.Thread]:
+    """Starts a Recall-priority call for each name (its tenant is the name's first letter),
+    each queued before the next starts; each call appends its name to `admitted` once in."""
     lock = threading.Lock()
 
     def call(name: str) -> None:
         with gate.slot(10, 1, tenant=name[0]), lock:
             admitted.append(name)
 
+    threads = []
+    for name in names:
+        t = threading.Thread(target=call, args=(name,))
+        t.start()
+        threads.append(t)
+        _wait_until_queued(gate, len(threads))
+    return threads
+
+
+def test_tenants_take_turns_so_a_flood_does_not_queue_ahead_of_another_tenants_call() -> None:
+    # Tenant a holds the one slot and queues three more calls, then b queues one: b goes
+    # next, then a's calls in their order; the gate forgets both tenants once they leave.
+    gate = ComputeGate(1)
+    admitted: list[str] = []
     with gate.slot(10, 1, tenant="a"):
-        threads = []
-        for name in ["a1", "a2", "a3", "b1"]:
-            t = threading.Thread(target=call, args=(name,))
-            t.start()
-            threads.append(t)
-            _wait_until_queued(gate, len(threads))
+        threads = _queue_tenant_calls(gate, ["a1", "a2", "a3", "b1"], admitted)
     for t in threads:
         t.join()
     assert admitted == ["b1", "a1", "a2", "a3"]
@@ -183,12 +190,7 @@ def test_a_waiting_tenant_holding_fewer_slots_goes_first_whatever_its_arrival() 
     # a's earlier ones; a's then take the free slot in their order.
     gate = ComputeGate(2)
     admitted: list[str] = []
-    lock = threading.Lock()
     a_holding, release_a = threading.Event(), threading.Event()
-
-    def call(name: str) -> None:
-        with gate.slot(10, 1, tenant=name[0]), lock:
-            admitted.append(name)
 
     def hold_a() -> None:
         with gate.slot(10, 1, tenant="a"):
@@ -199,12 +201,7 @@ def test_a_waiting_tenant_holding_fewer_slots_goes_first_whatever_its_arrival() 
     holder.start()
     assert a_holding.wait(5)
     with gate.slot(10, 1, tenant="b"):
-        threads = []
-        for name in ["a1", "a2", "b1", "b2"]:
-            t = threading.Thread(target=call, args=(name,))
-            t.start()
-            threads.append(t)
-            _wait_until_queued(gate, len(threads))
+        threads = _queue_tenant_calls(gate, ["a1", "a2", "b1", "b2"], admitted)
     for t in threads:
         t.join(5)
     release_a.set()

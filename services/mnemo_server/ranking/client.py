@@ -58,18 +58,6 @@ _REQUEST_ERRORS = frozenset(
 )
 
 
-def _says_sidecar_is_sick(code: grpc.StatusCode, caller_limited: bool) -> bool:
-    """Does a failed call count against the sidecar in the circuit breaker?
-
-    One breaker serves every tenant, and a caller may choose a budget too short for any
-    sidecar (Recall's rerank_deadline_ms, its own deadline). Counting every timeout, one
-    tenant's Recalls with a 3 ms rerank budget opened the circuit, and every tenant's
-    StartSession fell back to the baseline ("circuit_open") for each cooldown. A timeout
-    counts only when the budget was the server's own, not cut by the caller: a stalled
-    sidecar still opens the circuit at the first calls other callers make."""
-    return not (caller_limited and code is grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
 @dataclass(frozen=True)
 class SidecarAnswer(Generic[T]):
     value: T | None
@@ -143,11 +131,7 @@ class RankingClient:
             self.call_failures[f"{name}:{reason}"] += 1
         return SidecarAnswer(None, reason, (self._clock() - started) * 1000.0, code, detail, called)
 
-    def _call(
-        self, name: str, request: object, budget_s: float, caller_limited: bool = False
-    ) -> SidecarAnswer[T]:
-        """`caller_limited`: the caller's deadline or choice cut the budget below the
-        server's own for such a call; its timeout then says nothing of the sidecar's health."""
+    def _call(self, name: str, request: object, budget_s: float) -> SidecarAnswer[T]:
         started = self._clock()
         if not self.enabled:
             return self._fallback(name, "no_sidecar", started, called=False)
@@ -164,7 +148,7 @@ class RankingClient:
             code = err.code()
             if code in _REQUEST_ERRORS:
                 self.breaker.record_success()
-            elif _says_sidecar_is_sick(code, caller_limited):
+            else:
                 self.breaker.record_failure()
             return self._fallback(
                 name, _REASONS.get(code, f"error:{code.name}"), started, code, err.details() or ""
@@ -188,17 +172,13 @@ class RankingClient:
         else:
             self.breaker.probe_failed()
 
-    def score(
-        self, request: rpb.ScoreRequest, budget_s: float, caller_limited: bool = False
-    ) -> SidecarAnswer[rpb.ScoreResponse]:
+    def score(self, request: rpb.ScoreRequest, budget_s: float) -> SidecarAnswer[rpb.ScoreResponse]:
         _cut_texts(request, request.candidates, self.cfg.max_text_chars)
-        return self._call("Score", request, budget_s, caller_limited)
+        return self._call("Score", request, budget_s)
 
-    def rerank(
-        self, request: rpb.RerankRequest, budget_s: float, caller_limited: bool = False
-    ) -> SidecarAnswer[rpb.RerankResponse]:
+    def rerank(self, request: rpb.RerankRequest, budget_s: float) -> SidecarAnswer[rpb.RerankResponse]:
         _cut_texts(request, request.candidates, self.cfg.max_text_chars)
-        return self._call("Rerank", request, budget_s, caller_limited)
+        return self._call("Rerank", request, budget_s)
 
     def submit(
         self, request: rpb.SubmitTrainingPairsRequest, timeout_s: float

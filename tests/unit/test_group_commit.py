@@ -46,7 +46,7 @@ class Writer:
         self,
         max_size: int = 10,
         size_of: Callable[[str], int] = lambda _: 1,
-        tenant_of: Callable[[str], str] | None = None,
+        tenant_of: Callable[[str], str] = lambda _: "",
     ) -> GroupCommit[str, str]:
         return GroupCommit(self.together, self.alone, max_size, size_of, tenant_of)
 

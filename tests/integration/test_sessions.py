@@ -270,6 +270,38 @@ def test_start_session_retry_and_conflict(server: LiveServer, tenant_a: TenantCl
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(err.value)[1] == ["session_id"]
 
 
+def test_a_replayed_session_hides_memories_deleted_since_and_still_fits_its_budget(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """A retried StartSession and GetSession show the recorded bundle as it stands now: a
+    memory deleted since is gone (text included), and one updated since beyond the budget
+    is left out rather than overflowing the budget the reply reports."""
+    seed(tenant_a)
+    stub = tenant_a.memory()
+    first = start(tenant_a, "s1", "staging database deploy", request_id="r1", token_budget=200)
+    injected = [m.memory for m in first.memories]
+    assert len(injected) >= 3, "precondition: several memories injected"
+    gone, grown = injected[0], injected[1]
+    stub.DeleteMemory(pb.DeleteMemoryRequest(id=gone.id), metadata=tenant_a.md, timeout=5)
+    stub.UpdateMemory(
+        pb.UpdateMemoryRequest(
+            memory=memory_pb2.Memory(id=grown.id, content="grown " * 400),
+            update_mask=field_mask_pb2.FieldMask(paths=["content"]),
+        ),
+        metadata=tenant_a.md,
+        timeout=5,
+    )
+    again = start(tenant_a, "s1", "staging database deploy", request_id="r1", token_budget=200)
+    kept = [m.memory.id for m in first.memories[2:]]
+    assert [m.memory.id for m in again.memories] == kept
+    assert [m.rank for m in again.memories] == [m.rank for m in first.memories[2:]]  # the recorded ranks
+    assert gone.content not in again.context_text and "grown" not in again.context_text
+    assert again.tokens_used == sum(m.tokens for m in again.memories) <= again.token_budget == 200
+    assert again.dropped_count == first.dropped_count + 2
+    session = stub.GetSession(pb.GetSessionRequest(session_id="s1"), metadata=tenant_a.md, timeout=5).session
+    assert [m.memory.id for m in session.injected] == kept
+
+
 R = TypeVar("R")
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo_server.call_trace import mark
@@ -420,28 +420,35 @@ class SessionService:
         )
 
     def _replay(self, tenant_id: str, s: SessionRow, members: list[SessionMemoryRow]) -> SessionBundle:
-        """The bundle a recorded session injected, from its row and candidates."""
-        members = [m for m in members if m.injected_rank]
+        """The bundle a recorded session injected, from its row and candidates, as it stands
+        now: a memory deleted since is left out (a deletion hides a memory from sessions at
+        once, a retried StartSession included), and one updated since is shown with its new
+        content, packed again in the recorded order into the recorded budget so the bundle
+        still fits it. Ranks stay the recorded ones: they are what EndSession's training
+        pairs refer to."""
+        members = sorted((m for m in members if m.injected_rank), key=lambda m: m.injected_rank)
         mems = memory_repo.read_many(
             self.db.reader(), self.db.rows, tenant_id, [m.memory_id for m in members]
         )
-        injected = sorted(
-            (
-                Injected(
-                    mems[m.memory_id],
-                    m.injected_rank,
-                    m.final_score,
-                    m.baseline_score,
-                    m.predictor_score,
-                    m.origin,
-                    m.tokens,
-                )
-                for m in members
-                if m.memory_id in mems
-            ),
-            key=lambda x: x.rank,
-        )
-        return SessionBundle(s, injected, render([x.memory for x in injected]))
+        live = [
+            (m, mems[m.memory_id]) for m in members if m.memory_id in mems and not mems[m.memory_id].deleted
+        ]
+        packed = pack([memory for _, memory in live], s.token_budget, len(live))
+        injected = [
+            Injected(
+                live[i][1],
+                live[i][0].injected_rank,
+                live[i][0].final_score,
+                live[i][0].baseline_score,
+                live[i][0].predictor_score,
+                live[i][0].origin,
+                tokens,
+            )
+            for i, tokens in zip(packed.chosen, packed.tokens, strict=True)
+        ]
+        now_left_out = len(members) - len(injected)
+        row = replace(s, tokens_used=packed.tokens_used, dropped_count=s.dropped_count + now_left_out)
+        return SessionBundle(row, injected, render([x.memory for x in injected]))
 
     def get(self, tenant_id: str, session_id: str) -> SessionBundle:
         if not session_id:

@@ -367,7 +367,10 @@ class RankingConfig:
     # (two runs by rank, five by score).
     fusion_rank_k: float = 10.0
     pool_recall: int = 50
-    pool_pinned: int = 10
+    # Pinned memories are always candidates (memory.proto); this bound only keeps a tenant
+    # that pins by the thousand from costing every session start a scan of them all: past
+    # it, the newest pinned memories in the session's scopes are the candidates.
+    pool_pinned: int = 100
     pool_recent: int = 10
     default_token_budget: int = 1_000
     default_max_memories: int = 20

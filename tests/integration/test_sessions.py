@@ -143,6 +143,26 @@ def test_a_memory_pinned_later_is_a_pinned_candidate_of_the_next_session(
     assert [i for i, o in origins.items() if "pinned" in o] == [oldest.id]
 
 
+def test_every_pinned_memory_is_a_candidate_even_when_newer_ones_fill_the_recent_list(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """Pinned memories are always candidates (memory.proto); 30 of them, older than a dozen
+    unpinned notes, are all injected when the budget has room, each for being pinned."""
+    scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p")
+
+    def create(content: str, pinned: bool) -> memory_pb2.Memory:
+        req = pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=content, scope=scope, pinned=pinned))
+        return tenant_a.memory().CreateMemory(req, metadata=tenant_a.md, timeout=10).memory
+
+    pins = [create(f"Pinned rule {i}: run linter variant {i} before merging", True) for i in range(30)]
+    for i in range(12):
+        create(f"Unrelated recent note {i}", False)
+    r = start(tenant_a, "all-pins", "", max_memories=100, token_budget=100_000)
+    origins = {m.memory.id: m.origin.split("+") for m in r.memories}
+    assert [p.id for p in pins if "pinned" not in origins.get(p.id, [])] == []
+    assert r.dropped_count == 0
+
+
 def test_recent_candidates_follow_every_acknowledged_write(
     server: LiveServer, tenant_a: TenantClient
 ) -> None:

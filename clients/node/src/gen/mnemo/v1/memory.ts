@@ -88,7 +88,10 @@ export interface Memory {
   confidence?:
     | number
     | undefined;
-  /** Pinned memories are never pruned by type caps and are always candidates at session start. */
+  /**
+   * Pinned memories are never pruned by type caps and are always candidates at session start
+   * (up to ranking.pool_pinned, 100 by default, of a session's scopes: the newest past it).
+   */
   pinned: boolean;
   source?:
     | Source

@@ -370,7 +370,12 @@ class MnemoServer:
             config.server,
             ApiInterceptor(
                 self._authenticate,
-                ComputeGate(config.server.compute_slots, config.server.compute_reserved_slots),
+                ComputeGate(
+                    config.server.compute_slots,
+                    config.server.compute_reserved_slots,
+                    config.server.compute_max_waiters,
+                    config.server.compute_waiters_per_tenant,
+                ),
                 config.server.slow_call_ms,
                 call_times,
                 config.server.max_streams,

@@ -44,6 +44,12 @@ class ServerConfig:
     # queue behind Recalls: with 2, StartSession's p99 in the bench is mostly within its
     # deadline + 10 ms at the same throughput, for ~8 ms more of Recall's p50 (compute_gate.py).
     compute_reserved_slots: int = 2
+    # Calls waiting for a compute slot, server-wide and of one tenant; past either a call is
+    # RESOURCE_EXHAUSTED at once (COMPUTE_QUEUE_FULL, retried by the clients). Each waiter
+    # holds one of max_workers: one tenant's 64 Recalls in flight took all 32, and another
+    # tenant's GetMemory, gated or not, missed 2 s deadlines (fairness probe).
+    compute_max_waiters: int = 16
+    compute_waiters_per_tenant: int = 8
     # A call that takes this long is logged with its stages (call_trace.py); 0: never.
     slow_call_ms: float = 1000.0
     # Seconds in-flight calls get to finish on SIGTERM.
@@ -424,6 +430,8 @@ _INT_RANGES = {
     "max_train_streams": (1, 4_096),
     "max_streams": (1, 4_096),
     "max_streams_per_tenant": (1, 4_096),
+    "compute_max_waiters": (1, 4_096),
+    "compute_waiters_per_tenant": (1, 4_096),
     # Limits a request must fit: 0 would refuse every call (probe: max_top_k -1 failed every
     # Recall, max_content_chars -1 every create).
     "max_top_k": (1, None),

@@ -352,7 +352,8 @@ def _status(code: int, message: str, reason: str) -> status_pb2.Status:
 def test_resource_exhausted_is_retried_only_as_load_shedding_and_a_mismatched_status_is_an_error(
     server: LiveServer, tenant_a: TenantClient
 ) -> None:
-    """RESOURCE_EXHAUSTED from shedding (the sidecar's SIDECAR_OVERLOADED) passes and is
+    """RESOURCE_EXHAUSTED from shedding (the sidecar's SIDECAR_OVERLOADED, the server's
+    COMPUTE_QUEUE_FULL) passes and is
     retried; Mnemo's STORAGE_FULL and gRPC's own (trailers or a message past a limit, no
     reason) do not. A status proto whose code is not the call's (gRPC failed a call the server
     had answered NOT_FOUND) is a MnemoError with the call's code, never a raw ValueError."""
@@ -361,6 +362,12 @@ def test_resource_exhausted_is_retried_only_as_load_shedding_and_a_mismatched_st
         (
             _FailedCall(
                 exhausted, "over", _status(code_pb2.RESOURCE_EXHAUSTED, "over", "SIDECAR_OVERLOADED")
+            ),
+            4,
+        ),
+        (
+            _FailedCall(
+                exhausted, "queue", _status(code_pb2.RESOURCE_EXHAUSTED, "queue", "COMPUTE_QUEUE_FULL")
             ),
             4,
         ),

@@ -1,5 +1,5 @@
 """The compute gate: at most `slots` holders, waiting bounded by the caller's deadline,
-admitted by priority then arrival."""
+admitted by tenant, then priority, then arrival; waiters bounded per tenant and in all."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from mnemo_server.api.compute_gate import ComputeGate
-from mnemo_server.errors import DeadlineExceeded, FailedPrecondition
+from mnemo_server.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted
 
 
 def test_a_call_past_its_deadline_in_the_queue_is_refused() -> None:
@@ -154,20 +154,21 @@ def test_reserved_slots_leave_one_for_the_others_and_may_not_be_negative() -> No
 
 
 def _queue_tenant_calls(gate: ComputeGate, names: list[str], admitted: list[str]) -> list[threading.Thread]:
-    """Starts a Recall-priority call for each name (its tenant is the name's first letter),
-    each queued before the next starts; each call appends its name to `admitted` once in."""
+    """Starts a call for each name (its tenant is the name's first letter; a StartSession,
+    priority 0, when its second is "s", else a Recall), each queued before the next starts;
+    each call appends its name to `admitted` once in."""
     lock = threading.Lock()
 
     def call(name: str) -> None:
-        with gate.slot(10, 1, tenant=name[0]), lock:
+        with gate.slot(10, 0 if name[1] == "s" else 1, tenant=name[0]), lock:
             admitted.append(name)
 
-    threads = []
+    threads, queued = [], len(gate._queue)
     for name in names:
         t = threading.Thread(target=call, args=(name,))
         t.start()
         threads.append(t)
-        _wait_until_queued(gate, len(threads))
+        _wait_until_queued(gate, queued + len(threads))
     return threads
 
 
@@ -208,3 +209,75 @@ def test_a_waiting_tenant_holding_fewer_slots_goes_first_whatever_its_arrival() 
     holder.join(5)
     assert admitted == ["b1", "b2", "a1", "a2"]
     assert gate.free == 2 and not gate._held and not gate._last_grant
+
+
+def _hold(gate: ComputeGate, priority: int, tenant: str) -> tuple[threading.Thread, threading.Event]:
+    """A thread holding one slot until the returned event is set."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with gate.slot(10, priority, tenant=tenant):
+            holding.set()
+            release.wait(5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(5)
+    return holder, release
+
+
+def test_one_tenants_start_sessions_do_not_starve_another_tenants_recall() -> None:
+    # Tenant a's StartSessions hold both slots (one reserved for them) and two more wait;
+    # then b's Recall queues. The first slot to free is b's: tenants take turns before
+    # priorities do, and a Recall may take any slot while fewer than slots - reserved are
+    # Recalls'. By priority first (or by needing more than the reserved slots free), b
+    # waited for every StartSession of a's flood.
+    gate = ComputeGate(2, reserved=1)
+    admitted: list[str] = []
+    first, release_first = _hold(gate, 0, "a")
+    second, release_second = _hold(gate, 0, "a")
+    threads = _queue_tenant_calls(gate, ["as1", "as2", "br1"], admitted)
+    release_first.set()
+    first.join(5)
+    deadline = time.monotonic() + 5
+    while not admitted and time.monotonic() < deadline:
+        time.sleep(0.001)
+    release_second.set()
+    for t in [second, *threads]:
+        t.join(5)
+    assert admitted == ["br1", "as1", "as2"]
+    assert gate.free == 2 and gate._shared_held == 0 and not gate._held and not gate._waiting
+
+
+def test_waiters_past_a_tenants_bound_or_the_servers_are_refused_at_once() -> None:
+    gate = ComputeGate(1, max_waiters=3, waiters_per_tenant=2)
+    admitted: list[str] = []
+    holder, release = _hold(gate, 1, "a")
+    threads = _queue_tenant_calls(gate, ["ar1", "as2"], admitted)
+    started = time.monotonic()
+    with pytest.raises(ResourceExhausted) as err, gate.slot(10, 1, tenant="a"):
+        pass
+    assert err.value.reason == "COMPUTE_QUEUE_FULL" and "compute_waiters_per_tenant 2" in str(err.value)
+    threads += _queue_tenant_calls(gate, ["br1"], admitted)  # another tenant still queues
+    with pytest.raises(ResourceExhausted) as err, gate.slot(10, 0, tenant="c"):
+        pass
+    assert "3 in all" in str(err.value) and time.monotonic() - started < 2.0
+    release.set()
+    for t in [holder, *threads]:
+        t.join(5)
+    assert sorted(admitted) == ["ar1", "as2", "br1"]
+    assert gate.free == 1 and not gate._queue and not gate._waiting and not gate._last_grant
+
+
+def test_with_one_slot_tenants_alternate_whatever_their_calls_priorities() -> None:
+    # Tenant a's StartSessions and b's Recalls queue behind a's held slot. Each release
+    # leaves both tenants holding none, so the one admitted longer ago goes: they alternate.
+    # Ranked by priority before that, a's StartSessions all went first.
+    gate = ComputeGate(1)
+    admitted: list[str] = []
+    holder, release = _hold(gate, 0, "a")
+    threads = _queue_tenant_calls(gate, ["as1", "as2", "br1", "br2"], admitted)
+    release.set()
+    for t in [holder, *threads]:
+        t.join(5)
+    assert admitted == ["br1", "as1", "br2", "as2"]

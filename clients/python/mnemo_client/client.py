@@ -44,10 +44,10 @@ SCOPE_KINDS = {
 
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED})
 # RESOURCE_EXHAUSTED is retried only as load shedding, told by the ErrorInfo reason Mnemo sets
-# on it (the sidecar's admission gate). The others do not pass in a retry's second: Mnemo's
-# STORAGE_FULL lasts until space is freed, and gRPC's own (a message or trailers past a limit,
-# which carry no reason) come back the same on every attempt.
-_SHED_REASONS = frozenset({"SIDECAR_OVERLOADED"})
+# on it (the sidecar's admission gate, the server's compute queue). The others do not pass in
+# a retry's second: Mnemo's STORAGE_FULL lasts until space is freed, and gRPC's own (a message
+# or trailers past a limit, which carry no reason) come back the same on every attempt.
+_SHED_REASONS = frozenset({"SIDECAR_OVERLOADED", "COMPUTE_QUEUE_FULL"})
 
 
 class MnemoError(Exception):

@@ -7,7 +7,7 @@ instead of 75 operations/s with 4 of them at a time, and Recall's p99 fell 410 -
 Calls beyond the slots wait their turn, within their own deadline; calls that mostly wait
 on something else (writes, index waits, streams) are not gated.
 
-The queue is ordered by priority, then arrival. StartSession goes first: an agent cannot
+Within a tenant the queue is ordered by priority, then arrival. StartSession goes first: an agent cannot
 begin its session until it answers, and its latency is held to a deadline, while a Recall
 waiting a few more milliseconds costs only that. Same settled 100k data, one minute of the
 bench's mix at C 8 without a sidecar, two runs each (StartSession p50/p99, CreateMemory
@@ -41,15 +41,28 @@ with 1 reserved (1 of the 9 minutes within its 120 ms deadline + 10), and 118-15
 breaker's background probe, ranking/breaker.py). Recall's p50 pays ~8 ms of it; total
 throughput does not change.
 
-Tenants take turns within a priority. Admitted by arrival alone, one tenant's flood of slow
+Tenants take turns. Admitted by arrival alone, one tenant's flood of slow
 Recalls (1.4 s each over a large unindexed backlog) queued ahead of another tenant's ~40 ms
 Recall, which took p50 1.24 s, p99 2.4 s (noisy-neighbour probe). A waiter is now admitted
-by priority, then by how few slots its tenant holds, then by how long ago its tenant was
-last admitted, then arrival: another tenant's call waits for the next slot to free, not for
+by how few slots its tenant holds, then by how long ago its tenant was
+last admitted, then priority, then arrival: another tenant's call waits for the next slot to free, not for
 the flood's queue to drain, and with one slot tenants alternate. No slot is kept idle for
 fairness: a tenant alone may take them all. Measured with A's 16 threads of Recall at ~2k
 rows (two runs each, alternating with the old code, loaded machine): B's Recall p50 41-49 ms,
 p99 114-167 ms, against 119-159 / 297-378 ms by arrival (4 ms alone).
+
+Tenant comes before priority since a probe flooded StartSessions from one tenant (16
+threads): by priority first, 5 of another tenant's 6 Recalls waited past a 3 s deadline; now
+p50 34 ms, max 46 ms. Recalls also no longer need more than the reserved slots free: they
+may hold up to slots - reserved, whoever holds the rest, which keeps the reserved slots
+StartSession's without keeping Recalls out while StartSessions run.
+
+Waiters are bounded (server.compute_max_waiters 16, compute_waiters_per_tenant 8): each holds
+one of the server's gRPC workers, so one tenant's 64 Recalls in flight held all 32 and
+another tenant's GetMemory (not even gated) missed 2 s deadlines, 7 of 10. Past the bound a
+call is RESOURCE_EXHAUSTED at once (COMPUTE_QUEUE_FULL, which the clients retry with backoff):
+the other tenant's GetMemory then took p50 27 ms, max 80 ms, and its Recall p50 62 ms, max
+168 ms (`/work/exp59/fair/repro_gate_workers.py`).
 
 The StartSession latencies above were read by a bench whose StartSession timing included
 the EndSession of every third session (corrected in 11f167f): their levels are too high,
@@ -64,7 +77,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from mnemo_server.errors import DeadlineExceeded, FailedPrecondition
+from mnemo_server.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted
 
 # Lower goes first. Methods not listed are not gated.
 COMPUTE_PRIORITY: dict[str, int] = {
@@ -82,30 +95,45 @@ class _Waiter:
 
 
 class ComputeGate:
-    def __init__(self, slots: int, reserved: int = 0):
-        """slots <= 0: no limit. `reserved` of the slots only admit the first priority (0),
-        so a StartSession finds one free however many Recalls wait; at least one slot is
-        always left to the others (with one slot, nothing is reserved)."""
+    def __init__(
+        self,
+        slots: int,
+        reserved: int = 0,
+        max_waiters: int | None = None,
+        waiters_per_tenant: int | None = None,
+    ):
+        """slots <= 0: no limit. `reserved` of the slots only admit the first priority (0):
+        the other calls hold at most slots - reserved at once, so a StartSession finds one
+        free however many Recalls run (with one slot, nothing is reserved). At most
+        `max_waiters` calls wait, `waiters_per_tenant` of them one tenant's (None: no bound);
+        past either a call is RESOURCE_EXHAUSTED at once, since each waiter holds a gRPC
+        worker that another tenant's call would need."""
         if reserved < 0:
             raise FailedPrecondition(
                 f"server.compute_reserved_slots must be 0 or more, not {reserved}", reason="BAD_CONFIG"
             )
         self.slots = slots
         self.reserved = min(reserved, max(slots - 1, 0))
+        self.max_waiters = max_waiters
+        self.waiters_per_tenant = waiters_per_tenant
         self._lock = threading.Lock()
         self._free = slots
+        self._shared_held = 0  # slots held by calls past the first priority
         self._held: Counter[str] = Counter()  # slots held, by tenant
+        self._waiting: Counter[str] = Counter()  # waiters, by tenant
         # When each tenant with a held slot or a waiter was last admitted (a grant number).
         self._last_grant: dict[str, int] = {}
         self._grants = itertools.count()
         # Invariant: no waiter is queued while a slot it may take is free, because each
         # release admits the best waiters it can. A waiter that gives up leaves the queue; it
-        # holds a few dozen calls at most (the server's workers), so a scan is cheap.
+        # holds a few dozen calls at most (bounded above), so a scan is cheap.
         self._queue: list[_Waiter] = []
         self._arrivals = itertools.count()
 
     def _admits(self, priority: int) -> bool:
-        return self._free > (0 if priority == 0 else self.reserved)
+        if self._free <= 0:
+            return False
+        return priority == 0 or self._shared_held < self.slots - self.reserved
 
     @property
     def free(self) -> int:
@@ -126,15 +154,17 @@ class ComputeGate:
         try:
             yield
         finally:
-            self._release(tenant)
+            self._release(tenant, priority)
 
     def _acquire(self, timeout_s: float | None, priority: int, tenant: str) -> bool:
         with self._lock:
             if self._admits(priority):
-                self._take(tenant)
+                self._take(tenant, priority)
                 return True
+            self._refuse_if_queue_full(tenant)
             waiter = _Waiter(priority, tenant, next(self._arrivals))
             self._queue.append(waiter)
+            self._waiting[tenant] += 1
         # A call without a deadline reports ~1.8e19 s remaining, past what an Event waits.
         timeout = None if timeout_s is None else min(max(timeout_s, 0.0), threading.TIMEOUT_MAX)
         if waiter.granted.wait(timeout):
@@ -143,35 +173,60 @@ class ComputeGate:
             # The slot may have been handed over between the timeout and this lock.
             if waiter.granted.is_set():
                 return True
-            self._queue.remove(waiter)
+            self._dequeue(waiter)
             self._forget_if_idle(tenant)
             return False
 
-    def _take(self, tenant: str) -> None:
+    def _refuse_if_queue_full(self, tenant: str) -> None:
+        mine, everyone = self._waiting[tenant], len(self._queue)
+        per_tenant, total = self.waiters_per_tenant, self.max_waiters
+        if (per_tenant is None or mine < per_tenant) and (total is None or everyone < total):
+            return
+        raise ResourceExhausted(
+            f"{mine} of your Recall and StartSession calls and {everyone} in all already wait "
+            f"for a compute slot (server.compute_waiters_per_tenant {per_tenant}, "
+            f"server.compute_max_waiters {total}); retry shortly or send fewer at once",
+            reason="COMPUTE_QUEUE_FULL",
+        )
+
+    def _take(self, tenant: str, priority: int) -> None:
         self._free -= 1
+        self._shared_held += priority != 0
         self._held[tenant] += 1
         self._last_grant[tenant] = next(self._grants)
 
+    def _dequeue(self, w: _Waiter) -> None:
+        self._queue.remove(w)
+        self._waiting[w.tenant] -= 1
+        if not self._waiting[w.tenant]:
+            del self._waiting[w.tenant]
+
     def _turn(self, w: _Waiter) -> tuple[int, int, int, int]:
-        return (w.priority, self._held[w.tenant], self._last_grant.get(w.tenant, -1), w.arrival)
+        """Tenants first (the fewest slots held, then the longest since admitted), then
+        priority: ranked by priority first, one tenant's flood of StartSessions kept every
+        slot from another tenant's Recalls (5 of 6 past a 3 s deadline, fairness probe).
+        Within a tenant, StartSession still goes first."""
+        return (self._held[w.tenant], self._last_grant.get(w.tenant, -1), w.priority, w.arrival)
 
     def _forget_if_idle(self, tenant: str) -> None:
         """Drop a tenant's last grant once it holds no slot and has no waiter, so the map
         holds only tenants in the gate."""
-        if not self._held[tenant] and not any(w.tenant == tenant for w in self._queue):
+        if not self._held[tenant] and not self._waiting[tenant]:
             self._last_grant.pop(tenant, None)
 
-    def _release(self, tenant: str) -> None:
+    def _release(self, tenant: str, priority: int) -> None:
         with self._lock:
             self._free += 1
+            self._shared_held -= priority != 0
             self._held[tenant] -= 1
             if not self._held[tenant]:
                 del self._held[tenant]
             self._forget_if_idle(tenant)
-            while self._queue:
-                best = min(self._queue, key=self._turn)
-                if not self._admits(best.priority):
-                    break  # the best waiter may not take it, so no later one may either
-                self._queue.remove(best)
-                self._take(best.tenant)
+            while True:
+                admissible = [w for w in self._queue if self._admits(w.priority)]
+                if not admissible:
+                    break
+                best = min(admissible, key=self._turn)
+                self._dequeue(best)
+                self._take(best.tenant, best.priority)
                 best.granted.set()

@@ -830,10 +830,12 @@ def test_feedback_that_can_never_be_delivered_is_parked_and_holds_back_nothing(
 
 class StalledRanking(rpb_grpc.RankingServiceServicer):
     """A sidecar that accepts calls and never answers (like a SIGSTOPped process) until
-    released; its health check stalls the same way."""
+    released; its health check stalls the same way, or with `healthy`, answers at once (a
+    sidecar up but slower than the calls' budgets)."""
 
-    def __init__(self) -> None:
+    def __init__(self, healthy: bool = False) -> None:
         self.release = threading.Event()
+        self.healthy = healthy
         self.calls = 0
         self.health_checks = 0
 
@@ -842,6 +844,11 @@ class StalledRanking(rpb_grpc.RankingServiceServicer):
         self.release.wait(30)
         return rpb.ScoreResponse(cold_start=True)
 
+    def Rerank(self, request: rpb.RerankRequest, context: grpc.ServicerContext) -> rpb.RerankResponse:
+        self.calls += 1
+        self.release.wait(30)
+        return rpb.RerankResponse()
+
 
 class StalledHealth(health_pb2_grpc.HealthServicer):
     def __init__(self, ranking: StalledRanking) -> None:
@@ -849,13 +856,22 @@ class StalledHealth(health_pb2_grpc.HealthServicer):
 
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Any:
         self.ranking.health_checks += 1
-        self.ranking.release.wait(30)
+        if not self.ranking.healthy:
+            self.ranking.release.wait(30)
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
 
 @pytest.fixture
 def stalled() -> Iterator[tuple[StalledRanking, int]]:
-    servicer = StalledRanking()
+    yield from _serve_stalled(StalledRanking())
+
+
+@pytest.fixture
+def slow_but_healthy() -> Iterator[tuple[StalledRanking, int]]:
+    yield from _serve_stalled(StalledRanking(healthy=True))
+
+
+def _serve_stalled(servicer: StalledRanking) -> Iterator[tuple[StalledRanking, int]]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     rpb_grpc.add_RankingServiceServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(StalledHealth(servicer), server)
@@ -917,6 +933,71 @@ def test_stalled_sidecar_costs_at_most_the_deadline_then_the_breaker_opens(
     assert dict(status.sidecar_call_failures) == {"Score:deadline": 3, "Score:circuit_open": 2}
     assert dict(status.ranking_fallbacks) == {"deadline": 3, "circuit_open": 2}
     assert [got_deadline > 0 for got_deadline in budgets] == [True] * 3 + [False] * 2
+
+
+def _rerank_in_3_ms(t: TenantClient) -> pb.RecallResponse:
+    options = pb.RecallOptions(rerank=True, rerank_deadline_ms=3)
+    r: pb.RecallResponse = t.memory().Recall(
+        pb.RecallRequest(query="release rollback", options=options), metadata=t.md, timeout=5
+    )
+    assert r.hits and not r.reranked
+    return r
+
+
+def _wait_for_breaker(live: LiveServer, state: str, health_checks: Callable[[], int], checks: int) -> None:
+    breaker = live.server.core.ranking.breaker
+    wait_for(lambda: health_checks() >= checks and not breaker._checking, timeout=10)
+    assert breaker.state.value == state
+
+
+def test_timeouts_of_budgets_the_caller_cut_short_leave_a_healthy_sidecars_circuit_closed(
+    start_server: Callable[..., LiveServer], slow_but_healthy: tuple[StalledRanking, int]
+) -> None:
+    """One breaker serves every tenant: a tenant asking for reranks within 3 ms, or starting
+    sessions with deadlines shorter than the server's own budget, times out by its own
+    choice. A sidecar that answers its health check meanwhile keeps the circuit closed (such
+    timeouts once opened it, and every tenant's StartSession fell back with circuit_open);
+    timeouts of the server's own budget still open it."""
+    servicer, port = slow_but_healthy
+    live, t = _seeded_behind(
+        start_server, port, breaker_failures=3, breaker_cooldown_s=60, start_session_deadline_ms=800
+    )
+    assert [_rerank_in_3_ms(t).rerank_fallback_reason for _ in range(4)] == ["deadline"] * 4
+    _wait_for_breaker(live, "closed", lambda: servicer.health_checks, 1)
+    gc.collect()  # no collection of earlier tests' garbage while this in-process server is timed
+    gc.disable()
+    try:
+        for i in range(4):
+            s = t.memory().StartSession(
+                pb.StartSessionRequest(session_id=f"tight{i}", project_id="p", context="release rollback"),
+                metadata=t.md,
+                timeout=0.4,  # under the server's 800 ms budget
+            )
+            assert s.ranking.fallback_reason == "deadline"
+    finally:
+        gc.enable()
+    _wait_for_breaker(live, "closed", lambda: servicer.health_checks, 2)
+    assert servicer.calls == 8
+    reasons = [start(t, f"own{i}", "release rollback").ranking.fallback_reason for i in range(4)]
+    assert reasons == ["deadline"] * 3 + ["circuit_open"]
+    assert servicer.calls == 11
+
+
+def test_a_stalled_sidecar_opens_the_circuit_even_when_callers_cut_budgets_short(
+    start_server: Callable[..., LiveServer], stalled: tuple[StalledRanking, int]
+) -> None:
+    """A timeout the caller's short budget may explain is checked against the sidecar's
+    health, once at a time: a stalled sidecar (its health check unanswered within
+    breaker_probe_timeout_s) opens the circuit, so short-budget callers stop waiting on it."""
+    servicer, port = stalled
+    live, t = _seeded_behind(
+        start_server, port, breaker_failures=3, breaker_cooldown_s=60, breaker_probe_timeout_s=0.5
+    )
+    assert [_rerank_in_3_ms(t).rerank_fallback_reason for _ in range(2)] == ["deadline"] * 2
+    _wait_for_breaker(live, "open", lambda: servicer.health_checks, 1)
+    assert servicer.health_checks == 1  # the second timeout found the first's check running
+    assert _rerank_in_3_ms(t).rerank_fallback_reason == "circuit_open"
+    assert servicer.calls == 2
 
 
 def test_the_sidecar_gets_what_the_deadline_leaves_after_the_work_that_follows_it(

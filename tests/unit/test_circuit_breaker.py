@@ -81,3 +81,21 @@ def test_no_time_with_the_circuit_open_counts_as_circuit_open_and_still_probes()
         time.sleep(0.01)
     assert half_open.opened_count == 2 and half_open.state is BreakerState.OPEN
     client.close()
+
+
+def test_a_health_check_runs_one_at_a_time_while_closed_and_opens_the_circuit_if_it_fails() -> None:
+    b = CircuitBreaker(failures=3, cooldown_s=5.0, clock=Clock())
+    assert b.take_check() and not b.take_check()  # one at a time
+    b.check_done(healthy=True)
+    assert b.state is BreakerState.CLOSED and b.opened_count == 0
+    b.record_failure()
+    b.record_failure()
+    assert b.take_check()
+    b.check_done(healthy=True)  # a healthy answer does not forgive the calls' own failures
+    b.record_failure()
+    assert b.state is BreakerState.OPEN and b.opened_count == 1
+    assert not b.take_check()  # open: the cooldown's probe is what asks next
+    b.probe_succeeded()
+    assert b.take_check()
+    b.check_done(healthy=False)  # no answer: open at once
+    assert b.state is BreakerState.OPEN and b.opened_count == 2

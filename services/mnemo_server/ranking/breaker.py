@@ -37,6 +37,7 @@ class CircuitBreaker:
         self._consecutive = 0
         self._opened_at: float | None = None
         self._probing = False
+        self._checking = False
         self.opened_count = 0
 
     @property
@@ -75,6 +76,21 @@ class CircuitBreaker:
         with self._lock:
             self._open()
             self._probing = False
+
+    def take_check(self) -> bool:
+        """True for the one to check the sidecar's health after a timeout that may be the
+        caller's doing: one check at a time, and none while the circuit is open."""
+        with self._lock:
+            if self._opened_at is not None or self._checking:
+                return False
+            self._checking = True
+            return True
+
+    def check_done(self, healthy: bool) -> None:
+        with self._lock:
+            self._checking = False
+            if not healthy and self._opened_at is None:
+                self._open()
 
     def record_success(self) -> None:
         with self._lock:

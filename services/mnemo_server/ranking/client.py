@@ -131,13 +131,18 @@ class RankingClient:
             self.call_failures[f"{name}:{reason}"] += 1
         return SidecarAnswer(None, reason, (self._clock() - started) * 1000.0, code, detail, called)
 
-    def _call(self, name: str, request: object, budget_s: float) -> SidecarAnswer[T]:
+    def _call(
+        self, name: str, request: object, budget_s: float, caller_limited: bool = False
+    ) -> SidecarAnswer[T]:
+        """`caller_limited`: the caller's deadline or choice cut the budget below the
+        server's own for such a call, so a timeout may be the caller's doing: it is checked
+        against the sidecar's health instead of counted (breaker.py)."""
         started = self._clock()
         if not self.enabled:
             return self._fallback(name, "no_sidecar", started, called=False)
         if not self.breaker.allow():
             if self.breaker.take_probe():
-                threading.Thread(target=self._probe, name="mnemo-sidecar-probe", daemon=True).start()
+                self._in_background(self._probe, "mnemo-sidecar-probe")
             return self._fallback(name, "circuit_open", started, called=False)
         if budget_s < MIN_BUDGET_S:
             return self._fallback(name, "no_time", started, called=False)
@@ -148,6 +153,9 @@ class RankingClient:
             code = err.code()
             if code in _REQUEST_ERRORS:
                 self.breaker.record_success()
+            elif caller_limited and code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                if self.breaker.take_check():
+                    self._in_background(self._check, "mnemo-sidecar-check")
             else:
                 self.breaker.record_failure()
             return self._fallback(
@@ -156,29 +164,44 @@ class RankingClient:
         self.breaker.record_success()
         return SidecarAnswer(value, "", (self._clock() - started) * 1000.0)
 
-    def _probe(self) -> None:
-        """Is the sidecar back? Asked off every caller's path; the answer closes the
-        circuit or starts another cooldown."""
+    @staticmethod
+    def _in_background(work: Callable[[], None], name: str) -> None:
+        threading.Thread(target=work, name=name, daemon=True).start()
+
+    def _serving(self) -> bool:
+        """Does the sidecar say it is serving, within breaker_probe_timeout_s?"""
         try:
             # The typing stubs for grpc_health declare HealthStub without its methods.
             stub: Any = health_pb2_grpc.HealthStub(self._connect()[0])
             request = health_pb2.HealthCheckRequest(service=RANKING_SERVICE)
             reply = stub.Check(request, timeout=self.cfg.breaker_probe_timeout_s, metadata=self._metadata)
-            serving = reply.status == health_pb2.HealthCheckResponse.SERVING
         except (grpc.RpcError, ValueError):  # ValueError: the channel was closed under it
-            serving = False
-        if serving:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def _probe(self) -> None:
+        """Is the sidecar back? Asked off every caller's path; the answer closes the
+        circuit or starts another cooldown."""
+        if self._serving():
             self.breaker.probe_succeeded()
         else:
             self.breaker.probe_failed()
 
-    def score(self, request: rpb.ScoreRequest, budget_s: float) -> SidecarAnswer[rpb.ScoreResponse]:
-        _cut_texts(request, request.candidates, self.cfg.max_text_chars)
-        return self._call("Score", request, budget_s)
+    def _check(self) -> None:
+        """Is a caller-limited timeout the sidecar's fault? Asked off the caller's path."""
+        self.breaker.check_done(self._serving())
 
-    def rerank(self, request: rpb.RerankRequest, budget_s: float) -> SidecarAnswer[rpb.RerankResponse]:
+    def score(
+        self, request: rpb.ScoreRequest, budget_s: float, caller_limited: bool = False
+    ) -> SidecarAnswer[rpb.ScoreResponse]:
         _cut_texts(request, request.candidates, self.cfg.max_text_chars)
-        return self._call("Rerank", request, budget_s)
+        return self._call("Score", request, budget_s, caller_limited)
+
+    def rerank(
+        self, request: rpb.RerankRequest, budget_s: float, caller_limited: bool = False
+    ) -> SidecarAnswer[rpb.RerankResponse]:
+        _cut_texts(request, request.candidates, self.cfg.max_text_chars)
+        return self._call("Rerank", request, budget_s, caller_limited)
 
     def submit(
         self, request: rpb.SubmitTrainingPairsRequest, timeout_s: float

@@ -363,7 +363,8 @@ class RecallPipeline:
         if self.ranking is None or not self.ranking.enabled:
             result.rerank_fallback_reason = "no_sidecar"
             return
-        budget = q.rerank_deadline_s or self.ranking_cfg.rerank_deadline_ms / 1000.0
+        own = self.ranking_cfg.rerank_deadline_ms / 1000.0
+        budget = q.rerank_deadline_s or own
         if q.caller_remaining_s is not None:
             budget = min(
                 budget,
@@ -381,6 +382,7 @@ class RecallPipeline:
                 ],
             ),
             budget,
+            caller_limited=budget < own,  # the caller's choice or deadline cut it
         )
         if answer.value is None or len(answer.value.scores) != len(head):
             result.rerank_fallback_reason = answer.fallback_reason or "partial_scores"

@@ -370,6 +370,7 @@ class SessionService:
         # sidecar's answer (as it has taken lately, time_after_ranking.py) and the reply's
         # margin, never more than half of the deadline.
         limit_s = self.cfg.start_session_deadline_ms / 1000.0
+        caller_limited = caller_remaining_s is not None and caller_remaining_s < limit_s
         if caller_remaining_s is not None:
             limit_s = min(limit_s, caller_remaining_s)
         reserve_s = min(self.cfg.deadline_margin_ms / 1000.0 + self.after_ranking.high_s(), limit_s / 2)
@@ -389,7 +390,7 @@ class SessionService:
                 for c in pool[: self.cfg.max_scored]  # the pool is in baseline order here
             ],
         )
-        answer = self.ranking.score(request, budget_s)
+        answer = self.ranking.score(request, budget_s, caller_limited)
         zeros = [0.0] * len(pool)
         # The budget the sidecar was given; 0 when no call went out (circuit open, no time).
         ms, deadline_ms = answer.elapsed_ms, max(0, int(budget_s * 1000)) if answer.called else 0

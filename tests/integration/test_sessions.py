@@ -1007,7 +1007,9 @@ def test_the_sidecar_gets_what_the_deadline_leaves_after_the_work_that_follows_i
     in time: the sidecar's budget keeps back the reply's margin and the recent 95th
     percentile of the work after the sidecar's answer (here as a loaded machine makes it,
     40 ms), not a fixed 10 ms that such work overran (probe: DEADLINE_EXCEEDED at 82-86 ms
-    for an 80 ms deadline)."""
+    for an 80 ms deadline). The margin for the reply's way back is a tenth of a caller's
+    deadline shorter than the server's budget (with 10 ms, 4-6 of 30 such StartSessions
+    failed at 0.3 s on a loaded machine)."""
     _, port = stalled
     live, t = _seeded_behind(start_server, port, breaker_failures=1_000, start_session_deadline_ms=5_000)
     after = live.server.core.sessions.after_ranking
@@ -1020,7 +1022,7 @@ def test_the_sidecar_gets_what_the_deadline_leaves_after_the_work_that_follows_i
         timeout=0.3,
     )
     assert r.ranking.path == pb.RANKING_PATH_FALLBACK and r.ranking.fallback_reason == "deadline"
-    assert 150 <= r.ranking.sidecar_deadline_ms <= 300 - 40 - 10
+    assert 150 <= r.ranking.sidecar_deadline_ms <= 300 - 40 - 30
 
 
 class MisbehavingRanking(rpb_grpc.RankingServiceServicer):

@@ -27,6 +27,22 @@ MIN_BUDGET_S = 0.002
 RANKING_SERVICE = rpb.DESCRIPTOR.services_by_name["RankingService"].full_name
 
 
+# Of a caller's deadline, the share kept back for the reply's way back, at least
+# ranking.deadline_margin_ms. Missing the caller's own deadline fails the call, where the
+# server's budgets are latency goals, and the way back grows with the load: 20-25 ms on a
+# machine loaded 3-4 times over, where 4-6 of 30 StartSessions with a 0.3 s deadline failed
+# with a 10 ms margin (cold-start probe, /work/exp60/cold/coldstart.py).
+CALLER_DEADLINE_MARGIN_SHARE = 0.1
+
+
+def reply_margin_s(cfg: RankingConfig, caller_remaining_s: float | None) -> float:
+    """What a sidecar budget keeps back of the caller's remaining deadline for the reply."""
+    margin_s = cfg.deadline_margin_ms / 1000.0
+    if caller_remaining_s is None:
+        return margin_s
+    return max(margin_s, CALLER_DEADLINE_MARGIN_SHARE * caller_remaining_s)
+
+
 def reconnect_backoff_ms(cfg: RankingConfig) -> int:
     """The longest the channel waits between attempts to reach a sidecar that is down.
 

@@ -36,7 +36,7 @@ from mnemo_server.index.attrs import Attrs
 from mnemo_server.index.lance_index import LanceIndex, LegHit
 from mnemo_server.memory.model import Memory, MemoryFilter
 from mnemo_server.memory.validation import Validator, raise_if
-from mnemo_server.ranking.client import RankingClient
+from mnemo_server.ranking.client import RankingClient, reply_margin_s
 from mnemo_server.retrieval.query_analysis import QueryAnalysis, analyse, has_time_expression, speaker_of
 from mnemo_server.retrieval.scoring import minmax
 from mnemo_server.retrieval.speakers import ScopeSpeakers
@@ -370,7 +370,7 @@ class RecallPipeline:
                 budget,
                 q.caller_remaining_s
                 - (time.perf_counter() - started)
-                - self.ranking_cfg.deadline_margin_ms / 1000.0,
+                - reply_margin_s(self.ranking_cfg, q.caller_remaining_s),
             )
         head = result.hits[: self.ranking_cfg.rerank_head]
         answer = self.ranking.rerank(

@@ -26,7 +26,7 @@ from mnemo_server.config import LimitsConfig, RankingConfig
 from mnemo_server.errors import AlreadyExists, FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.memory.model import IdempotencyKey, Memory, MemoryFilter, Scope, ScopeKind, now_ns
 from mnemo_server.memory.validation import Validator, raise_if
-from mnemo_server.ranking.client import RankingClient
+from mnemo_server.ranking.client import RankingClient, reply_margin_s
 from mnemo_server.retrieval.query_analysis import content_words
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery
 from mnemo_server.retrieval.scoring import minmax, reciprocal_ranks
@@ -74,11 +74,6 @@ class Injected:
     predictor_score: float
     origin: str
     tokens: int
-
-
-# Of a caller's deadline shorter than the server's StartSession budget, the share kept back
-# for the reply's way back (at least ranking.deadline_margin_ms).
-CALLER_DEADLINE_MARGIN_SHARE = 0.1
 
 
 @dataclass
@@ -384,13 +379,7 @@ class SessionService:
         caller_limited = caller_remaining_s is not None and caller_remaining_s < limit_s
         if caller_remaining_s is not None:
             limit_s = min(limit_s, caller_remaining_s)
-        margin_s = self.cfg.deadline_margin_ms / 1000.0
-        if caller_limited:
-            # Missing the caller's own deadline fails the call, where the server's budget is
-            # only a latency goal; and the reply's way back grows with the load: 20-25 ms on
-            # a machine loaded 3-4 times over, where 4-6 of 30 StartSessions with a 0.3 s
-            # deadline failed with the 10 ms margin (cold-start probe).
-            margin_s = max(margin_s, CALLER_DEADLINE_MARGIN_SHARE * limit_s)
+        margin_s = reply_margin_s(self.cfg, limit_s if caller_limited else None)
         reserve_s = min(margin_s + self.after_ranking.high_s(), limit_s / 2)
         budget_s = limit_s - (time.perf_counter() - started) - reserve_s
         request = rpb.ScoreRequest(

@@ -283,6 +283,31 @@ def test_lists_page_newest_first_and_filter(tenant_a: TenantClient) -> None:
     assert fails(lambda: api.ListLearnings(mismatched), grpc.StatusCode.INVALID_ARGUMENT)[1] == ["page_token"]
 
 
+def test_a_page_of_large_candidates_fits_a_default_client_and_the_rest_follow(tenant_a: TenantClient) -> None:
+    """page_size 1000 over 90 candidates of ~40 KB each (within every limit: 4,000 four-byte
+    characters, 20 evidence refs of 256) is 3.6 MB, past what a page may carry (3 MiB, under
+    the 4 MiB a default gRPC client takes): a shorter page and a token, and every candidate
+    once over the pages."""
+    api = Learnings(tenant_a)
+    wide = "\U0001f600"
+    source = common_pb2.Source(who=wide * 256, why=wide * 256)
+    made = {
+        api.create(f"{i} " + wide * 3990, evidence_refs=[wide * 256] * 20, source=source).id
+        for i in range(90)
+    }
+    seen: list[str] = []
+    token, sizes = "", []
+    while True:
+        page = api.ListLearningCandidates(pb.ListLearningCandidatesRequest(page_size=1000, page_token=token))
+        seen += [c.id for c in page.candidates]
+        sizes.append(page.ByteSize())
+        token = page.next_page_token
+        if not token:
+            break
+    assert len(sizes) >= 2 and max(sizes) < 4 << 20
+    assert len(seen) == len(set(seen)) == 90 and set(seen) == made
+
+
 def test_tenants_cannot_see_or_change_each_other(tenant_a: TenantClient, tenant_b: TenantClient) -> None:
     a, b = Learnings(tenant_a), Learnings(tenant_b)
     pending = a.create("Tenant A's pending fact.")

@@ -29,7 +29,14 @@ from mnemo_server.learning.model import (
 )
 from mnemo_server.learning.secrets_guard import refuse_secret_material
 from mnemo_server.memory.model import IdempotencyKey, Scope, ScopeKind, now_ns
-from mnemo_server.memory.paging import decode_token, encode_token, query_fingerprint
+from mnemo_server.memory.paging import (
+    ANSWER_BYTES,
+    decode_token,
+    encode_token,
+    fitting,
+    query_fingerprint,
+    row_bytes,
+)
 from mnemo_server.memory.validation import Validator, check_unit_interval, raise_if
 from mnemo_server.skills.model import SkillState
 from mnemo_server.store import idempotency_repo, learning_repo, skill_repo
@@ -68,14 +75,18 @@ def fetch_page(
     page_token: str,
     fingerprint: str,
 ) -> tuple[list[RowT], str]:
-    """One page of rows newest first, plus the token for the next page ("" on the last)."""
+    """One page of rows newest first, plus the token for the next page ("" on the last).
+    A page holds fewer rows than asked when more would not fit one answer a default gRPC
+    client takes (memory/paging.py): 120 candidates or 230 skills of allowed sizes made a
+    4.9 MB answer at page_size 1000, which such clients refused (probe)."""
     size = validator.page_size(page_size)
     position = decode_token(page_token, fingerprint, _is_time_and_id)
     rows = fetch(None if position is None else (position[0], position[1]), size + 1)
-    if len(rows) <= size:
+    fit = fitting(rows[:size], row_bytes, largest=ANSWER_BYTES + 1)
+    if len(rows) <= fit:
         return rows, ""
-    last = rows[size - 1]
-    return rows[:size], encode_token([last.create_time_ns, last.id], fingerprint)
+    last = rows[fit - 1]
+    return rows[:fit], encode_token([last.create_time_ns, last.id], fingerprint)
 
 
 def _is_time_and_id(position: Any) -> bool:

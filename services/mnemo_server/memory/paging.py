@@ -4,6 +4,7 @@ token reused with a different filter is rejected instead of silently skipping ro
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -64,6 +65,23 @@ def memory_bytes(m: Any) -> int:
     content = m.content if m.content.isascii() else m.content.encode()
     meta = len(json.dumps(m.metadata, separators=(",", ":"), default=str)) if m.metadata else 0
     return len(content) + meta + _PER_MEMORY_BYTES
+
+
+def row_bytes(row: Any) -> int:
+    """A row's size in an answer, estimated from every text and value it holds (a
+    dataclass, or lists and mappings of them), for listings whose rows have no estimate of
+    their own. Cheap enough for a page: a field walk, no serialization but of mappings."""
+    if isinstance(row, str):
+        return len(row) if row.isascii() else len(row.encode())
+    if isinstance(row, bytes):
+        return len(row)
+    if isinstance(row, (list, tuple, set, frozenset)):
+        return sum(row_bytes(v) for v in row) + 2 * len(row)
+    if isinstance(row, dict):
+        return len(json.dumps(row, separators=(",", ":"), default=str))
+    if dataclasses.is_dataclass(row) and not isinstance(row, type):
+        return sum(row_bytes(getattr(row, f.name)) + 4 for f in dataclasses.fields(row))
+    return 8  # a number, a flag, None
 
 
 def fitting(items: Sequence[T], size_of: Callable[[T], int], largest: int, budget: int = ANSWER_BYTES) -> int:

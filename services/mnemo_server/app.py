@@ -30,7 +30,7 @@ from mnemo_server.embed.factory import build_embedder
 from mnemo_server.errors import EmbeddingModelMismatch, FailedPrecondition
 from mnemo_server.index import in_step, kernels
 from mnemo_server.index.indexer import IndexWorker
-from mnemo_server.index.lance_index import LanceIndex
+from mnemo_server.index.lance_index import LanceIndex, TableUnreadable
 from mnemo_server.latency_histogram import CallTimes
 from mnemo_server.learning.service import LearningService
 from mnemo_server.memory.service import MemoryService
@@ -207,12 +207,16 @@ class Core:
         log.info("row cache: %d rows read in %.2f s", rows, time.monotonic() - started)
         started = time.monotonic()
         tenants = self.index.tenants_newest_first()
-        warmed = 0
+        warmed = dropped = 0
         for tenant_id in tenants:
             if not self.index.has_room():
                 break
-            self.index.warm(tenant_id)
-            warmed += 1
+            if self._warm(tenant_id):
+                warmed += 1
+            else:
+                dropped += 1
+        if dropped:
+            self.indexer.reconcile()  # the dropped tables' memories, submitted for indexing
         self.index.trim()  # the tables opened at start-up and not loaded
         log.info(
             "indices of %d of %d tenants loaded in %.2f s (index.max_resident_*: others at first search)",
@@ -220,6 +224,18 @@ class Core:
             len(tenants),
             time.monotonic() - started,
         )
+
+    def _warm(self, tenant_id: str) -> bool:
+        """Load the tenant's index; False if its table did not read (damaged files, which
+        warm-up is the first to read in full) and was dropped to be indexed again."""
+        try:
+            self.index.warm(tenant_id)
+        except TableUnreadable as exc:
+            log.warning("%s", exc)
+            self.index.drop(tenant_id)
+            self._index_again(tenant_id, "unreadable")
+            return False
+        return True
 
     def _index_loaded(self, tenant_id: str) -> None:
         # Rows the last run wrote after its last optimize make every vector search scan them
@@ -303,9 +319,7 @@ class Core:
         # Tables an older server wrote with another layout, or left with an ANN index that
         # no longer reads, are rebuilt from DuckDB.
         for tenant_id in self.index.drop_outdated(check.layout):
-            log.info("index table dropped (older layout or unreadable): re-indexing tenant %s", tenant_id)
-            with self.db.transaction() as cur:
-                index_marks.reset_index_marks(cur, tenant_id)
+            self._index_again(tenant_id, "older layout or unreadable")
         in_step.record_layout(self.index)  # what a start after a crash need not check again
         self.indexer.forget_missing_tables()
         tables = self.indexer.check_rows(check.rows)
@@ -321,6 +335,13 @@ class Core:
             queued,
             tables,
         )
+
+    def _index_again(self, tenant_id: str, why: str) -> None:
+        """After its table was dropped: DuckDB, the source of truth, no longer marks the
+        tenant's memories as indexed, so the next reconcile submits every one of them."""
+        log.info("index table dropped (%s): re-indexing tenant %s", why, tenant_id)
+        with self.db.transaction() as cur:
+            index_marks.reset_index_marks(cur, tenant_id)
 
     @property
     def index_in_step(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from mnemo.v1 import memory_service_pb2 as pb
@@ -163,6 +165,40 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, model_cache: Path) -> None:
     for data_dir, said in ((tmp_path / "a-file" / "sub", "Not a directory"), (junk, "cannot be opened")):
         out = run(["serve", "--data-dir", str(data_dir), "--port", "0"], base_env(model_cache))
         assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def _as_bound_by_permissions() -> list[str]:
+    """A command prefix under which file permissions bind the process: root passes over them
+    (CAP_DAC_OVERRIDE) unless setpriv drops the capability."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root, and setpriv is needed to make a directory unwritable to it")
+    dropped = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}", "--"]
+
+
+def test_an_index_directory_that_cannot_be_written_is_one_error_line(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """A read-only lance/ was a traceback from start-up's index check (its seal not written)."""
+    lance = tmp_path / "d" / "lance"
+    lance.mkdir(parents=True)
+    lance.chmod(0o555)
+    try:
+        out = subprocess.run(
+            [*_as_bound_by_permissions(), *MNEMO, "serve", "--data-dir", str(tmp_path / "d"), "--port", "0"],
+            env=base_env(model_cache, MNEMO_AUTH__ENABLED="false"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        lance.chmod(0o755)
+    assert out.returncode == 2, out.stderr
+    assert f"error: index directory {lance} is not writable: Permission denied" in out.stderr
+    assert "Traceback" not in out.stderr and "nanobind" not in out.stderr, out.stderr
 
 
 def test_up_does_not_take_a_port_file_left_by_an_earlier_run(tmp_path: Path, model_cache: Path) -> None:

@@ -5,8 +5,10 @@ a crash, a restore or a stray write would, and starts again."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -329,3 +331,49 @@ def test_a_table_that_does_not_read_holds_back_no_other_in_the_check(
     finally:
         core.close()
     assert _start_check(cfg) == StartCheck(layout=frozenset(), rows=None)  # not sealed
+
+
+def _truncate_data_files(table: Path) -> None:
+    for data_file in (table / "data").iterdir():
+        data_file.write_bytes(data_file.read_bytes()[:100])
+
+
+def _zero_newest_manifest(table: Path) -> None:
+    manifests = sorted(p for p in (table / "_versions").iterdir() if p.suffix == ".manifest")
+    manifests[0].write_bytes(b"\0" * 10)  # their names count down: the first is the newest
+
+
+@pytest.mark.parametrize(
+    ("damage", "sealed"),
+    [(_truncate_data_files, True), (_zero_newest_manifest, True), (_zero_newest_manifest, False)],
+    ids=["data files truncated", "newest manifest zeroed", "newest manifest zeroed, no seal"],
+)
+def test_a_damaged_table_is_dropped_at_start_up_and_its_tenant_indexed_again(
+    tmp_path: Path,
+    model_cache: Path,
+    caplog: pytest.LogCaptureFixture,
+    damage: Callable[[Path], None],
+    sealed: bool,
+) -> None:
+    """A table whose files do not read (a disk error, a partial copy) crashed start-up with a
+    traceback: in warm-up, its first full read, or in the layout check of a directory with no
+    seal. It is derived from DuckDB: dropped, and its tenant's memories indexed again; the
+    other tenant's table is kept."""
+    cfg = make_config(tmp_path / "data", model_cache)
+    _indexed_and_closed(cfg)
+    damage(tmp_path / "data" / "lance" / "t_b.lance")
+    if not sealed:
+        (tmp_path / "data" / "lance" / in_step.SEAL_FILE).unlink()
+    core = Core(cfg)
+    try:
+        with caplog.at_level(logging.INFO, logger="mnemo_server"):
+            core.check_index_at_start()
+            core.warm_up()
+        assert "index table of tenant b does not read" in caplog.text
+        assert "re-indexing tenant b" in caplog.text and "re-indexing tenant a" not in caplog.text
+        _settle(core)
+        assert core.index.count("b") == len(TOPICS["b"])
+        for tenant, texts in TOPICS.items():
+            assert _top_hit(core, tenant, texts[1]) == texts[1]
+    finally:
+        core.close()

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mnemo_server.config import IndexConfig
-from mnemo_server.errors import Unavailable
+from mnemo_server.errors import FailedPrecondition, Unavailable
 from mnemo_server.index import graph_files
 from mnemo_server.index.attrs import ATTR_COLUMNS, Attrs, AttrsCache, read_attrs
 from mnemo_server.index.lance_loading import TableLoader
@@ -56,6 +57,42 @@ from mnemo_server.one_thread import OneThreadQueue
 log = logging.getLogger(__name__)
 
 _TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+# What opening or reading a table whose files are damaged (truncated data files, a manifest
+# overwritten) raises: LanceDB's open a RuntimeError ("lance error: ..."), Lance's reads an
+# OSError or pyarrow's ArrowInvalid (a ValueError). Caught only around those opens and reads.
+_DAMAGE_ERRORS = (OSError, ValueError, RuntimeError)
+
+
+class TableUnreadable(Exception):
+    """A tenant's table does not open or read. It is derived from DuckDB: start-up drops it
+    and indexes the tenant's memories again."""
+
+    def __init__(self, tenant_id: str, cause: Exception):
+        super().__init__(f"the index table of tenant {tenant_id} does not read ({cause})")
+        self.tenant_id = tenant_id
+
+
+@contextmanager
+def _reading(tenant_id: str) -> Iterator[None]:
+    """Opens and reads of the tenant's table, their failures as TableUnreadable."""
+    try:
+        yield
+    except _DAMAGE_ERRORS as exc:
+        raise TableUnreadable(tenant_id, exc) from exc
+
+
+def _refuse_unwritable(path: Path) -> None:
+    """The index writes its tables, its seal and its graphs here. A directory it cannot
+    write failed start-up with a traceback (taking the seal) or, once serving, every write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise FailedPrecondition(
+            f"index directory {path} is not writable: {exc.strerror or exc}", reason="BAD_DATA_DIR"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -169,7 +206,7 @@ class LanceIndex:
         self.graph_dir = graph_dir
         self.dimension = dimension
         self.cfg = cfg
-        path.mkdir(parents=True, exist_ok=True)
+        _refuse_unwritable(path)
         self._db = lancedb.connect(
             str(path),
             session=lancedb.Session(
@@ -258,20 +295,13 @@ class LanceIndex:
                 return handle
             if name in self._absent and not create:
                 return None
-            # Opened by name, not looked up in the list of tables: listing costs 5-8 us per
-            # table (1.6-2.5 ms at 300), at every open and under this lock, so start-up,
-            # which opens every tenant's table, took time in the square of the tenants.
-            try:
-                table = self._db.open_table(name)
-                existed = True
-            except ValueError as exc:
-                if "was not found" not in str(exc):
-                    raise
+            table = self._existing_table(tenant_id, name)
+            existed = table is not None
+            if table is None:
                 if not create:
                     self._absent.add(name)
                     return None
                 table = self._db.create_table(name, schema=self.schema)
-                existed = False
             self._absent.discard(name)
             import lance
 
@@ -279,15 +309,17 @@ class LanceIndex:
             # The table's folder, as LanceDB names it: asking the table (to_lance) opens the
             # dataset once more, ~1 ms of a ~5 ms open.
             uri = str(self.path / f"{name}.lance")
-            handle = TableHandle(
-                table,
-                uri,
-                lance.dataset(uri, session=session),
-                session,
-                AttrsCache(self.cfg.attrs_cache_rows),
-                ScopeVectors(self.dimension),
-                TextPostings(),
-            )
+            with _reading(tenant_id):
+                handle = TableHandle(
+                    table,
+                    uri,
+                    lance.dataset(uri, session=session),
+                    session,
+                    AttrsCache(self.cfg.attrs_cache_rows),
+                    ScopeVectors(self.dimension),
+                    TextPostings(),
+                )
+                indices = reader_index_names(handle)
             # A new table is empty: its vectors and texts are all known. An existing one's are
             # loaded at warm-up (load_scope_vectors, load_text_postings); until then LanceDB
             # answers every search.
@@ -304,12 +336,24 @@ class LanceIndex:
                     lambda: self._loader.build_graph(handle),
                     (lambda: self._save_graph(name, handle)) if self.graph_dir is not None else None,
                 )
-            indices = reader_index_names(handle)
             handle.has_text_index = "text_idx" in indices
             if "vector_idx" in indices:
                 settle_pending(handle)
             self._handles[name] = handle
             return handle
+
+    def _existing_table(self, tenant_id: str, name: str) -> Any | None:
+        """The tenant's table, None if it has none. Opened by name, not looked up in the list
+        of tables: listing costs 5-8 us per table (1.6-2.5 ms at 300), at every open and under
+        the index's lock, so start-up, which opens every tenant's table, took time in the
+        square of the tenants."""
+        with _reading(tenant_id):
+            try:
+                return self._db.open_table(name)
+            except ValueError as exc:
+                if "was not found" in str(exc):
+                    return None
+                raise
 
     def tenants(self) -> list[str]:
         return [n[2:] for n in self._db.list_tables().tables if n.startswith("t_")]
@@ -359,26 +403,37 @@ class LanceIndex:
         return not self.cfg.memory_text_search
 
     def drop_outdated(self, tenants: Iterable[str] | None = None) -> list[str]:
-        """Drop tables written with another schema (an older server) or whose ANN index no
-        longer reads; returns their tenants, whose memories must be indexed again. The
-        index is derived, so nothing is lost. An ANN or full-text index this configuration
-        does not use is dropped from its table. `tenants`: the tables to look at (None:
-        every one)."""
+        """Drop tables written with another schema (an older server), that do not open, or
+        whose ANN index no longer reads; returns their tenants, whose memories must be
+        indexed again. The index is derived, so nothing is lost. An ANN or full-text index
+        this configuration does not use is dropped from its table. `tenants`: the tables to
+        look at (None: every one)."""
         dropped = []
         for tenant_id in self.tenants() if tenants is None else sorted(tenants):
-            h = self._handle(tenant_id, load=False)
-            if h is None:
-                continue
-            self._drop_unused_indices(tenant_id, h)
-            if h.reader.schema.names != self.schema.names or not self._ann_reads(tenant_id, h):
-                name = self.table_name(tenant_id)
-                with self._lock:
-                    self._forget(self._handles.pop(name, None))
-                    self._db.drop_table(name)
-                if self.graph_dir is not None:
-                    graph_files.discard(self.graph_dir, name)
+            try:
+                h = self._handle(tenant_id, load=False)
+            except TableUnreadable as exc:
+                log.warning("%s; it will be rebuilt", exc)
+                outdated = True
+            else:
+                if h is None:
+                    continue
+                self._drop_unused_indices(tenant_id, h)
+                outdated = h.reader.schema.names != self.schema.names or not self._ann_reads(tenant_id, h)
+            if outdated:
+                self.drop(tenant_id)
                 dropped.append(tenant_id)
         return dropped
+
+    def drop(self, tenant_id: str) -> None:
+        """Drop the tenant's table and its saved vector graph (its memories are to be indexed
+        again). LanceDB drops a table whose files do not read as well."""
+        name = self.table_name(tenant_id)
+        with self._lock:
+            self._forget(self._handles.pop(name, None))
+            self._db.drop_table(name)
+        if self.graph_dir is not None:
+            graph_files.discard(self.graph_dir, name)
 
     def _drop_unused_indices(self, tenant_id: str, h: TableHandle) -> None:
         present = reader_index_names(h)
@@ -850,14 +905,16 @@ class LanceIndex:
 
     def warm(self, tenant_id: str) -> dict[str, int]:
         """Load the tenant's in-memory indices in this thread and run a search of each kind
-        (start-up pays what the first searches would). Returns the rows each holds."""
+        (start-up pays what the first searches would). Returns the rows each holds; raises
+        TableUnreadable if its table does not open or read."""
         h = self._handle(tenant_id, load=False)
         if h is None:
             return {}
         h.last_used = time.monotonic()
-        self._load(tenant_id, h)
-        self.vector_search(tenant_id, np.ones(self.dimension, dtype=np.float32), 1, MemoryFilter())
-        self.text_search(tenant_id, "warm", 1, MemoryFilter())
+        with _reading(tenant_id):  # the first read of every row since the process started
+            self._load(tenant_id, h)
+            self.vector_search(tenant_id, np.ones(self.dimension, dtype=np.float32), 1, MemoryFilter())
+            self.text_search(tenant_id, "warm", 1, MemoryFilter())
         return {
             "attrs": len(h.attrs),
             "scope_vectors": h.vectors.rows() if h.vectors.loaded else 0,

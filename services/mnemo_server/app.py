@@ -26,7 +26,8 @@ from mnemo_server.api.skill_servicer import SkillServicer
 from mnemo_server.config import Config
 from mnemo_server.diagnostics import DataDirSize
 from mnemo_server.embed.embedder import CachedQueryEmbedder, Embedder
-from mnemo_server.embed.factory import build_embedder
+from mnemo_server.embed.factory import build_embedder, model_dir
+from mnemo_server.embed.fingerprint import model_fingerprint
 from mnemo_server.errors import EmbeddingModelMismatch, FailedPrecondition
 from mnemo_server.index import in_step, kernels
 from mnemo_server.index.indexer import IndexWorker
@@ -59,6 +60,8 @@ def _maintenance_level(seconds: float) -> int:
 
 META_MODEL = "embedding_model"
 META_DIMENSION = "embedding_dimension"
+# What the model's files held (embed/fingerprint.py); absent in stores from before it.
+META_MODEL_FINGERPRINT = "embedding_model_fingerprint"
 
 
 @dataclass(frozen=True)
@@ -93,19 +96,55 @@ class DataPaths:
         return cache
 
 
-def check_model_identity(db: Database, embedder: Embedder) -> None:
+@dataclass(frozen=True)
+class ModelIdentity:
+    """The configured embedding model as the store records it: its name (with the precision),
+    the dimension of its vectors, and a fingerprint of its files, which tells apart two models
+    under one name (embedding.model_path pointed elsewhere)."""
+
+    model_id: str
+    dimension: int
+    fingerprint: str
+    source: Path
+
+    @classmethod
+    def of(cls, config: Config, embedder: Embedder, memo_dir: Path) -> ModelIdentity:
+        source = model_dir(config.embedding)
+        return cls(embedder.model_id, embedder.dimension, model_fingerprint(source, memo_dir), source)
+
+
+def record_model_identity(db: Database, model: ModelIdentity) -> None:
+    """The store's model from now on: at its first open, and by `mnemo reembed`."""
+    with db.transaction() as cur:
+        db.set_meta(cur, META_MODEL, model.model_id)
+        db.set_meta(cur, META_DIMENSION, str(model.dimension))
+        db.set_meta(cur, META_MODEL_FINGERPRINT, model.fingerprint)
+
+
+def check_model_identity(db: Database, model: ModelIdentity) -> None:
     """First open records the model; later opens must match until `mnemo reembed`."""
-    model, dim = db.get_meta(META_MODEL), db.get_meta(META_DIMENSION)
-    if model is None:
-        with db.transaction() as cur:
-            db.set_meta(cur, META_MODEL, embedder.model_id)
-            db.set_meta(cur, META_DIMENSION, str(embedder.dimension))
+    recorded, dim = db.get_meta(META_MODEL), db.get_meta(META_DIMENSION)
+    if recorded is None:
+        record_model_identity(db, model)
         return
-    if model != embedder.model_id or int(dim or 0) != embedder.dimension:
+    reembed = "run `mnemo reembed` to re-embed every memory with the configured model, or configure"
+    if recorded != model.model_id or int(dim or 0) != model.dimension:
         raise EmbeddingModelMismatch(
-            f"the store was embedded with {model!r} ({dim} dimensions) but the configured model is "
-            f"{embedder.model_id!r} ({embedder.dimension} dimensions); run `mnemo reembed` to re-embed "
-            "every memory with the configured model, or configure the original one"
+            f"the store was embedded with {recorded!r} ({dim} dimensions) but the configured model is "
+            f"{model.model_id!r} ({model.dimension} dimensions); {reembed} the original one"
+        )
+    fingerprint = db.get_meta(META_MODEL_FINGERPRINT)
+    if fingerprint is None:
+        # A store from before fingerprints, opened with the model it names: taken to be its
+        # files (nothing recorded says otherwise), and recorded for the opens to come.
+        log.info("embedding model files of %r fingerprinted for the store: %s", recorded, model.fingerprint)
+        with db.transaction() as cur:
+            db.set_meta(cur, META_MODEL_FINGERPRINT, model.fingerprint)
+    elif fingerprint != model.fingerprint:
+        raise EmbeddingModelMismatch(
+            f"the store was embedded with other files of {recorded!r} (fingerprint {fingerprint}) than "
+            f"the configured ones in {model.source} (fingerprint {model.fingerprint}); {reembed} "
+            "the original files"
         )
 
 
@@ -131,11 +170,10 @@ class Core:
                 batch_size=config.embedding.index_batch_size,
                 concurrent_runs=config.embedding.index_concurrent_runs,
             )
+            model = ModelIdentity.of(config, self.embedder, models)
             if accept_model_change:
-                with self.db.transaction() as cur:
-                    self.db.set_meta(cur, META_MODEL, self.embedder.model_id)
-                    self.db.set_meta(cur, META_DIMENSION, str(self.embedder.dimension))
-            check_model_identity(self.db, self.embedder)
+                record_model_identity(self.db, model)
+            check_model_identity(self.db, model)
             self.index = LanceIndex(
                 self.paths.lance,
                 self.embedder.dimension,

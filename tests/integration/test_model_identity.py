@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-from mnemo_server.app import Core
+from mnemo_server.app import META_MODEL_FINGERPRINT, Core
 from mnemo_server.embed.embedder import bundled_model_path
+from mnemo_server.embed.fingerprint import model_fingerprint
 from mnemo_server.errors import EmbeddingModelMismatch
+from mnemo_server.store.database import Database
 from tests.conftest import LiveServer, TenantClient, make_config, provision
 
 
-def test_changed_model_refuses_to_start_until_reembedded(
-    start_server: Callable[..., LiveServer], tmp_path: Path, model_cache: Path
-) -> None:
-    data = tmp_path / "store"
-    live = start_server(data_dir=data)
+def _one_memory_stored(live: LiveServer) -> TenantClient:
     t = TenantClient(provision(live, "t"), live.channel())
     t.memory().CreateMemory(
         pb.CreateMemoryRequest(
@@ -30,6 +30,14 @@ def test_changed_model_refuses_to_start_until_reembedded(
         timeout=30,
     )
     live.close()
+    return t
+
+
+def test_changed_model_refuses_to_start_until_reembedded(
+    start_server: Callable[..., LiveServer], tmp_path: Path, model_cache: Path
+) -> None:
+    data = tmp_path / "store"
+    t = _one_memory_stored(start_server(data_dir=data))
 
     other_dir = tmp_path / "other-model"
     shutil.copytree(bundled_model_path(), other_dir)
@@ -64,3 +72,77 @@ def test_precision_is_part_of_the_identity(start_server: Callable[..., LiveServe
     start_server(data_dir=data).close()
     with pytest.raises(EmbeddingModelMismatch, match="#int8"):
         start_server(data_dir=data, embedding={"precision": "fp32"})
+
+
+@pytest.fixture
+def other_weights(tmp_path: Path) -> Path:
+    """Another 384-dimension model, to be configured under the bundled one's name: its token
+    embeddings shuffled."""
+    from safetensors.numpy import load_file, save_file
+
+    other = tmp_path / "other-weights"
+    shutil.copytree(bundled_model_path(), other)
+    weights = load_file(other / "model.safetensors")
+    key = "embeddings.word_embeddings.weight"
+    weights[key] = np.random.default_rng(0).permutation(weights[key])
+    save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    return other
+
+
+def test_other_model_files_under_the_same_name_are_refused_until_reembedded(
+    start_server: Callable[..., LiveServer], tmp_path: Path, model_cache: Path, other_weights: Path
+) -> None:
+    """embedding.model_path pointed at another model of the same name and dimension was
+    served: the old vectors searched with the new model's queries."""
+    data = tmp_path / "store"
+    _one_memory_stored(start_server(data_dir=data))
+    other = {"embedding": {"model_path": str(other_weights)}}
+    with pytest.raises(EmbeddingModelMismatch, match="mnemo reembed") as err:
+        start_server(data_dir=data, **other)
+    assert str(other_weights) in str(err.value) and err.value.reason == "EMBEDDING_MODEL_MISMATCH"
+
+    core = Core(make_config(data, model_cache, **other), accept_model_change=True)  # `mnemo reembed`
+    try:
+        assert core.rebuild_index() == 1
+    finally:
+        core.close()
+    start_server(data_dir=data, **other).close()
+    with pytest.raises(EmbeddingModelMismatch, match="other files"):
+        start_server(data_dir=data)
+
+
+def test_a_store_from_before_fingerprints_opens_with_its_model_and_records_it(
+    start_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    data = tmp_path / "store"
+    start_server(data_dir=data).close()
+    db = Database(data / "mnemo.duckdb")
+    try:
+        fingerprint = db.get_meta(META_MODEL_FINGERPRINT)
+        with db.transaction() as cur:  # what a server before fingerprints recorded
+            db.delete_meta(cur, META_MODEL_FINGERPRINT)
+    finally:
+        db.close()
+    start_server(data_dir=data).close()
+    db = Database(data / "mnemo.duckdb")
+    try:
+        assert fingerprint is not None and db.get_meta(META_MODEL_FINGERPRINT) == fingerprint
+    finally:
+        db.close()
+
+
+def test_a_fingerprint_follows_the_weights_content_not_their_kept_digest(tmp_path: Path) -> None:
+    """Each file's digest is kept between starts; the same file written again with other
+    bytes of the same size, even with its mtime put back, is read again."""
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"\1" * 4096)
+    first = model_fingerprint(model, tmp_path / "memo")
+    assert model_fingerprint(model, tmp_path / "memo") == first
+    times = weights.stat()
+    weights.write_bytes(b"\2" * 4096)
+    os.utime(weights, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert model_fingerprint(model, tmp_path / "memo") != first
+    (model / "README.md").write_text("not part of what makes the vectors")
+    assert model_fingerprint(model, tmp_path / "memo") == model_fingerprint(model, tmp_path / "memo2")

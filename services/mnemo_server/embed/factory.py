@@ -19,6 +19,11 @@ def model_identity(cfg: EmbeddingConfig) -> str:
     return cfg.model if cfg.backend == "torch" or cfg.precision == "fp32" else f"{cfg.model}#{cfg.precision}"
 
 
+def model_dir(cfg: EmbeddingConfig) -> Path:
+    """The configured sentence-transformers directory (embedding.model_path, else the bundled one)."""
+    return Path(cfg.model_path) if cfg.model_path else bundled_model_path()
+
+
 def build_embedder(
     cfg: EmbeddingConfig,
     cache_root: Path,
@@ -29,10 +34,10 @@ def build_embedder(
 ) -> Embedder:
     """threads and batch_size override cfg's; concurrent_runs > 1 embeds a call's
     micro-batches side by side (the index worker's settings)."""
-    model_dir = Path(cfg.model_path) if cfg.model_path else bundled_model_path()
-    if not (model_dir / "config.json").exists():
+    source = model_dir(cfg)
+    if not (source / "config.json").exists():
         raise FailedPrecondition(
-            f"embedding model directory {model_dir} has no config.json", reason="EMBEDDING_MODEL_MISSING"
+            f"embedding model directory {source} has no config.json", reason="EMBEDDING_MODEL_MISSING"
         )
     if cfg.precision not in ("fp32", "int8"):
         raise FailedPrecondition(
@@ -42,7 +47,7 @@ def build_embedder(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the exporter's tracer warnings are noise here
-                onnx_file = export_to_onnx(model_dir, export_dir_for(cache_root, cfg.model, model_dir))
+                onnx_file = export_to_onnx(source, export_dir_for(cache_root, cfg.model, source))
                 if cfg.precision == "int8":
                     onnx_file = quantize_int8(onnx_file)
             return OnnxEmbedder(
@@ -68,5 +73,5 @@ def build_embedder(
             f"embedding.backend must be 'onnx' or 'torch', not {cfg.backend!r}", reason="BAD_CONFIG"
         )
     return TorchEmbedder(
-        cfg.model, model_dir, batch_size=batch_size or cfg.batch_size, max_seq_length=cfg.max_seq_length
+        cfg.model, source, batch_size=batch_size or cfg.batch_size, max_seq_length=cfg.max_seq_length
     )

@@ -19,9 +19,14 @@ from tests.conftest import ADMIN_KEY, LiveServer
 
 @pytest.fixture
 def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    return _self_signed(tmp_path)
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for localhost and its key, in folder."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(
         [
             "openssl",
@@ -123,3 +128,31 @@ def test_tls_settings_are_checked_before_the_server_starts(
         with pytest.raises(FailedPrecondition) as err:
             start_server(server=settings)
         assert err.value.reason == "BAD_CONFIG" and message in str(err.value), (settings, str(err.value))
+
+
+def test_a_key_that_is_not_the_certificates_own_is_refused_before_the_server_starts(
+    start_server: Callable[..., LiveServer], certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A PEM key of another certificate, or one encrypted with a passphrase, passed the PEM
+    check: the server warmed up, then grpc failed to bind and it said 'cannot listen on
+    127.0.0.1:0: the port is in use'."""
+    cert, key = certificate
+    (tmp_path / "other").mkdir()
+    _, other_key = _self_signed(tmp_path / "other")
+    encrypted = tmp_path / "encrypted.pem"
+    subprocess.run(
+        ["openssl", "pkey", "-in", str(key), "-aes256", "-passout", "pass:x", "-out", str(encrypted)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    for wrong_key, problem in (
+        (other_key, "does not belong to the certificate"),
+        (encrypted, "is encrypted"),
+    ):
+        data = tmp_path / f"data-{wrong_key.parent.name}-{wrong_key.stem}"
+        with pytest.raises(FailedPrecondition) as err:
+            start_server(data_dir=data, server={"tls_cert_file": str(cert), "tls_key_file": str(wrong_key)})
+        assert err.value.reason == "BAD_CONFIG"
+        assert f"config server.tls_key_file: {str(wrong_key)!r} {problem}" in str(err.value), str(err.value)
+        assert not data.exists()  # refused before the store was opened, let alone warmed up

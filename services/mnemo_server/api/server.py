@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 import sys
 from concurrent import futures
 from pathlib import Path
@@ -56,9 +57,9 @@ def announce_listening(name: str, host: str, port: int, port_file: Path | None) 
 def tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
     """The server's TLS credentials from its two settings, read and checked when the server
     is made (before any warm-up): None when neither is set. One set alone, a file that
-    cannot be read or one that is not PEM is a one-line BAD_CONFIG naming the setting (a
-    key alone used to serve plaintext; a cert grpc could not use was reported as a port in
-    use)."""
+    cannot be read or one that is not PEM, a key that is not the certificate's or is
+    encrypted, is a one-line BAD_CONFIG naming the setting (a key alone used to serve
+    plaintext; a cert or key grpc could not use was reported as a port in use)."""
     if not cfg.tls_cert_file and not cfg.tls_key_file:
         return None
     if not (cfg.tls_cert_file and cfg.tls_key_file):
@@ -79,11 +80,48 @@ def tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
                 f"config {setting}: cannot read {path!r}: {exc.strerror or exc}", reason="BAD_CONFIG"
             ) from None
         if b"-----BEGIN " not in data or kind not in data:
-            raise FailedPrecondition(
-                f"config {setting}: {path!r} is not a PEM {kind.decode().lower()}", reason="BAD_CONFIG"
-            )
+            raise _bad_tls(setting, path, f"is not a PEM {kind.decode().lower()}")
         pem[setting] = data
+    _check_key_pair(cfg.tls_cert_file, cfg.tls_key_file)
     return grpc.ssl_server_credentials([(pem["server.tls_key_file"], pem["server.tls_cert_file"])])
+
+
+class _KeyEncrypted(Exception):
+    """The key asked for a passphrase."""
+
+
+def _no_passphrase() -> str:
+    # Without a callback OpenSSL would prompt for it on the terminal, holding start-up.
+    raise _KeyEncrypted
+
+
+def _check_key_pair(cert_file: str, key_file: str) -> None:
+    """The certificate reads and the key is its own, unencrypted, as grpc needs them: grpc
+    finds out only when binding the port, which the server reported as the port in use."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_verify_locations(cafile=cert_file)
+    except ssl.SSLError as exc:
+        raise _bad_tls(
+            "server.tls_cert_file", cert_file, f"is not a certificate that reads ({exc})"
+        ) from None
+    try:
+        context.load_cert_chain(cert_file, key_file, password=_no_passphrase)
+    except _KeyEncrypted:
+        raise _bad_tls(
+            "server.tls_key_file", key_file, "is encrypted: the server needs it without a passphrase"
+        ) from None
+    except ssl.SSLError as exc:
+        problem = (
+            "does not belong to the certificate of server.tls_cert_file"
+            if exc.reason == "KEY_VALUES_MISMATCH"
+            else f"is not a private key that reads ({exc})"
+        )
+        raise _bad_tls("server.tls_key_file", key_file, problem) from None
+
+
+def _bad_tls(setting: str, path: str, problem: str) -> FailedPrecondition:
+    return FailedPrecondition(f"config {setting}: {path!r} {problem}", reason="BAD_CONFIG")
 
 
 class GrpcServer:

@@ -99,8 +99,9 @@ def test_promote_then_revoke_the_source(server: LiveServer, tenant_a: TenantClie
     assert skill.name == "cut-release"
     assert skill.instructions == STEPS
     assert skill.source_learning_id == proc.id
-    expected = hashlib.sha256(f"cut-release\nCut a release from main.\n{STEPS}".encode()).hexdigest()
-    assert skill.definition_fingerprint == expected
+    parts = ["cut-release", "Cut a release from main.", STEPS]
+    netstrings = "".join(f"{len(p.encode())}:{p}," for p in parts)
+    assert skill.definition_fingerprint == hashlib.sha256(netstrings.encode()).hexdigest()
     assert skill.HasField("create_time")
     assert api.get(skill.id) == skill
     second = api.promote(proc.id, "cut-release-fast")

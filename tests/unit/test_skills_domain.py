@@ -16,7 +16,7 @@ from mnemo_server.learning.model import CandidateDraft, LearningKind, SubjectKin
 from mnemo_server.learning.service import LearningService
 from mnemo_server.memory.model import IdempotencyKey, Scope, ScopeKind
 from mnemo_server.memory.validation import Validator
-from mnemo_server.skills.model import RolloutStage, SkillState
+from mnemo_server.skills.model import RolloutStage, SkillState, definition_fingerprint
 from mnemo_server.skills.service import SkillService
 from mnemo_server.store import learning_repo
 from mnemo_server.store.database import Database
@@ -70,8 +70,9 @@ def test_promote_makes_a_draft_skill(db: Database, learnings: LearningService, s
     assert skill.instructions == STEPS
     assert skill.source_learning_id == lid
     assert skill.name == "cut-release"
-    expected = hashlib.sha256(f"cut-release\nCut a release from main.\n{STEPS}".encode()).hexdigest()
-    assert skill.definition_fingerprint == expected
+    parts = ["cut-release", "Cut a release from main.", STEPS]
+    netstrings = "".join(f"{len(p.encode())}:{p}," for p in parts)
+    assert skill.definition_fingerprint == hashlib.sha256(netstrings.encode()).hexdigest()
     assert svc.get_skill(A, skill.id) == skill
     [event] = learning_repo.events_for(db.reader(), A, skill.id)
     assert (event.subject_kind, event.from_state, event.to_state) == (SubjectKind.SKILL, "", "draft")
@@ -256,3 +257,11 @@ def test_rollback_restores_the_most_recent_activation_before_the_skill(
     assert [s.id for s in svc.list_skills(A, state=SkillState.ACTIVE, page_size=0, page_token="")[0]] == [v1]
     with pytest.raises(FailedPrecondition, match="no skill named 'cut-release' was active before"):
         svc.rollback_skill(A, v1, "nothing before")
+
+
+def test_definitions_that_differ_only_in_where_a_line_break_falls_have_their_own_fingerprints() -> None:
+    a = definition_fingerprint("deploy", "Deploy\nstep one", "step two")
+    b = definition_fingerprint("deploy", "Deploy", "step one\nstep two")
+    c = definition_fingerprint("deploy", "", "Deploy\nstep one\nstep two")
+    assert len({a, b, c}) == 3
+    assert a == definition_fingerprint("deploy", "Deploy\nstep one", "step two")

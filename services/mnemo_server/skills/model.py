@@ -50,5 +50,13 @@ class Skill:
 
 
 def definition_fingerprint(name: str, description: str, instructions: str) -> str:
-    """SHA-256 hex of what an agent would actually run, so a changed definition is visible."""
-    return hashlib.sha256(f"{name}\n{description}\n{instructions}".encode()).hexdigest()
+    """SHA-256 hex of what an agent would actually run, so a changed definition is visible.
+    Each part goes in as a netstring of its UTF-8 bytes ("<length>:<bytes>,"): joined by
+    newlines, which a description or instructions may hold, "Deploy\nstep one" + "step two"
+    and "Deploy" + "step one\nstep two" had one fingerprint, and a rollout result recorded
+    for one passed the other's DEFINITION_CHANGED check (probe)."""
+    digest = hashlib.sha256()
+    for part in (name, description, instructions):
+        data = part.encode()
+        digest.update(b"%d:%b," % (len(data), data))
+    return digest.hexdigest()

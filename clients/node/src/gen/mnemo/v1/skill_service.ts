@@ -133,7 +133,11 @@ export interface Skill {
   instructions: string;
   sourceLearningId: string;
   state: SkillState;
-  /** SHA-256 of name, description and instructions. */
+  /**
+   * SHA-256 (hex) of name, description and instructions, each as a netstring of its UTF-8
+   * bytes ("<length>:<bytes>,") in that order. Skills promoted before this encoding keep the
+   * fingerprint they were given (the three joined by newlines).
+   */
   definitionFingerprint: string;
   createTime?: Timestamp | undefined;
   updateTime?: Timestamp | undefined;

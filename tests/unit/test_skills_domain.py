@@ -265,3 +265,36 @@ def test_definitions_that_differ_only_in_where_a_line_break_falls_have_their_own
     c = definition_fingerprint("deploy", "", "Deploy\nstep one\nstep two")
     assert len({a, b, c}) == 3
     assert a == definition_fingerprint("deploy", "Deploy\nstep one", "step two")
+
+
+def test_retried_changes_answer_with_what_the_first_call_left_not_what_came_after(
+    learnings: LearningService, svc: SkillService
+) -> None:
+    """A retry returns the first result (README): a retried AdvanceSkill after a later
+    advance, a retried RevokeSkill after a rollback brought the skill back, a retried
+    RollbackSkill after the restored skill was revoked, and a retried publish after its
+    learning was revoked each answered with the state as it is now."""
+    v1 = svc.promote_procedure(A, learning(learnings, content=f"{STEPS}\n1"), "cut-release", "")
+    _activate(svc, v1.id)
+    v2 = svc.promote_procedure(A, learning(learnings, content=f"{STEPS}\n2"), "cut-release-2", "")
+    svc.record_rollout_result(A, v2.id, RolloutStage.VERIFICATION, "run-v", True, "")
+    advance = IdempotencyKey("AdvanceSkill", "adv-1", "fp")
+    first = svc.advance_skill(A, v2.id, SkillState.VERIFIED, "", key=advance)
+    svc.advance_skill(A, v2.id, SkillState.CANARY, "")
+    assert svc.advance_skill(A, v2.id, SkillState.VERIFIED, "", key=advance) == first
+
+    revoke = IdempotencyKey("RevokeSkill", "rev-1", "fp")
+    revoked = svc.revoke_skill(A, v1.id, "replaced", key=revoke)
+    v3 = svc.promote_procedure(A, learning(learnings, content=f"{STEPS}\n3"), "cut-release", "")
+    rollback = IdempotencyKey("RollbackSkill", "rb-1", "fp")
+    rolled = svc.rollback_skill(A, v3.id, "v3 misbehaves", key=rollback)
+    assert rolled[1].id == v1.id and rolled[1].state is SkillState.ACTIVE
+    assert svc.revoke_skill(A, v1.id, "replaced", key=revoke) == revoked  # not ACTIVE again
+    svc.revoke_skill(A, v1.id, "gone for good")
+    assert svc.rollback_skill(A, v3.id, "v3 misbehaves", key=rollback) == rolled
+
+    c = learnings.create_candidate(A, CandidateDraft(kind=LearningKind.FACT, content="Tag every release."))
+    publish = IdempotencyKey("PublishLearningCandidate", "pub-1", "fp")
+    published = learnings.publish_candidate(A, c.id, key=publish)
+    learnings.revoke_learning(A, published.learning.id, "wrong")
+    assert learnings.publish_candidate(A, c.id, key=publish) == published

@@ -39,7 +39,7 @@ from mnemo_server.memory.paging import (
 )
 from mnemo_server.memory.validation import Validator, check_unit_interval, raise_if
 from mnemo_server.skills.model import SkillState
-from mnemo_server.store import idempotency_repo, learning_repo, skill_repo
+from mnemo_server.store import idempotency_repo, learning_repo, skill_repo, snapshots
 from mnemo_server.store.database import Cursor, Database
 from mnemo_server.store.learning_repo import PagePosition
 
@@ -274,10 +274,7 @@ class LearningService:
             now = self.clock()  # under the write lock: lifecycle events stay in the order written
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
-                return PublishResult(
-                    self._candidate(cur, tenant_id, replay["candidate_id"]),
-                    self._learning(cur, tenant_id, replay["learning_id"]),
-                )
+                return self._published_as_left(cur, tenant_id, replay)
             candidate = self._pending(cur, tenant_id, candidate_id)
             if supersedes_id:
                 self._check_supersedable(cur, tenant_id, supersedes_id, candidate)
@@ -342,17 +339,28 @@ class LearningService:
                     now,
                 )
             learning_repo.record_events(cur, tenant_id, events)
-            idempotency_repo.record(
-                cur,
-                self.db.stored.requests,
-                tenant_id,
-                key,
-                {"candidate_id": candidate.id, "learning_id": learning.id},
-                now,
-            )
-            return PublishResult(
+            published = PublishResult(
                 self._candidate(cur, tenant_id, candidate.id), self._learning(cur, tenant_id, learning.id)
             )
+            outcome = {
+                "candidate_id": candidate.id,
+                "learning_id": learning.id,
+                "published": snapshots.dump(published),
+            }
+            idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, outcome, now)
+            return published
+
+    def _published_as_left(self, cur: Cursor, tenant_id: str, replay: dict[str, Any]) -> PublishResult:
+        """A retried publish's answer as the first call left it (a retry returns the first
+        result, not a learning revoked since); records from before answers were kept name
+        only the ids, which are then read as they are."""
+        kept = replay.get("published")
+        if kept is not None:
+            return snapshots.load(PublishResult, kept)
+        return PublishResult(
+            self._candidate(cur, tenant_id, replay["candidate_id"]),
+            self._learning(cur, tenant_id, replay["learning_id"]),
+        )
 
     def _check_supersedable(
         self, cur: Cursor, tenant_id: str, learning_id: str, candidate: LearningCandidate

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from mnemo_server.errors import AlreadyExists, FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 from mnemo_server.learning.model import LearningKind, LearningState, LifecycleEvent, SubjectKind
@@ -19,7 +20,7 @@ from mnemo_server.memory.paging import query_fingerprint
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.skills import rollout
 from mnemo_server.skills.model import RolloutResult, RolloutStage, Skill, SkillState, definition_fingerprint
-from mnemo_server.store import idempotency_repo, learning_repo, skill_repo
+from mnemo_server.store import idempotency_repo, learning_repo, skill_repo, snapshots
 from mnemo_server.store.database import Cursor, Database
 
 # fullmatch, not match: "$" would accept a trailing newline.
@@ -261,16 +262,29 @@ class SkillService:
         change: Callable[[Cursor, Skill, int], None],
     ) -> Skill:
         """`change(cur, skill, now)` applied to one skill in a transaction, recorded for its
-        request_id; a retry answers with the skill as it is, changing nothing."""
+        request_id; a retry answers with the skill as the first call left it, changing
+        nothing."""
         with self.db.transaction() as cur:
             now = self.clock()  # under the write lock: lifecycle events stay in the order written
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
-                return self._skill(cur, tenant_id, replay["id"])
+                return self._as_left(cur, tenant_id, replay, "id", "skill")
             skill = self._skill(cur, tenant_id, skill_id)
             change(cur, skill, now)
-            idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, {"id": skill.id}, now)
-            return self._skill(cur, tenant_id, skill.id)
+            left = self._skill(cur, tenant_id, skill.id)
+            outcome = {"id": skill.id, "skill": snapshots.dump(left)}
+            idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, outcome, now)
+            return left
+
+    def _as_left(
+        self, cur: Cursor, tenant_id: str, replay: dict[str, Any], id_key: str, snapshot_key: str
+    ) -> Skill:
+        """A replayed answer's skill as the first call left it; records from before answers
+        were kept name only the skill, which is then read as it is."""
+        kept = replay.get(snapshot_key)
+        if kept is not None:
+            return snapshots.load(Skill, kept)
+        return self._skill(cur, tenant_id, replay[id_key])
 
     def rollback_skill(
         self, tenant_id: str, skill_id: str, reason: str, *, key: IdempotencyKey | None = None
@@ -282,8 +296,9 @@ class SkillService:
             now = self.clock()
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
-                return self._skill(cur, tenant_id, replay["revoked"]), self._skill(
-                    cur, tenant_id, replay["restored"]
+                return (
+                    self._as_left(cur, tenant_id, replay, "revoked", "revoked_skill"),
+                    self._as_left(cur, tenant_id, replay, "restored", "restored_skill"),
                 )
             skill = self._skill(cur, tenant_id, skill_id)
             details = {"skill_id": skill.id}
@@ -321,9 +336,15 @@ class SkillService:
                     f"restored by the rollback of skill {skill.id}: {reason}",
                     now,
                 )
-            outcome = {"revoked": skill.id, "restored": earlier.id}
+            revoked, restored = self._skill(cur, tenant_id, skill.id), self._skill(cur, tenant_id, earlier.id)
+            outcome = {
+                "revoked": skill.id,
+                "restored": earlier.id,
+                "revoked_skill": snapshots.dump(revoked),
+                "restored_skill": snapshots.dump(restored),
+            }
             idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, outcome, now)
-            return self._skill(cur, tenant_id, skill.id), self._skill(cur, tenant_id, earlier.id)
+            return revoked, restored
 
     def _move(self, cur: Cursor, skill: Skill, to: SkillState, reason: str, now: int) -> None:
         skill_repo.set_state(cur, skill.tenant_id, [skill.id], to, now)

@@ -186,6 +186,7 @@ class Core:
             self._start_check_made = not self.start_check.needed
             self.indexer = IndexWorker(self.db, self.index, self.index_embedder, config.index)
             self.index.on_load = self._index_loaded
+            self.index.on_unreadable = self._reindex_unreadable
             self.validator = Validator(config.limits)
             self.memories = MemoryService(
                 self.db,
@@ -373,6 +374,11 @@ class Core:
             queued,
             tables,
         )
+
+    def _reindex_unreadable(self, tenant_id: str) -> None:
+        """A table the loading thread found damaged, and dropped: indexed again."""
+        self._index_again(tenant_id, "unreadable")
+        self.indexer.reconcile()
 
     def _index_again(self, tenant_id: str, why: str) -> None:
         """After its table was dropped: DuckDB, the source of truth, no longer marks the

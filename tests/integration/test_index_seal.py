@@ -16,6 +16,7 @@ import pytest
 
 from mnemo_server.app import Core
 from mnemo_server.config import Config
+from mnemo_server.errors import Unavailable
 from mnemo_server.index import in_step, indexer
 from mnemo_server.index.in_step import EVERY_TABLE, StartCheck
 from mnemo_server.index.lance_index import IndexRow, LanceIndex
@@ -375,5 +376,40 @@ def test_a_damaged_table_is_dropped_at_start_up_and_its_tenant_indexed_again(
         assert core.index.count("b") == len(TOPICS["b"])
         for tenant, texts in TOPICS.items():
             assert _top_hit(core, tenant, texts[1]) == texts[1]
+    finally:
+        core.close()
+
+
+def test_a_damaged_table_warm_up_did_not_load_is_dropped_at_its_first_search_and_indexed_again(
+    tmp_path: Path, model_cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Warm-up loads only the resident tenants (here one, b, the newest); a's damaged table
+    is first read by its first search's background load, which failed at every search after
+    (UNAVAILABLE, INDEX_LOADING, until a restart). It is dropped there and a indexed again."""
+    cfg = make_config(tmp_path / "data", model_cache, index={"max_resident_tenants": 1, "load_wait_s": 0.5})
+    _indexed_and_closed(cfg)
+    _truncate_data_files(tmp_path / "data" / "lance" / "t_a.lance")
+    core = Core(cfg)
+    try:
+        with caplog.at_level(logging.INFO, logger="mnemo_server"):
+            core.check_index_at_start()
+            core.warm_up()
+            assert "re-indexing tenant" not in caplog.text  # a's files were not read yet
+            core.indexer.start()
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    hits = core.recall.recall("a", RecallQuery(TOPICS["a"][1], top_k=3)).hits
+                    if hits and hits[0].memory.content == TOPICS["a"][1]:
+                        break
+                except Unavailable:
+                    pass  # its load, or its indexing again, under way
+                assert time.monotonic() < deadline, "tenant a's searches never recovered"
+                time.sleep(0.1)
+        assert (
+            "index table of tenant a does not read" in caplog.text and "re-indexing tenant a" in caplog.text
+        )
+        assert core.indexer.wait_idle(60) and core.index.count("a") == len(TOPICS["a"])
+        assert _top_hit(core, "b", TOPICS["b"][1]) == TOPICS["b"][1]
     finally:
         core.close()

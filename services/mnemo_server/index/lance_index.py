@@ -230,6 +230,8 @@ class LanceIndex:
         # Called with a tenant's id once its in-memory indices are loaded (Core: the rows the
         # last run left outside LanceDB's indices are scheduled for folding in).
         self.on_load: Callable[[str], None] | None = None
+        # Called after a table whose files did not read was dropped by the loading thread.
+        self.on_unreadable: Callable[[str], None] | None = None
         self._graph_params = GraphParams(
             dtype=cfg.graph_dtype,
             expansion_search=cfg.graph_expansion_search,
@@ -883,7 +885,8 @@ class LanceIndex:
             if h.settled.is_set():  # loaded, or dropped
                 return
             began = time.monotonic()
-            rows = self._loader.load(self.table_name(tenant_id), h)
+            with _reading(tenant_id):
+                rows = self._loader.load(self.table_name(tenant_id), h)
             h.settled.set()
             with self._lock:
                 self._loads += 1
@@ -891,12 +894,28 @@ class LanceIndex:
         if self.on_load is not None:
             self.on_load(tenant_id)
 
+    def _load_or_drop(self, tenant_id: str, h: TableHandle) -> None:
+        """The loading thread's load. A table whose files do not read is dropped, and
+        `on_unreadable` has its tenant indexed again: retried at every search instead, its
+        load failed for good, and each of the tenant's searches waited index.load_wait_s for
+        UNAVAILABLE until a restart (whose warm-up reaches only the resident tenants)."""
+        try:
+            self._load(tenant_id, h)
+        except TableUnreadable as exc:
+            log.warning("%s; dropped to be indexed again", exc)
+            with h.lock:  # no write into it from now on: writes open the table again
+                h.closed = True
+                h.settled.set()  # a search waiting for the load opens it again, and finds none
+            self.drop(tenant_id)
+            if self.on_unreadable is not None:
+                self.on_unreadable(tenant_id)
+
     def _await_load(self, tenant_id: str, h: TableHandle) -> None:
         """A search's wait for the tenant's indices: their load is queued (once) for the
         loading thread, and waited for at most index.load_wait_s; then UNAVAILABLE, which
         clients retry. Never loaded inside the call: a compute slot held for a large
         tenant's load (5-7 s for 100k rows) would hold back every tenant's searches."""
-        self._background_loads.submit(id(h), lambda: self._load(tenant_id, h))  # once per handle
+        self._background_loads.submit(id(h), lambda: self._load_or_drop(tenant_id, h))  # once per handle
         if not h.settled.wait(self.cfg.load_wait_s) and not h.closed:
             raise Unavailable(
                 f"the search index of tenant {tenant_id} is being loaded into memory; retry shortly",

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client import MnemoClient
-from tests.conftest import ADMIN_KEY, LiveServer
+from tests.conftest import ADMIN_KEY, LiveServer, provision
 from tests.e2e.conftest import MNEMO, Proc, base_env
 
 
@@ -280,6 +280,27 @@ def test_memory_clear_deletes_what_it_counted_not_what_came_while_it_asked(
         assert proc.returncode == 0 and "deleted 5 memories" in out, (out, err)
         left = sorted(m.content for m in client.list_memories(limit=100))
     assert left == [f"late note {i}" for i in range(3)]
+
+
+def test_memory_clear_deletes_what_it_counted_created_later_than_this_machines_clock(
+    server: LiveServer, model_cache: Path
+) -> None:
+    """A confirmed clear bounded its purge by this machine's clock: a memory created later
+    (here imported from a machine whose clock ran 5 minutes ahead) was counted, confirmed and
+    left behind, where --force deleted it."""
+    secret = provision(server, "acme")
+    env = base_env(model_cache, MNEMO_SERVER=server.address, MNEMO_API_KEY=secret)
+    with MnemoClient(server.address, secret) as client:
+        client.batch_create_memories([client.new_memory(f"note {i}") for i in range(3)])
+        ahead = client.new_memory("written where the clock runs ahead")
+        ahead.id = str(uuid.uuid4())
+        ahead.create_time.FromNanoseconds(time.time_ns() + 300 * 10**9)
+        ahead.update_time.CopyFrom(ahead.create_time)
+        assert list(client.import_memories([[ahead]]))[-1].imported_count == 1
+        cleared = run(["memory", "clear"], env, stdin="y\n")
+        assert cleared.returncode == 0 and "delete 4 memories?" in cleared.stdout, cleared
+        assert "deleted 4 memories" in cleared.stdout
+        assert client.status().memory_count == 0
 
 
 def test_offline_commands_and_paths_are_refused_before_anything_is_made(

@@ -384,6 +384,34 @@ def memory_import(ctx: click.Context, path: Path, batch_size: int) -> None:
     _console.print(f"imported {imported} memories, skipped {skipped}")
 
 
+def _past_newest(client: MnemoClient, f: memory_pb2.MemoryFilter) -> int:
+    """A create_time later than that of every memory f matches now: this machine's clock,
+    or just past the newest memory created later than it (imported from a machine whose
+    clock ran ahead, or written by a server whose clock is ahead of this one's)."""
+    now = time.time_ns()
+    later = memory_pb2.MemoryFilter()
+    later.CopyFrom(f)
+    later.create_time.start_time.FromNanoseconds(now)
+    # Only the memories from this machine's clock on are read: usually none.
+    created = (m.create_time.ToNanoseconds() for m in client.list_memories(later, page_size=0))
+    return max(now, max(created, default=now) + 1)
+
+
+def _purge_confirmed(client: MnemoClient, f: memory_pb2.MemoryFilter) -> int:
+    """Count, ask, and delete what was counted, not what came while the prompt waited (probe:
+    5 confirmed, 105 deleted). The count and the purge take the same create_time bound, so
+    they match the same memories. The bound was this machine's clock at the count: a memory
+    created later than that was counted and confirmed but left, where --force deleted it.
+    create_time is all a filter bounds: a memory stored while the prompt waits with an
+    earlier one (an import; a server whose clock is behind this one's) is deleted too."""
+    f.create_time.end_time.FromNanoseconds(_past_newest(client, f))
+    n = client.purge_memories(f)
+    if n:
+        click.confirm(f"delete {n} memories?", abort=True)
+        n = client.purge_memories(f, force=True)
+    return n
+
+
 @memory.command("clear")
 @click.option("--type", "mtype", type=_TYPE_CHOICE, help="Only this type.")
 @click.option("--category", help="Only this category.")
@@ -393,20 +421,12 @@ def memory_clear(ctx: click.Context, mtype: str | None, category: str | None, fo
     """Delete memories (all, or of one type/category). They are tombstoned, then purged
     after the retention window."""
     f = _filter(mtype, category)
-    everything = not (mtype or category)
     with _connect(ctx) as client:
         try:
-            counted_at = time.time_ns()
-            n = client.purge_memories(f, all_memories=everything)
-            if n and not force:
-                click.confirm(f"delete {n} memories?", abort=True)
-                # What was counted and confirmed, not what came while the prompt waited (probe:
-                # 5 confirmed, 105 deleted): only memories stored before the count. The bound is
-                # this machine's clock, the server's on a local server.
-                f.create_time.end_time.FromNanoseconds(counted_at)
-                n = client.purge_memories(f, force=True)
-            elif n:
-                n = client.purge_memories(f, force=True, all_memories=everything)
+            if force:
+                n = client.purge_memories(f, force=True, all_memories=not (mtype or category))
+            else:
+                n = _purge_confirmed(client, f)
         except MnemoError as err:
             _fail(err)
     click.echo(f"deleted {n} memories")

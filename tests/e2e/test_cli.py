@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -301,6 +302,49 @@ def test_memory_clear_deletes_what_it_counted_created_later_than_this_machines_c
         assert cleared.returncode == 0 and "delete 4 memories?" in cleared.stdout, cleared
         assert "deleted 4 memories" in cleared.stdout
         assert client.status().memory_count == 0
+
+
+def test_export_writes_into_a_fifo_or_an_inherited_pipe_and_names_a_path_it_cannot_open(
+    server: LiveServer, tmp_path: Path, model_cache: Path
+) -> None:
+    """-o PATH was always written as PATH.part and renamed over PATH: a FIFO was replaced by a
+    regular file (its reader got nothing), and a shell's /dev/fd/N (`-o >(gzip > x.gz)`) or
+    a path that could not be opened was a traceback."""
+    secret = provision(server, "acme")
+    env = base_env(model_cache, MNEMO_SERVER=server.address, MNEMO_API_KEY=secret)
+    with MnemoClient(server.address, secret) as client:
+        client.batch_create_memories([client.new_memory(f"note {i}") for i in range(3)])
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # Both ends held here: the export's open does not wait for a reader, and the reader
+    # sees no end of file before the export has written (3 short lines fit the pipe).
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    writer = os.open(fifo, os.O_WRONLY)
+    exported = run(["memory", "export", "-o", str(fifo)], env)
+    os.close(writer)
+    os.set_blocking(reader, True)
+    with os.fdopen(reader) as fifo_out:
+        assert exported.returncode == 0 and len(fifo_out.read().splitlines()) == 3, exported.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+    read_end, write_end = os.pipe()
+    with subprocess.Popen(
+        [*MNEMO, "memory", "export", "-o", f"/dev/fd/{write_end}"],
+        env=env,
+        pass_fds=(write_end,),
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        os.close(write_end)
+        with os.fdopen(read_end) as piped:
+            lines = piped.read().splitlines()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and len(lines) == 3, err
+
+    too_long = tmp_path / ("x" * 300)
+    refused = run(["memory", "export", "-o", str(too_long)], env)
+    assert refused.returncode == 2 and f"{too_long}: File name too long" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_offline_commands_and_paths_are_refused_before_anything_is_made(

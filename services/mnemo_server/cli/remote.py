@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 from google.protobuf import json_format
@@ -19,6 +18,7 @@ from rich.table import Table
 from mnemo.v1 import memory_pb2
 from mnemo_client.client import MEMORY_TYPES, TYPE_NAMES, MnemoClient, MnemoError
 from mnemo_server.cli.common import F
+from mnemo_server.cli.export_output import export_output
 from mnemo_server.jsonl import json_lines
 
 _console = Console(stderr=True)
@@ -274,14 +274,14 @@ def _progress() -> Progress:
 @click.pass_context
 def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> None:
     """Export memories as JSONL (everything needed to restore them with `import`)."""
-    # Written beside the output and renamed over it once complete: a failed export (a
-    # server gone away) leaves an earlier file as it was, not emptied or cut short.
-    part = None if str(output) == "-" else output.with_name(output.name + ".part")
-    if part is not None and not part.parent.is_dir():
-        raise click.BadParameter(f"{part.parent} is not a directory", param_hint="--output")
-    out = sys.stdout if part is None else part.open("w", encoding="utf-8")
+    with export_output(output) as out:
+        n = _export(ctx, out, include_deleted)
+    _console.print(f"exported {n} memories")
+
+
+def _export(ctx: click.Context, out: TextIO, include_deleted: bool) -> int:
+    """Write the memories to out, one JSON object a line; how many were exported."""
     n = 0
-    done = False
     try:
         with _connect(ctx) as client, _progress() as bar:
             task = bar.add_task("exporting", total=None)
@@ -295,17 +295,9 @@ def memory_export(ctx: click.Context, output: Path, include_deleted: bool) -> No
                     )
                 n = batch.exported_count
                 bar.update(task, completed=batch.exported_count, total=batch.total_count)
-        done = True
     except MnemoError as err:
         _fail(err)
-    finally:
-        if part is not None:
-            out.close()
-            if done:
-                part.replace(output)
-            else:
-                part.unlink(missing_ok=True)
-    _console.print(f"exported {n} memories")
+    return n
 
 
 def _memories(path: Path) -> Iterator[tuple[int, memory_pb2.Memory]]:

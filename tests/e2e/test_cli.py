@@ -347,6 +347,18 @@ def test_export_writes_into_a_fifo_or_an_inherited_pipe_and_names_a_path_it_cann
     assert "Traceback" not in refused.stderr
 
 
+def test_remote_commands_refuse_a_timeout_no_call_could_keep(model_cache: Path) -> None:
+    """0, a negative, nan, inf or a value past ~7e9 s made every call fail at once with
+    DEADLINE_EXCEEDED, blaming the server: refused before any call (no server here)."""
+    env = base_env(model_cache, MNEMO_SERVER="127.0.0.1:1")
+    refused = [["status", "--timeout", v] for v in ("0", "-1", "nan", "inf", "1e10")]
+    for args in [*refused, ["memory", "--timeout", "0", "list"]]:
+        out = run(args, env)
+        assert out.returncode == 2 and "Invalid value for '--timeout'" in out.stderr, (args, out.stderr)
+    kept = run(["status", "--timeout", "0.5"], env)
+    assert kept.returncode == 1 and "UNAVAILABLE" in kept.stderr, kept.stderr
+
+
 def test_offline_commands_and_paths_are_refused_before_anything_is_made(
     tmp_path: Path, model_cache: Path
 ) -> None:

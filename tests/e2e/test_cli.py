@@ -419,6 +419,37 @@ def test_up_takes_its_data_directory_from_the_environment_as_serve_does(
     assert proc.popen.poll() is None and (data / "mnemo.duckdb").exists()
 
 
+def test_up_takes_its_port_from_the_config_file_then_the_environment_then_the_flag(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """--port defaulted to 50051 and overrode server.port of --config and MNEMO_SERVER__PORT;
+    a host that is not loopback was replaced by 127.0.0.1 without a word (up has no keys)."""
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    in_file, in_env = free_port(), free_port()
+    config = tmp_path / "mnemo.toml"
+    config.write_text(f"[server]\nport = {in_file}\n")
+    up = ["up", "--no-sidecar", "--config", str(config)]
+
+    def bound(data: str, env: dict[str, str] | None = None, *flags: str) -> int:
+        proc = spawn([*up, "--data-dir", str(tmp_path / data), *flags], env=env)
+        proc.kill9()  # one server at a time; its data is not used again
+        return proc.port
+
+    assert bound("a") == in_file
+    env = base_env(model_cache, MNEMO_SERVER__PORT=str(in_env))
+    assert bound("b", env) == in_env
+    assert bound("c", env, "--port", "0") not in (in_file, in_env)
+    config.write_text('[server]\nhost = "0.0.0.0"\n')
+    refused = run([*up, "--data-dir", str(tmp_path / "d"), "--port", "0"], base_env(model_cache))
+    assert refused.returncode == 2 and "not server.host = '0.0.0.0'" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "d").exists()
+
+
 def test_serve_on_a_port_in_use_is_one_error_line_and_an_ipv6_host_needs_no_brackets(
     spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
 ) -> None:

@@ -12,10 +12,11 @@ from typing import NoReturn
 
 import click
 
-from mnemo_server.api.server import announce_listening
+from mnemo_server.api.server import announce_listening, is_loopback
 from mnemo_server.app import MnemoServer
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
+from mnemo_server.errors import FailedPrecondition
 from mnemo_server.launcher import wait_for_stop, watch_parent
 from mnemo_server.process_memory import (
     fix_malloc_thresholds,
@@ -132,16 +133,22 @@ def serve(
     run_until_signalled(MnemoServer(cfg), port_file, parent_pid)
 
 
-def local_config(config_file: Path | None, data_dir: Path, port: int, sidecar_address: str = "") -> Config:
-    """The local-development profile: loopback only, no API keys (one 'default' tenant)."""
-    ranking = {"sidecar_address": sidecar_address} if sidecar_address else {}
-    return build_config(
-        config_file,
-        data_dir,
-        server={"host": "127.0.0.1", "port": port},
-        auth={"enabled": False},
-        ranking=ranking,
+def local_config(config_file: Path | None, data_dir: Path | None, port: int | None) -> Config:
+    """The local-development profile: no API keys (one 'default' tenant), so loopback only.
+    The rest as `serve` takes it: defaults < the config file < the environment < a flag
+    given. (--port defaulted to 50051 and overrode server.port of both; a host that is not
+    loopback was replaced by 127.0.0.1 without a word.)"""
+    cfg = build_config(
+        config_file, data_dir, server={} if port is None else {"port": port}, auth={"enabled": False}
     )
+    if not is_loopback(cfg.server.host):
+        raise FailedPrecondition(
+            f"mnemo up serves without API keys, so only on a loopback address, not server.host = "
+            f"{cfg.server.host!r} (from --config or MNEMO_SERVER__HOST); for any other, run "
+            "`mnemo serve` with authentication",
+            reason="INSECURE_BIND",
+        )
+    return cfg
 
 
 @click.command()
@@ -151,7 +158,11 @@ def local_config(config_file: Path | None, data_dir: Path, port: int, sidecar_ad
     help="Where DuckDB, LanceDB and model caches live (the sidecar's in DIR/sidecar); default: "
     "storage.data_dir of the config file or MNEMO_STORAGE__DATA_DIR, else ./mnemo-data.",
 )
-@click.option("--port", type=int, default=50051, show_default=True)
+@click.option(
+    "--port",
+    type=int,
+    help="Port, 0 for any free one (overrides server.port of --config or MNEMO_SERVER__PORT; default 50051).",
+)
 @click.option("--sidecar-port", type=int, default=50052, show_default=True, help="0 for any free port.")
 @click.option("--no-sidecar", is_flag=True, help="Run without the ranking sidecar (baseline ordering).")
 @click.option(
@@ -164,7 +175,7 @@ def local_config(config_file: Path | None, data_dir: Path, port: int, sidecar_ad
 @PARENT_PID
 def up(
     data_dir: Path | None,
-    port: int,
+    port: int | None,
     sidecar_port: int,
     no_sidecar: bool,
     cross_encoder: Path | None,
@@ -172,19 +183,20 @@ def up(
     port_file: Path | None,
     parent_pid: int | None,
 ) -> None:
-    """Run Mnemo locally: the memory server on 127.0.0.1 and the ranking sidecar as its own
-    process, data in a local directory, unauthenticated (local mode). Ctrl-C stops both."""
+    """Run Mnemo locally: the memory server on loopback (127.0.0.1 unless server.host names
+    another) and the ranking sidecar as its own process, data in a local directory,
+    unauthenticated (local mode). Ctrl-C stops both."""
     from mnemo_server.app import DataPaths
     from mnemo_server.launcher import Launcher, LaunchFailed
     from mnemo_server.store.database import make_data_dir, refuse_if_in_use
 
     _check_port_file(port_file)
-    if data_dir is None:  # as `serve` takes it (the --data-dir default wrote over both)
-        data_dir = Path(build_config(config_file, None).storage.data_dir)
+    # Without --data-dir, as `serve` takes it (the --data-dir default wrote over both).
+    cfg = local_config(config_file, data_dir, port)
+    data_dir = Path(cfg.storage.data_dir)
     make_data_dir(data_dir)
     refuse_if_in_use(DataPaths(data_dir).duckdb)  # before a sidecar starts on its files
     launcher = Launcher(root=data_dir, keep=True)
-    address = ""
     try:
         if not no_sidecar:
             try:
@@ -193,9 +205,8 @@ def up(
                 )
             except LaunchFailed as exc:
                 raise click.ClickException(str(exc)) from None
-            address = sidecar.address
-            click.echo(f"mnemo up: sidecar on {address} (log: {sidecar.log})", err=True)
-        cfg = local_config(config_file, data_dir, port, address)
+            cfg = cfg.replace(ranking={"sidecar_address": sidecar.address})
+            click.echo(f"mnemo up: sidecar on {sidecar.address} (log: {sidecar.log})", err=True)
         click.echo(f"mnemo up: data in {data_dir.resolve()}, local mode (no API key needed)", err=True)
         run_until_signalled(MnemoServer(cfg), port_file, parent_pid)
     finally:

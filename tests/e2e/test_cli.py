@@ -381,6 +381,32 @@ def test_offline_commands_and_paths_are_refused_before_anything_is_made(
     assert out.returncode == 2 and "--output" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_serve_writes_its_port_file_into_the_data_directory_it_makes(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """--port-file D/port was refused ("D is not a directory") when D was yet to be made: the
+    check came before the server made its data directory. A directory below D is still
+    refused, before anything is made."""
+    env = base_env(model_cache, MNEMO_AUTH__ENABLED="false")
+    data = tmp_path / "fresh"
+    serve = ["serve", "--data-dir", str(data), "--port", "0", "--port-file"]
+    deeper = run([*serve, str(data / "run" / "port")], env)
+    assert deeper.returncode == 2 and "--port-file" in deeper.stderr and not data.exists(), deeper.stderr
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([*MNEMO, *serve, str(data / "port")], env=env, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 120
+        while not (data / "port").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        with MnemoClient(f"127.0.0.1:{(data / 'port').read_text()}") as client:
+            assert client.status().memory_count == 0
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
 def test_export_and_import_give_up_on_a_server_that_stops_answering(
     spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
 ) -> None:

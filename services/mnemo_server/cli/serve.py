@@ -76,10 +76,14 @@ def run_until_signalled(
         click.echo("mnemo stopped", err=True)
 
 
-def _check_port_file(port_file: Path | None) -> None:
+def _check_port_file(port_file: Path | None, data_dir: str) -> None:
     """Before anything starts: a port file that cannot be written failed only once the
-    server was serving, with a traceback and no orderly stop (so no index seal either)."""
-    if port_file is not None and not port_file.parent.is_dir():
+    server was serving, with a traceback and no orderly stop (so no index seal either).
+    Its directory may be the data directory, which is made before serving (D/port in a
+    fresh D was refused)."""
+    if port_file is None or port_file.parent.is_dir():
+        return
+    if port_file.parent.resolve() != Path(data_dir).resolve():
         raise click.BadParameter(f"{port_file.parent} is not a directory", param_hint="--port-file")
 
 
@@ -121,13 +125,13 @@ def serve(
     parent_pid: int | None,
 ) -> None:
     """Run the memory server (configured by file and MNEMO_* environment variables)."""
-    _check_port_file(port_file)
     server_overrides: dict[str, object] = {}
     if host:
         server_overrides["host"] = host
     if port is not None:
         server_overrides["port"] = port
     cfg = build_config(config_file, data_dir, server=server_overrides)
+    _check_port_file(port_file, cfg.storage.data_dir)
     limit_malloc_arenas(cfg.server.malloc_arenas)  # before the server's threads exist
     fix_malloc_thresholds(cfg.server.malloc_mmap_threshold_kb, cfg.server.malloc_trim_threshold_kb)
     run_until_signalled(MnemoServer(cfg), port_file, parent_pid)
@@ -190,9 +194,9 @@ def up(
     from mnemo_server.launcher import Launcher, LaunchFailed
     from mnemo_server.store.database import make_data_dir, refuse_if_in_use
 
-    _check_port_file(port_file)
     # Without --data-dir, as `serve` takes it (the --data-dir default wrote over both).
     cfg = local_config(config_file, data_dir, port)
+    _check_port_file(port_file, cfg.storage.data_dir)
     data_dir = Path(cfg.storage.data_dir)
     make_data_dir(data_dir)
     refuse_if_in_use(DataPaths(data_dir).duckdb)  # before a sidecar starts on its files

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from mnemo_server.api.server import announce_listening
+from mnemo_server.cli.common import Seconds
 from mnemo_server.errors import MnemoError
 from mnemo_server.launcher import wait_for_stop, watch_parent
 from mnemo_server.process_memory import fix_malloc_thresholds
@@ -135,7 +136,7 @@ def _sidecar_options(command: F) -> F:
 
 @cli.command()
 @_sidecar_options
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="Deadline in seconds.")
+@click.option("--timeout", type=Seconds(), default=10.0, show_default=True, help="Deadline in seconds.")
 def status(sidecar: str, tenant: str, auth_token: str | None, timeout: float) -> None:
     """Model versions, cold start, health, pair counts and latency for a tenant."""
     from google.protobuf import json_format
@@ -153,7 +154,7 @@ def status(sidecar: str, tenant: str, auth_token: str | None, timeout: float) ->
 @_sidecar_options
 @click.option("--force", is_flag=True, help="Train even below the minimum number of sessions.")
 @click.option(
-    "--timeout", type=float, default=3600.0, show_default=True, help="Deadline of the run, in seconds."
+    "--timeout", type=Seconds(), default=3600.0, show_default=True, help="Deadline of the run, in seconds."
 )
 def train(sidecar: str, tenant: str, auth_token: str | None, force: bool, timeout: float) -> None:
     """Train both models now and stream the progress."""

@@ -357,6 +357,25 @@ def test_remote_commands_refuse_a_timeout_no_call_could_keep(model_cache: Path) 
         assert out.returncode == 2 and "Invalid value for '--timeout'" in out.stderr, (args, out.stderr)
     kept = run(["status", "--timeout", "0.5"], env)
     assert kept.returncode == 1 and "UNAVAILABLE" in kept.stderr, kept.stderr
+    for command in ("status", "train"):  # the sidecar's commands take the same type
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mnemo_sidecar.cli",
+                command,
+                "--sidecar",
+                "127.0.0.1:1",
+                "--timeout",
+                "inf",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert out.returncode == 2 and "Invalid value for '--timeout'" in out.stderr, (command, out.stderr)
 
 
 def test_offline_commands_and_paths_are_refused_before_anything_is_made(

@@ -34,3 +34,22 @@ def build_config(config_file: Path | None, data_dir: Path | None, **sections: di
     if data_dir is not None:
         overrides.setdefault("storage", {})["data_dir"] = str(data_dir)
     return cfg.replace(**overrides) if overrides else cfg
+
+
+_MAX_TIMEOUT_S = 365 * 24 * 3600
+
+
+class Seconds(click.ParamType[float, Any]):
+    """A deadline: more than 0 seconds, at most a year. 0, a negative, nan or inf made every
+    call fail at once with DEADLINE_EXCEEDED, which blamed a healthy server; so did a finite
+    value past about 7e9 s (grpc's deadline, now + timeout in int64 nanoseconds, overflows)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        seconds = click.FLOAT.convert(value, param, ctx)
+        if not 0 < seconds <= _MAX_TIMEOUT_S:  # nan fails every comparison
+            self.fail(
+                f"{value!r}: must be more than 0 seconds and at most {_MAX_TIMEOUT_S} (a year)", param, ctx
+            )
+        return seconds

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from mnemo.v1 import memory_pb2
 from mnemo_client.client import MEMORY_TYPES, TYPE_NAMES, MnemoClient, MnemoError
-from mnemo_server.cli.common import F
+from mnemo_server.cli.common import F, Seconds
 from mnemo_server.cli.export_output import export_output
 from mnemo_server.jsonl import json_lines
 
@@ -46,25 +46,6 @@ def _read_ca(ctx: click.Context, _param: click.Parameter, value: Path | None) ->
             raise click.BadParameter(f"{value}: {exc.strerror or exc}") from None
 
 
-_MAX_TIMEOUT_S = 365 * 24 * 3600
-
-
-class _Seconds(click.ParamType[float, Any]):
-    """A deadline: more than 0 seconds, at most a year. 0, a negative, nan or inf made every
-    call fail at once with DEADLINE_EXCEEDED, which blamed a healthy server; so did a finite
-    value past about 7e9 s (grpc's deadline, now + timeout in int64 nanoseconds, overflows)."""
-
-    name = "seconds"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        seconds = click.FLOAT.convert(value, param, ctx)
-        if not 0 < seconds <= _MAX_TIMEOUT_S:  # nan fails every comparison
-            self.fail(
-                f"{value!r}: must be more than 0 seconds and at most {_MAX_TIMEOUT_S} (a year)", param, ctx
-            )
-        return seconds
-
-
 def server_options(group: F) -> F:
     group = click.option(
         "--server",
@@ -83,7 +64,7 @@ def server_options(group: F) -> F:
         "(env: MNEMO_TLS_CA).",
     )(group)
     return click.option(
-        "--timeout", type=_Seconds(), default=30.0, show_default=True, help="Per-call deadline in seconds."
+        "--timeout", type=Seconds(), default=30.0, show_default=True, help="Per-call deadline in seconds."
     )(group)
 
 

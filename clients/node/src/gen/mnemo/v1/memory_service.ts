@@ -760,7 +760,9 @@ export interface StartSessionRequest {
   /**
    * The session id is the idempotency key: a retry with the same session_id, request_id and
    * request returns the recorded session; any other request for a taken session_id is
-   * ALREADY_EXISTS. request_id is not checked across session ids.
+   * ALREADY_EXISTS. request_id is not checked across session ids. The recorded session is
+   * shown as it stands (here and by GetSession): memories deleted since are left out, and
+   * memories updated since carry their new content, packed again into the recorded budget.
    */
   requestId: string;
 }

@@ -40,7 +40,17 @@ class SidecarServer:
                 tls_cert_file=s.tls_cert_file,
                 tls_key_file=s.tls_key_file,
             ),
-            ApiInterceptor(self._authenticate),
+            # Train, the one streamed call, is bounded by server.max_train_streams in the
+            # servicer, with its own reason. The interceptor's stream caps are the memory
+            # server's (exports and imports, per tenant, where every sidecar caller is one
+            # principal): at their defaults they refused a 5th Train whatever
+            # max_train_streams said, naming settings the sidecar does not have. Past the
+            # workers a stream would not run anyway.
+            ApiInterceptor(
+                self._authenticate,
+                max_streams=max(s.max_workers, s.max_train_streams),
+                max_streams_per_tenant=max(s.max_workers, s.max_train_streams),
+            ),
         )
         data = cfg.data_path
         make_data_dir(data)

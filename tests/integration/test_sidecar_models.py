@@ -177,6 +177,31 @@ def test_a_sidecar_without_a_cross_encoder_prepares_the_embedding_blend_before_i
     assert answer.method == rpb.RERANK_METHOD_EMBEDDING_BLEND and len(answer.scores) == 3
 
 
+def test_train_streams_follow_max_train_streams_past_the_memory_servers_stream_caps(
+    start_sidecar: Callable[..., Any],
+) -> None:
+    """The sidecar shares the memory server's interceptor, whose stream caps (4 a caller,
+    every sidecar caller being one) refused a 5th Train whatever server.max_train_streams
+    said, naming the memory server's settings. Six followers of a run, at 6, are followed."""
+    from mnemo_sidecar.learning.model import ProgressEvent
+    from mnemo_sidecar.learning.runner import TrainingRun
+
+    side = start_sidecar(server={"max_train_streams": 6})
+    run = TrainingRun("t", kinds=frozenset({ModelKind.RANKER}))  # a ranker run in progress
+    side.runner._runs["t"] = run
+    run.emit(ProgressEvent(ModelKind.RANKER, "fit", 0.5, "halfway"))
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+    request = rpb.TrainRequest(tenant_id="t", models=[rpb.MODEL_KIND_RANKER])
+    followers = [stub.Train(request, timeout=30) for _ in range(6)]
+    assert [next(f).message for f in followers] == ["halfway"] * 6
+    with pytest.raises(grpc.RpcError) as err:
+        next(stub.Train(request, timeout=10))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_train_streams" in (err.value.details() or "")
+    for f in followers:
+        f.cancel()
+
+
 def test_train_calls_join_only_a_run_that_does_what_they_ask_and_streams_are_bounded(
     start_sidecar: Callable[..., Any],
 ) -> None:

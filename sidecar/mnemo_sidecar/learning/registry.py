@@ -41,6 +41,8 @@ KEEP_VERSIONS = 4
 # In a version directory while it is a candidate: no promotion has named it yet.
 CANDIDATE_MARK = "candidate.mark"
 log = logging.getLogger(__name__)
+# The last instant a protobuf Timestamp holds (9999-12-31T23:59:59.999999999Z).
+_LAST_TIMESTAMP_NS = 253_402_300_799_999_999_999
 
 
 @dataclass(frozen=True)
@@ -248,11 +250,13 @@ class ModelRegistry:
         if ptr is None:
             return None
         version = str(ptr["version"])
+        promote_time_ns = int(ptr["promote_time_ns"])
+        if not 0 <= promote_time_ns <= _LAST_TIMESTAMP_NS:
+            # Served anyway, it failed every GetModelStatus of the tenant with INTERNAL (a
+            # protobuf Timestamp holds years 1-9999): damage, as a time that is no integer is.
+            raise ValueError(f"promote_time_ns {promote_time_ns} is not a time")
         return Promoted(
-            version,
-            loader(self._kind_dir(tenant, kind) / version),
-            ptr.get("source", ""),
-            int(ptr["promote_time_ns"]),
+            version, loader(self._kind_dir(tenant, kind) / version), ptr.get("source", ""), promote_time_ns
         )
 
     def _load(self, tenant: str, kind: ModelKind, loader: Callable[[Path], M]) -> Promoted[M] | None:

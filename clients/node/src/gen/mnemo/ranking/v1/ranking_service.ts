@@ -199,7 +199,10 @@ export interface SubmitTrainingPairsRequest {
 }
 
 export interface HealthSnapshot {
-  /** Sessions with feedback seen for this tenant. */
+  /**
+   * Sessions with feedback stored for this tenant: the newest training.max_stored_sessions
+   * of those seen (older ones are dropped with their pairs).
+   */
   sessions: number;
   /**
    * EMA (alpha 0.1) of predictor wins over the baseline, by NDCG@10 on the feedback.

@@ -281,7 +281,9 @@ def test_registry_serves_a_model_that_does_not_load_as_none_until_a_promotion(tm
     assert fresh.broken("u", ModelKind.RANKER).startswith("JSONDecodeError")
     # So is a promotion time no Timestamp holds: served, it failed every GetModelStatus.
     (tmp_path / "w" / "ranker").mkdir(parents=True)
-    (tmp_path / "w" / "ranker" / "current.json").write_text(f'{{"version": "v1", "promote_time_ns": {10**30}}}')
+    (tmp_path / "w" / "ranker" / "current.json").write_text(
+        f'{{"version": "v1", "promote_time_ns": {10**30}}}'
+    )
     assert fresh.current("w", ModelKind.RANKER, lambda d: "never") is None
     assert "is not a time" in fresh.broken("w", ModelKind.RANKER)
 

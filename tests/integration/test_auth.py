@@ -121,11 +121,14 @@ def test_local_mode_needs_no_key_and_binds_only_loopback(
         start_server(auth={"enabled": False}, server={"host": "0.0.0.0"})
 
 
-def test_names_and_descriptions_refuse_nul(server: LiveServer) -> None:
+@pytest.mark.parametrize("name", ["a\x00b", "line\nbreak", "\x1b[2Jcleared", "acme\u202eevil"])
+def test_names_and_descriptions_refuse_nul_and_control_characters(server: LiveServer, name: str) -> None:
+    """NUL, line breaks, terminal escapes and bidirectional overrides, which can make one
+    name pass for another in a listing, are refused in the labels shown back to people."""
     admin = admin_grpc.AdminServiceStub(server.channel())
     with pytest.raises(grpc.RpcError) as err:
         admin.CreateTenant(
-            admin_pb.CreateTenantRequest(tenant=admin_pb.Tenant(id="nul", display_name="a\x00b")),
+            admin_pb.CreateTenantRequest(tenant=admin_pb.Tenant(id="nul", display_name=name)),
             metadata=bearer(ADMIN_KEY),
             timeout=5,
         )
@@ -136,7 +139,7 @@ def test_names_and_descriptions_refuse_nul(server: LiveServer) -> None:
     )
     with pytest.raises(grpc.RpcError) as err:
         admin.CreateApiKey(
-            admin_pb.CreateApiKeyRequest(tenant_id="nul", description="x\x00"),
+            admin_pb.CreateApiKeyRequest(tenant_id="nul", description=f"x{name}"),
             metadata=bearer(ADMIN_KEY),
             timeout=5,
         )

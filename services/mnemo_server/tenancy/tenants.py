@@ -12,6 +12,7 @@ import hmac
 import re
 import secrets
 import threading
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -171,12 +172,24 @@ class TenantService:
         return Principal(tenant_id=row.tenant_id, key_id=row.id)
 
 
+# Bidirectional embeddings, overrides and isolates: in a one-line label shown in listings
+# and logs they reorder what follows them ("Trojan Source"), so a name can pass for another.
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
 def _check_label(value: str, field: str, max_chars: int) -> None:
-    """A free-text label shown back to people: bounded, and without NUL (as memory content)."""
+    """A one-line free-text label shown back to people (a tenant's display name, an API key's
+    description): bounded, and without control characters (NUL, line breaks, escapes that a
+    terminal runs) or bidirectional controls, which the admin probe found accepted."""
     if len(value) > max_chars:
         raise InvalidArgument(field, f"longer than {max_chars:,} characters")
     if "\x00" in value:
         raise InvalidArgument(field, "must not contain NUL characters")
+    for ch in value:
+        if unicodedata.category(ch) == "Cc" or ch in _BIDI_CONTROLS:
+            raise InvalidArgument(
+                field, f"must not contain control or bidirectional-control characters (U+{ord(ch):04X})"
+            )
 
 
 def require_admin(principal: Principal) -> None:

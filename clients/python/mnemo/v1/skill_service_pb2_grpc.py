@@ -115,7 +115,8 @@ class SkillServiceServicer:
 
     def RecordRolloutResult(self, request, context):
         """Records how a run of the skill went: verification evidence while it is a draft or
-        verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+        verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE;
+        SKILL_REVOKED for a revoked skill).
         The result keeps the definition fingerprint the run executed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -132,9 +133,9 @@ class SkillServiceServicer:
     def AdvanceSkill(self, request, context):
         """Moves a skill one step on: to verified once a verification run of its definition
         succeeded; to canary from verified; to active once a canary run succeeded and none
-        failed. Missing evidence or a step out of order is FAILED_PRECONDITION
-        (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
-        changes nothing. Asking for the state the skill is in answers it unchanged.
+        failed. Missing evidence, a step out of order or a revoked skill is FAILED_PRECONDITION
+        (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER,
+        SKILL_REVOKED) and changes nothing. Asking for the state the skill is in answers it unchanged.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

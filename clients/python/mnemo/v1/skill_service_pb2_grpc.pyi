@@ -47,7 +47,8 @@ class SkillServiceStub:
     ListSkills: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.ListSkillsRequest, _skill_service_pb2.ListSkillsResponse]
     RecordRolloutResult: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.RecordRolloutResultRequest, _skill_service_pb2.RecordRolloutResultResponse]
     """Records how a run of the skill went: verification evidence while it is a draft or
-    verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+    verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE;
+    SKILL_REVOKED for a revoked skill).
     The result keeps the definition fingerprint the run executed.
     """
     ListRolloutResults: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.ListRolloutResultsRequest, _skill_service_pb2.ListRolloutResultsResponse]
@@ -55,9 +56,9 @@ class SkillServiceStub:
     AdvanceSkill: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.AdvanceSkillRequest, _skill_service_pb2.AdvanceSkillResponse]
     """Moves a skill one step on: to verified once a verification run of its definition
     succeeded; to canary from verified; to active once a canary run succeeded and none
-    failed. Missing evidence or a step out of order is FAILED_PRECONDITION
-    (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
-    changes nothing. Asking for the state the skill is in answers it unchanged.
+    failed. Missing evidence, a step out of order or a revoked skill is FAILED_PRECONDITION
+    (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER,
+    SKILL_REVOKED) and changes nothing. Asking for the state the skill is in answers it unchanged.
     """
     RevokeSkill: _grpc.UnaryUnaryMultiCallable[_skill_service_pb2.RevokeSkillRequest, _skill_service_pb2.RevokeSkillResponse]
     """Revokes a skill (its source learning stays as it is); its name is free again."""
@@ -88,7 +89,8 @@ class SkillServiceAsyncStub(SkillServiceStub):
     ListSkills: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.ListSkillsRequest, _skill_service_pb2.ListSkillsResponse]  # type: ignore[assignment]
     RecordRolloutResult: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.RecordRolloutResultRequest, _skill_service_pb2.RecordRolloutResultResponse]  # type: ignore[assignment]
     """Records how a run of the skill went: verification evidence while it is a draft or
-    verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+    verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE;
+    SKILL_REVOKED for a revoked skill).
     The result keeps the definition fingerprint the run executed.
     """
     ListRolloutResults: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.ListRolloutResultsRequest, _skill_service_pb2.ListRolloutResultsResponse]  # type: ignore[assignment]
@@ -96,9 +98,9 @@ class SkillServiceAsyncStub(SkillServiceStub):
     AdvanceSkill: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.AdvanceSkillRequest, _skill_service_pb2.AdvanceSkillResponse]  # type: ignore[assignment]
     """Moves a skill one step on: to verified once a verification run of its definition
     succeeded; to canary from verified; to active once a canary run succeeded and none
-    failed. Missing evidence or a step out of order is FAILED_PRECONDITION
-    (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
-    changes nothing. Asking for the state the skill is in answers it unchanged.
+    failed. Missing evidence, a step out of order or a revoked skill is FAILED_PRECONDITION
+    (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER,
+    SKILL_REVOKED) and changes nothing. Asking for the state the skill is in answers it unchanged.
     """
     RevokeSkill: _aio.UnaryUnaryMultiCallable[_skill_service_pb2.RevokeSkillRequest, _skill_service_pb2.RevokeSkillResponse]  # type: ignore[assignment]
     """Revokes a skill (its source learning stays as it is); its name is free again."""
@@ -150,7 +152,8 @@ class SkillServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_skill_service_pb2.RecordRolloutResultResponse, _abc.Awaitable[_skill_service_pb2.RecordRolloutResultResponse]]:
         """Records how a run of the skill went: verification evidence while it is a draft or
-        verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+        verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE;
+        SKILL_REVOKED for a revoked skill).
         The result keeps the definition fingerprint the run executed.
         """
 
@@ -170,9 +173,9 @@ class SkillServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_skill_service_pb2.AdvanceSkillResponse, _abc.Awaitable[_skill_service_pb2.AdvanceSkillResponse]]:
         """Moves a skill one step on: to verified once a verification run of its definition
         succeeded; to canary from verified; to active once a canary run succeeded and none
-        failed. Missing evidence or a step out of order is FAILED_PRECONDITION
-        (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
-        changes nothing. Asking for the state the skill is in answers it unchanged.
+        failed. Missing evidence, a step out of order or a revoked skill is FAILED_PRECONDITION
+        (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER,
+        SKILL_REVOKED) and changes nothing. Asking for the state the skill is in answers it unchanged.
         """
 
     @_abc_1.abstractmethod

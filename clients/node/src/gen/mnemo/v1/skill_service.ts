@@ -2376,7 +2376,8 @@ export const SkillServiceService = {
   },
   /**
    * Records how a run of the skill went: verification evidence while it is a draft or
-   * verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+   * verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE;
+   * SKILL_REVOKED for a revoked skill).
    * The result keeps the definition fingerprint the run executed.
    */
   recordRolloutResult: {
@@ -2405,9 +2406,9 @@ export const SkillServiceService = {
   /**
    * Moves a skill one step on: to verified once a verification run of its definition
    * succeeded; to canary from verified; to active once a canary run succeeded and none
-   * failed. Missing evidence or a step out of order is FAILED_PRECONDITION
-   * (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
-   * changes nothing. Asking for the state the skill is in answers it unchanged.
+   * failed. Missing evidence, a step out of order or a revoked skill is FAILED_PRECONDITION
+   * (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER,
+   * SKILL_REVOKED) and changes nothing. Asking for the state the skill is in answers it unchanged.
    */
   advanceSkill: {
     path: "/mnemo.v1.SkillService/AdvanceSkill" as const,
@@ -2456,7 +2457,8 @@ export interface SkillServiceServer extends UntypedServiceImplementation {
   listSkills: handleUnaryCall<ListSkillsRequest, ListSkillsResponse>;
   /**
    * Records how a run of the skill went: verification evidence while it is a draft or
-   * verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+   * verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE;
+   * SKILL_REVOKED for a revoked skill).
    * The result keeps the definition fingerprint the run executed.
    */
   recordRolloutResult: handleUnaryCall<RecordRolloutResultRequest, RecordRolloutResultResponse>;
@@ -2465,9 +2467,9 @@ export interface SkillServiceServer extends UntypedServiceImplementation {
   /**
    * Moves a skill one step on: to verified once a verification run of its definition
    * succeeded; to canary from verified; to active once a canary run succeeded and none
-   * failed. Missing evidence or a step out of order is FAILED_PRECONDITION
-   * (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
-   * changes nothing. Asking for the state the skill is in answers it unchanged.
+   * failed. Missing evidence, a step out of order or a revoked skill is FAILED_PRECONDITION
+   * (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER,
+   * SKILL_REVOKED) and changes nothing. Asking for the state the skill is in answers it unchanged.
    */
   advanceSkill: handleUnaryCall<AdvanceSkillRequest, AdvanceSkillResponse>;
   /** Revokes a skill (its source learning stays as it is); its name is free again. */
@@ -2532,7 +2534,8 @@ export interface SkillServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Records how a run of the skill went: verification evidence while it is a draft or
-   * verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE).
+   * verified, canary evidence while it is a canary (else FAILED_PRECONDITION, WRONG_STAGE;
+   * SKILL_REVOKED for a revoked skill).
    * The result keeps the definition fingerprint the run executed.
    */
   recordRolloutResult(
@@ -2569,9 +2572,9 @@ export interface SkillServiceClient extends Client {
   /**
    * Moves a skill one step on: to verified once a verification run of its definition
    * succeeded; to canary from verified; to active once a canary run succeeded and none
-   * failed. Missing evidence or a step out of order is FAILED_PRECONDITION
-   * (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER) and
-   * changes nothing. Asking for the state the skill is in answers it unchanged.
+   * failed. Missing evidence, a step out of order or a revoked skill is FAILED_PRECONDITION
+   * (NO_VERIFICATION_EVIDENCE, NO_CANARY_EVIDENCE, CANARY_FAILURES, SKILL_STATE_ORDER,
+   * SKILL_REVOKED) and changes nothing. Asking for the state the skill is in answers it unchanged.
    */
   advanceSkill(
     request: AdvanceSkillRequest,

@@ -13,7 +13,9 @@ import pytest
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_server.app import META_MODEL_FINGERPRINT, Core
+from mnemo_server.config import EmbeddingConfig
 from mnemo_server.embed.embedder import bundled_model_path
+from mnemo_server.embed.factory import build_embedder
 from mnemo_server.embed.fingerprint import model_fingerprint
 from mnemo_server.errors import EmbeddingModelMismatch
 from mnemo_server.store.database import Database
@@ -146,3 +148,18 @@ def test_a_fingerprint_follows_the_weights_content_not_their_kept_digest(tmp_pat
     assert model_fingerprint(model, tmp_path / "memo") != first
     (model / "README.md").write_text("not part of what makes the vectors")
     assert model_fingerprint(model, tmp_path / "memo") == model_fingerprint(model, tmp_path / "memo2")
+
+
+def test_weights_replaced_in_place_are_exported_again_not_served_from_the_old_export(
+    tmp_path: Path, other_weights: Path
+) -> None:
+    """An upgrade of the package that ships the model replaces its files in place: the ONNX
+    export kept for the old files was reused (by name and path), so `mnemo reembed` embedded
+    with the old weights while recording the new files' fingerprint."""
+    model = tmp_path / "model"
+    shutil.copytree(bundled_model_path(), model)
+    cfg = EmbeddingConfig(model_path=str(model))
+    before = build_embedder(cfg, tmp_path / "cache").embed(["release rollback"])[0]
+    shutil.copy(other_weights / "model.safetensors", model / "model.safetensors")
+    after = build_embedder(cfg, tmp_path / "cache").embed(["release rollback"])[0]
+    assert float(np.dot(before, after)) < 0.99

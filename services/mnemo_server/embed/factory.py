@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mnemo_server.config import EmbeddingConfig
 from mnemo_server.embed.embedder import Embedder, OnnxEmbedder, TorchEmbedder, bundled_model_path
+from mnemo_server.embed.fingerprint import model_fingerprint
 from mnemo_server.embed.onnx_export import export_dir_for, export_to_onnx, quantize_int8
 from mnemo_server.errors import FailedPrecondition
 
@@ -47,7 +48,8 @@ def build_embedder(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the exporter's tracer warnings are noise here
-                onnx_file = export_to_onnx(source, export_dir_for(cache_root, cfg.model, source))
+                fingerprint = model_fingerprint(source, cache_root)
+                onnx_file = export_to_onnx(source, export_dir_for(cache_root, cfg.model, source, fingerprint))
                 if cfg.precision == "int8":
                     onnx_file = quantize_int8(onnx_file)
             return OnnxEmbedder(

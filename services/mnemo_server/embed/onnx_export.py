@@ -17,9 +17,13 @@ from pathlib import Path
 from mnemo_server.store.durable import rename_tree, replace_file
 
 
-def export_dir_for(cache_root: Path, model_id: str, model_dir: Path) -> Path:
-    digest = hashlib.sha256(f"{model_id}\0{model_dir.resolve()}".encode()).hexdigest()[:16]
-    return cache_root / f"onnx-{digest}"
+def export_dir_for(cache_root: Path, model_id: str, model_dir: Path, fingerprint: str) -> Path:
+    """Where the model's export is kept: by its name, directory and the fingerprint of its
+    files (embed/fingerprint.py). Without the fingerprint, weights replaced in place (an
+    upgrade of the package that ships the model) kept their stale export, which `mnemo
+    reembed` then used while recording the new files' fingerprint."""
+    key = f"{model_id}\0{model_dir.resolve()}\0{fingerprint}"
+    return cache_root / f"onnx-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def quantize_int8(onnx_file: Path) -> Path:

@@ -3,7 +3,9 @@ deadline, storing feedback and keeping the predictor's health."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +24,11 @@ from mnemo_sidecar.learning.model import Candidate, FeedbackCandidate, FeedbackS
 from mnemo_sidecar.learning.ndcg import ndcg_at, order_by
 from mnemo_sidecar.learning.pair_store import PairStore
 from mnemo_sidecar.learning.registry import ModelRegistry, Promoted
-from mnemo_sidecar.ranker.model import RankerModel, session_matrix
+from mnemo_sidecar.ranker.model import LOG_EVERY_FAILURES, RankerModel, session_matrix
 
 Scores = npt.NDArray[np.float32]
 CE = ModelKind.CROSS_ENCODER
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class RankingEngine:
         )
         self._base_ce: CrossEncoderRuntime | None = None
         self._base_ce_lock = threading.Lock()
+        # Per tenant, submitted sessions whose shadow prediction failed (see `_shadow`).
+        self.shadow_failures: Counter[str] = Counter()
+        self._shadow_lock = threading.Lock()
         # Set by the app: starts a background training run for a tenant (returns False if busy).
         self.start_background_training: Callable[[str], bool] = lambda _tenant: False
 
@@ -265,13 +271,7 @@ class RankingEngine:
             predictor_ndcg = ndcg_at([c.candidate.id for c in served], relevance)
         elif baseline_ndcg is not None:
             # Not served by the model (cold start or fallback): judge the current model in shadow.
-            shadow = self.predict(
-                tenant,
-                session.query,
-                session.feature_names,
-                [c.candidate for c in session.candidates],
-                Deadline.none(),
-            )
+            shadow = self._shadow(tenant, session)
             if shadow is not None:
                 scores = dict(
                     zip((c.candidate.id for c in session.candidates), map(float, shadow[0]), strict=True)
@@ -291,6 +291,33 @@ class RankingEngine:
             and self.start_background_training(tenant)
         )
         return SubmitResult(not added, self.store.counts(tenant)[1], snapshot, started)
+
+    def _shadow(self, tenant: str, session: FeedbackSession) -> tuple[Scores, str] | None:
+        """The current model's scores for a submitted session, None without a model or when
+        it fails: the judgement is lost, the feedback must not be (it is what trains the
+        model that replaces a failing one). A failure is counted and logged."""
+        try:
+            return self.predict(
+                tenant,
+                session.query,
+                session.feature_names,
+                [c.candidate for c in session.candidates],
+                Deadline.none(),
+            )
+        except Exception as exc:  # any model fault; the session is stored all the same
+            with self._shadow_lock:
+                self.shadow_failures[tenant] += 1
+                failures = self.shadow_failures[tenant]
+            if failures % LOG_EVERY_FAILURES == 1:
+                log.error(
+                    "the shadow prediction for tenant %r failed (%d times so far); its feedback "
+                    "is stored unjudged: %s: %s",
+                    tenant,
+                    failures,
+                    type(exc).__name__,
+                    exc,
+                )
+            return None
 
     def _due_for_training(self, tenant: str, has_model: bool, snapshot: Health) -> bool:
         t = self.cfg.training

@@ -5,6 +5,7 @@ GetModelStatus, and is not loaded again on every call."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable
@@ -16,27 +17,15 @@ import pytest
 
 from mnemo.ranking.v1 import ranking_service_pb2 as rpb
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
-from mnemo_sidecar.config import RankerConfig
-from mnemo_sidecar.learning.model import ModelKind
+from mnemo_sidecar.learning.model import FeedbackSession, ModelKind
 from mnemo_sidecar.learning.registry import ModelRegistry
-from mnemo_sidecar.ranker.model import train_ranker
+from tests.unit.test_ranker_files import failing_ranker, promoted_ranker
 from tests.unit.test_sidecar_learning import NAMES, synthetic_session
 
 
 def _promote_a_ranker(data_dir: Path) -> str:
     """What a finished training leaves on disk: a version directory and the pointer."""
-    registry = ModelRegistry(data_dir / "models")
-    version, path = registry.new_version("acme", ModelKind.RANKER)
-    rng = random.Random(4)
-    model, _ = train_ranker(
-        [synthetic_session(i, rng) for i in range(30)],
-        None,
-        RankerConfig(n_estimators=20, min_child_samples=5),
-        path,
-        version,
-    )
-    registry.promote("acme", ModelKind.RANKER, version, model, "test")
-    return version
+    return promoted_ranker(ModelRegistry(data_dir / "models"), "acme").name
 
 
 def _score(stub: rpb_grpc.RankingServiceStub) -> rpb.ScoreResponse:
@@ -260,3 +249,110 @@ def test_a_configured_cross_encoder_directory_that_holds_none_is_one_config_erro
         start_sidecar(cross_encoder={"path": str(empty)})
     assert err.value.reason == "BAD_CONFIG"
     assert str(err.value).startswith(f"cross_encoder.path '{empty}' holds no cross-encoder that loads: ")
+
+
+def _session_pb(s: FeedbackSession) -> rpb.TrainingSession:
+    out = rpb.TrainingSession(session_id=s.session_id, query=s.query, feature_names=s.feature_names)
+    out.end_time.FromNanoseconds(1_700_000_000 * 10**9 + s.end_time_ns)
+    for c in s.candidates:
+        out.candidates.append(
+            rpb.TrainingCandidate(
+                candidate=rpb.Candidate(
+                    id=c.candidate.id,
+                    text=c.candidate.text,
+                    baseline_score=c.candidate.baseline_score,
+                    features=c.candidate.features,
+                ),
+                relevance=c.relevance,
+                baseline_rank=c.baseline_rank,
+            )
+        )
+    return out
+
+
+def _submit(stub: rpb_grpc.RankingServiceStub, sessions: list[FeedbackSession]) -> int:
+    """Submits every session (each must be answered OK); the stored sessions after."""
+    for s in sessions:
+        answer = stub.SubmitTrainingPairs(
+            rpb.SubmitTrainingPairsRequest(tenant_id="acme", session=_session_pb(s)), timeout=10
+        )
+        assert not answer.duplicate
+    status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="acme"), timeout=5)
+    return int(status.stored_sessions)
+
+
+def test_a_promoted_ranker_whose_files_disagree_is_refused_and_the_tenant_learns_past_it(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    """ranker.json naming one feature fewer than ranker.onnx takes (a version half restored
+    or mixed up) was served as ready; every Score and every SubmitTrainingPairs then failed
+    INTERNAL (the feedback lost), and a forced Train kept it ("does not beat the current
+    version"): the tenant could neither be served nor learn its way out."""
+    version = _promote_a_ranker(tmp_path / "side")
+    meta_file = tmp_path / "side" / "models" / "acme" / "ranker" / version / "ranker.json"
+    meta = json.loads(meta_file.read_text())
+    meta["feature_names"] = meta["feature_names"][:-1]
+    meta_file.write_text(json.dumps(meta))
+    side = start_sidecar(
+        data_dir=tmp_path / "side",
+        training={"cross_encoder": False, "min_sessions": 10, "min_heldout": 4},
+        ranker={"n_estimators": 20, "min_child_samples": 5},
+    )
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+    assert _score(stub).cold_start  # the caller keeps its baseline
+    status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="acme"), timeout=5)
+    assert status.cold_start and not status.ranker.ready
+    width = len(meta["feature_names"]) + 1
+    assert "the promoted ranker does not load and is not served" in status.note
+    assert f"ranker.onnx takes {width} features a row; its ranker.json names {width - 1}" in status.note
+    rng = random.Random(6)
+    assert _submit(stub, [synthetic_session(i, rng) for i in range(24)]) == 24  # every one stored
+    outcomes = [
+        e.outcome
+        for e in stub.Train(
+            rpb.TrainRequest(tenant_id="acme", models=[rpb.MODEL_KIND_RANKER], force=True), timeout=120
+        )
+        if e.HasField("outcome")
+    ]
+    assert outcomes and outcomes[-1].promoted, outcomes
+    assert "beats the baseline" in outcomes[-1].reason  # the refused version judged nothing
+    status = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="acme"), timeout=5)
+    assert status.ranker.ready and status.ranker.version not in ("", version)
+    assert "does not load" not in status.note
+    scored = _score(stub)
+    assert not scored.cold_start and scored.model_version == status.ranker.version and len(scored.scores) == 5
+
+
+def test_a_ranker_failing_when_it_scores_is_a_fallback_for_the_server_and_feedback_is_stored(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    """An onnxruntime error at Score answered INTERNAL, which the server's client counts
+    against the sidecar's health (its circuit opens for every tenant); the shadow prediction
+    of SubmitTrainingPairs failed the submission with it."""
+    from mnemo_server.config import RankingConfig
+    from mnemo_server.ranking.client import RankingClient
+
+    failing_ranker(ModelRegistry(tmp_path / "side" / "models"), "acme")
+    side = start_sidecar(data_dir=tmp_path / "side")
+    stub = rpb_grpc.RankingServiceStub(grpc.insecure_channel(f"127.0.0.1:{side.port}"))
+    with pytest.raises(grpc.RpcError) as err:
+        _score(stub)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "failed to score" in (err.value.details() or "")
+    client = RankingClient(RankingConfig(sidecar_address=f"127.0.0.1:{side.port}", breaker_failures=2))
+    try:
+        request = rpb.ScoreRequest(
+            tenant_id="acme",
+            query="q",
+            feature_names=NAMES,
+            candidates=[rpb.Candidate(id=f"m{i}", text="t", features=(0.5, 1.0, 0.1)) for i in range(3)],
+        )
+        for _ in range(3):
+            answer = client.score(request, 5.0)
+            assert not answer.ok and answer.fallback_reason == "error:FAILED_PRECONDITION"
+        assert client.breaker.allow()  # the sidecar's health is not in question
+    finally:
+        client.close()
+    rng = random.Random(7)
+    assert _submit(stub, [synthetic_session(i, rng) for i in range(3)]) == 3
+    assert side.engine.shadow_failures["acme"] == 3

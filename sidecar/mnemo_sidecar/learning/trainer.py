@@ -38,7 +38,7 @@ from mnemo_sidecar.learning.health import decided_win_rate, win_of
 from mnemo_sidecar.learning.model import FeedbackSession, ModelKind, SessionMark, TrainingOutcome
 from mnemo_sidecar.learning.ndcg import ndcg_at, order_by
 from mnemo_sidecar.learning.pair_store import split_heldout
-from mnemo_sidecar.ranker.model import RankerModel, session_matrix, train_ranker
+from mnemo_sidecar.ranker.model import RankerFailed, RankerModel, session_matrix, train_ranker
 
 Progress = Callable[[ModelKind, str, float, str], None]
 CeCache = dict[str, dict[str, dict[str, float]]]
@@ -493,7 +493,8 @@ class Trainer:
         cross-encoder's scores is no incumbent. A refit model has seen the older held-back
         sessions (judged on those it would win by memory), so it is judged on the ones it
         has not seen; if too few are left, a ranker like it (its cross-encoder feature or
-        none) fitted on the candidate's training sessions stands in for it."""
+        none) fitted on the candidate's training sessions stands in for it. One that fails to
+        score is no incumbent either: it would keep every candidate out."""
         if current is None:
             return held, None, ""
         if current.uses_ce and current.ce_version != ce_version:
@@ -501,8 +502,12 @@ class Trainer:
                 return held, None, " (the current version has a cross-encoder feature, this one none)"
             return held, None, " (the current version learned from another cross-encoder's scores)"
         unseen = [s for s in held if s.session_id not in current.trained_sessions]
+        try:  # scored also where a stand-in is judged for it, to know that it scores at all
+            on_unseen = ranker_ndcg(current, unseen or held[:1], ce_scores)
+        except RankerFailed as exc:  # it serves nothing: no incumbent to keep a new one out
+            return held, None, f" (the current version fails to score: {exc.message})"
         if len(unseen) >= self.cfg.training.min_heldout:
-            return unseen, ranker_ndcg(current, unseen, ce_scores), ""
+            return unseen, on_unseen, ""
         stand_in = self._probe_ranker(train, held, ce_scores if current.uses_ce else None)
         return (
             held,

@@ -7,15 +7,19 @@ cross-encoder's score, it reads columns it derives itself from the texts (text_f
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from mnemo_server.errors import FailedPrecondition
 from mnemo_sidecar.config import RankerConfig
 from mnemo_sidecar.learning.model import FeedbackSession
 from mnemo_sidecar.ranker.text_features import TEXT_FEATURES, text_feature_matrix
@@ -23,6 +27,17 @@ from mnemo_sidecar.ranker.text_features import TEXT_FEATURES, text_feature_matri
 # Added by the sidecar itself: the cross-encoder's score for the candidate (head only).
 CE_FEATURE = "ce_score"
 Matrix = npt.NDArray[np.float32]
+# A model failing every Score logs its first failure, then one line per this many.
+LOG_EVERY_FAILURES = 100
+log = logging.getLogger(__name__)
+
+
+class RankerFailed(FailedPrecondition):
+    """The tenant's ranker failed to score (its ONNX session raised). The sidecar itself is
+    fine: FAILED_PRECONDITION, which the server's ranking client takes as a fallback to its
+    own order without counting it against the sidecar's health (ranking/client.py)."""
+
+    default_reason = "RANKER_FAILED"
 
 
 def relevance_label(relevance: float) -> int:
@@ -96,21 +111,30 @@ class RankerModel:
     trained_sessions: frozenset[str] = frozenset()
     # The cross-encoder whose scores it learned from (another one's scores mean something else).
     ce_version: str | None = None
+    # Scores that failed (see `score`).
+    failures: int = field(default=0, compare=False)
+    _failures_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @classmethod
     def load(cls, directory: Path, threads: int = 1) -> RankerModel:
+        """The ranker in `directory`, refused (ValueError) when its two files disagree: the
+        feature names of ranker.json must be the columns ranker.onnx takes, and the model
+        must score a row of them. Else a version mixed up or half restored would load, be
+        served, and fail every Score and every shadow prediction."""
         import onnxruntime as ort
 
         meta = json.loads((directory / "ranker.json").read_text())
+        names = _feature_names(meta, directory)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         # Idle pool threads would spin between calls, burning a core the server needs.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sess = ort.InferenceSession(str(directory / "ranker.onnx"), opts, providers=["CPUExecutionProvider"])
+        _check_agrees(sess, names, directory)
         return cls(
-            meta["version"],
-            tuple(meta["feature_names"]),
+            str(meta["version"]),
+            names,
             bool(meta["uses_ce"]),
             directory,
             sess,
@@ -121,9 +145,58 @@ class RankerModel:
     def score(self, matrix: Matrix) -> npt.NDArray[np.float32]:
         if matrix.shape[0] == 0:
             return np.zeros(0, dtype=np.float32)
-        out = self._session.run(None, {"features": matrix})[0]  # type: ignore[attr-defined]
+        try:
+            out = self._session.run(None, {"features": matrix})[0]  # type: ignore[attr-defined]
+        except Exception as exc:  # onnxruntime's errors share no base class nearer than this
+            raise self._failed(exc) from exc
         result: npt.NDArray[np.float32] = np.asarray(out, dtype=np.float32).reshape(-1)
         return result
+
+    def _failed(self, exc: Exception) -> RankerFailed:
+        """Count and log a failed score (the first, then one in LOG_EVERY_FAILURES); the
+        error for the caller."""
+        with self._failures_lock:
+            self.failures += 1
+            failures = self.failures
+        lines = str(exc).strip().splitlines()
+        why = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+        if failures % LOG_EVERY_FAILURES == 1:
+            log.error("the ranker in %s failed to score (%d times so far): %s", self.path, failures, why)
+        return RankerFailed(f"the ranker {self.version} failed to score: {why}")
+
+
+def _feature_names(meta: Any, directory: Path) -> tuple[str, ...]:
+    names = meta["feature_names"]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{directory}/ranker.json: feature_names is not a list of names")
+    return tuple(names)
+
+
+def _check_agrees(sess: Any, names: Sequence[str], directory: Path) -> None:
+    """ranker.onnx takes one float matrix, `features`, of exactly these columns, and scores
+    a row of them (every value missing) into one score."""
+    inputs = sess.get_inputs()
+    shape = inputs[0].shape if len(inputs) == 1 else []
+    if (
+        len(inputs) != 1
+        or inputs[0].name != "features"
+        or inputs[0].type != "tensor(float)"
+        or len(shape) != 2
+    ):
+        taken = ", ".join(f"{i.name} {i.type} {i.shape}" for i in inputs)
+        raise ValueError(
+            f"{directory}/ranker.onnx takes {taken or 'nothing'}, not one float matrix `features`"
+        )
+    if shape[1] != len(names):
+        raise ValueError(
+            f"{directory}/ranker.onnx takes {shape[1]} features a row; its ranker.json names {len(names)}"
+        )
+    try:
+        out = sess.run(None, {"features": np.full((1, len(names)), np.nan, dtype=np.float32)})
+    except Exception as exc:  # onnxruntime's errors share no base class nearer than this
+        raise ValueError(f"{directory}/ranker.onnx does not score a row of its features: {exc}") from exc
+    if not out or np.asarray(out[0]).size != 1:
+        raise ValueError(f"{directory}/ranker.onnx does not give one score a row")
 
 
 def train_ranker(

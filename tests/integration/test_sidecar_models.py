@@ -356,3 +356,6 @@ def test_a_ranker_failing_when_it_scores_is_a_fallback_for_the_server_and_feedba
     rng = random.Random(7)
     assert _submit(stub, [synthetic_session(i, rng) for i in range(3)]) == 3
     assert side.engine.shadow_failures["acme"] == 3
+    note = stub.GetModelStatus(rpb.GetModelStatusRequest(tenant_id="acme"), timeout=10).note
+    # 4 Scores and 3 shadow predictions, each a failed score of the model.
+    assert "failed to score 7 times" in note and "3 submitted sessions were stored unjudged" in note

@@ -143,6 +143,17 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
         for kind in ModelKind:
             if why := registry.broken(tenant, kind):
                 notes.append(f"the promoted {kind.value} does not load and is not served ({why})")
+        # A ranker that loads but fails to score (ranker/model.py) shows only here and in logs.
+        ranker = self.engine.ranker(tenant)
+        if ranker is not None and ranker.model.failures:
+            notes.append(
+                f"the ranker {ranker.version} failed to score {ranker.model.failures} times since it loaded: "
+                "those Scores fell back to the baseline (see the sidecar's log)"
+            )
+        if shadow := self.engine.shadow_failures.get(tenant, 0):
+            notes.append(
+                f"{shadow} submitted sessions were stored unjudged: the ranker failed their shadow prediction"
+            )
         # sessions_until_fine_tune counts down to a fine-tune these settings never start.
         training = self.engine.cfg.training
         if not training.cross_encoder:

@@ -193,6 +193,49 @@ def test_one_import_message_keeps_one_of_its_entries_with_the_same_content(tenan
     assert sorted(m.id for m in live) == sorted([entries[0].id, entries[3].id])
 
 
+def test_one_id_twice_in_a_message_is_refused_and_a_time_before_1970_is_taken(tenant_a: TenantClient) -> None:
+    """The same id twice in one message stored a memory neither entry described (the first
+    one's fields, the second one's content): now INVALID_ARGUMENT on the repeat, nothing
+    written. And a create_time before 1970, within the documented range, was refused as
+    "is required"; only an unset one is."""
+    stub = tenant_a.memory()
+    when = timestamp_pb2.Timestamp(seconds=1_700_000_000)
+    twice = str(uuid.uuid4())
+    entries = [
+        memory_pb2.Memory(id=twice, content="first text", category="one", create_time=when),
+        memory_pb2.Memory(id=twice, content="second text", category="two", create_time=when),
+    ]
+    with pytest.raises(grpc.RpcError) as err:
+        list(
+            stub.ImportMemories(
+                iter([pb.ImportMemoriesRequest(memories=entries)]), metadata=tenant_a.md, timeout=10
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(err.value)[1] == ["messages[0].memories[1].id"]
+    assert _export(tenant_a) == []
+    unset = memory_pb2.Memory(id=str(uuid.uuid4()), content="when was this?")
+    with pytest.raises(grpc.RpcError) as err:
+        list(
+            stub.ImportMemories(
+                iter([pb.ImportMemoriesRequest(memories=[unset])]), metadata=tenant_a.md, timeout=10
+            )
+        )
+    assert error_info(err.value)[1] == ["messages[0].memories[0].create_time"]
+    old = memory_pb2.Memory(
+        id=str(uuid.uuid4()),
+        content="the moon landing",
+        create_time=timestamp_pb2.Timestamp(seconds=-14_182_940),
+    )
+    list(
+        stub.ImportMemories(
+            iter([pb.ImportMemoriesRequest(memories=[old])]), metadata=tenant_a.md, timeout=10
+        )
+    )
+    [back] = _export(tenant_a)
+    assert back.create_time.seconds == -14_182_940 and back.content == "the moon landing"
+
+
 def test_streamed_calls_past_max_streams_are_refused_and_leave_workers_for_the_rest(
     start_server: Callable[..., LiveServer], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -162,6 +162,34 @@ def test_a_delete_retry_answers_with_the_tombstone_after_an_import_restored_the_
     )  # and not done again
 
 
+def test_an_update_or_delete_retry_after_its_memory_was_purged_for_good_is_not_found(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    """Once purged, "no call returns it": a retried UpdateMemory or DeleteMemory answered
+    with the purged memory's content, kept with its request_id, for the record's 24 h."""
+    live = start_server(retention={"interval_s": 0, "tombstone_days": 0})
+    client = TenantClient(provision(live, "tenant-a"), live.channel())
+    stub = client.memory()
+    mid = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="the vault code is 4711")), metadata=client.md
+    ).memory.id
+    update = pb.UpdateMemoryRequest(
+        memory=memory_pb2.Memory(id=mid, content="the vault code is 4712"),
+        update_mask=field_mask_pb2.FieldMask(paths=["content"]),
+        request_id="r-u1",
+    )
+    delete = pb.DeleteMemoryRequest(id=mid, request_id="r-d1")
+    stub.UpdateMemory(update, metadata=client.md, timeout=5)
+    stub.DeleteMemory(delete, metadata=client.md, timeout=5)
+    assert stub.DeleteMemory(delete, metadata=client.md, timeout=5).memory.HasField("delete_time")  # kept
+    live.server.core.retention.sweep()
+    for call, req in ((stub.UpdateMemory, update), (stub.DeleteMemory, delete)):
+        with pytest.raises(grpc.RpcError) as err:
+            call(req, metadata=client.md, timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()
+        assert "4711" not in (err.value.details() or "") and "4712" not in (err.value.details() or "")
+
+
 def test_a_create_retry_after_its_memory_was_purged_for_good_is_not_found(
     start_server: Callable[..., LiveServer],
 ) -> None:

@@ -203,6 +203,9 @@ def exported_memory_from_pb(m: memory_pb2.Memory, field: str) -> Memory:
     """A full memory from an export, server-owned fields included. An event time left unset
     is the create time, as CreateMemory gives it (an export always sets it; the epoch is a
     time like any other)."""
+    if not m.HasField("create_time"):
+        # Required, and any time of the range (one before 1970 too; 0 or less read as unset).
+        raise InvalidArgument(f"{field}.create_time", "is required")
     create_time_ns = ts_to_ns(m.create_time, f"{field}.create_time")
     event_time_ns = opt_ts(m, "event_time", field)
     return Memory(

@@ -347,9 +347,11 @@ class MemoryService:
         index state now if no later write changed it (a record from before rows were kept:
         as it is now)."""
         latest = memory_repo.read_many(self.db.reader(), self.db.rows, tenant_id, [memory_id]).get(memory_id)
+        if latest is None:
+            # Purged since (tombstones included are read): "no call returns it", a retried
+            # update's or delete's kept answer neither (it did, for the record's 24 h).
+            raise NotFound("memory", memory_id)
         if answer is None:
-            if latest is None:
-                raise NotFound("memory", memory_id)
             return latest
         if latest is not None and (latest.revision, latest.update_time_ns) == (
             answer.revision,
@@ -505,8 +507,14 @@ class MemoryService:
             raise InvalidArgument(field_prefix, f"at most {self.validator.limits.max_batch_size} per message")
         violations: list[FieldViolation] = []
         named: set[str] = set()
+        ids: set[str] = set()
         for k, m in enumerate(memories):
             p = f"{field_prefix}[{k}]"
+            if m.id in ids:
+                # Which entry is meant? Taken as given, the first one's fields were stored
+                # with the second one's content (memory probe).
+                violations.append(FieldViolation(f"{p}.id", "repeats another entry of this message"))
+            ids.add(m.id)
             if not _is_canonical_uuid(m.id):
                 # Other spellings of a stored id ({...}, upper case, urn:uuid:) would be
                 # stored as new ids beside it, so only the form exports carry is taken.
@@ -533,8 +541,6 @@ class MemoryService:
                 source=m.source,
             )
             violations.extend(self.validator.draft(draft, p))
-            if m.create_time_ns <= 0:
-                violations.append(FieldViolation(f"{p}.create_time", "is required"))
         raise_if(violations)
         imported: list[str] = []
         with self._write(tenant_id) as cur:

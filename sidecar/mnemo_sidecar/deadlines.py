@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from mnemo_server.errors import Cancelled, DeadlineExceeded, ResourceExhausted
@@ -48,6 +48,31 @@ class Deadline:
             raise Cancelled(f"the caller cancelled the call during {stage}")
         if self.expired():
             raise DeadlineExceeded(f"the deadline passed during {stage}", reason="SIDECAR_DEADLINE")
+
+
+# The share of the time left that one uninterruptible step of work is sized to, at the best
+# pace seen: a step run at half that pace (a busy machine) still ends by the deadline.
+STEP_SHARE = 0.5
+
+
+def step_size(costs: Sequence[float], seconds_per_unit: float, deadline: Deadline) -> int:
+    """How many of the next pieces of work (their costs in some unit, in order) to run as one
+    step before the deadline is checked again: as many as fit in STEP_SHARE of the time left
+    at `seconds_per_unit` (the best pace seen; 0: none seen yet), at least one. All of them
+    when there is no deadline; one while the pace is unknown, which that step measures."""
+    remaining = deadline.remaining()
+    if math.isinf(remaining):
+        return len(costs)
+    if seconds_per_unit <= 0:
+        return min(1, len(costs))
+    budget = STEP_SHARE * remaining / seconds_per_unit
+    n, total = 0, 0.0
+    for cost in costs:
+        total += cost
+        if n and total > budget:
+            break
+        n += 1
+    return n
 
 
 # How often a request waiting for an inference slot looks whether its caller cancelled.

@@ -522,6 +522,42 @@ def test_batch_that_cannot_finish_in_time_is_refused_up_front(
     assert session.runs == 0
 
 
+def test_texts_longer_than_the_model_reads_score_as_the_whole_texts(runtime: CrossEncoderRuntime) -> None:
+    """Texts are cut before tokenising to what the model reads; the scores stay those of the
+    whole texts (the tokenizer's own truncation), whatever the query's length."""
+    long_text = " ".join(f"the {WORDS[i % len(WORDS)]} number {i}, in the hall." for i in range(1_500))
+    texts = [long_text, "tabs\tand\nlines " * 300, "the tiger is in the hall"]
+    for query in ("where is the tiger", "where is the tiger " * 40):
+        whole = runtime._tokenizer.encode_batch([(query, t) for t in texts])
+        pairs_cut = runtime._tokenizer.encode_batch([(query, runtime._readable(query, t, {})) for t in texts])
+        assert [e.ids for e in pairs_cut] == [e.ids for e in whole]
+        assert [e.type_ids for e in pairs_cut] == [e.type_ids for e in whole]
+    assert len(runtime._readable("q", long_text, {})) < len(long_text) // 10
+
+
+def test_a_batch_the_time_left_cannot_take_whole_is_split(
+    runtime: CrossEncoderRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 pairs of one length are one micro-batch; at a pace where they take 1 s and 0.8 s are
+    left, only as many run before the deadline is checked again as fit in half of that."""
+    session = _ClockedSession(runtime._session)
+    monkeypatch.setattr(runtime, "_session", session)
+    sizes: list[int] = []
+    run = session.run
+
+    def recording(*args: Any) -> Any:
+        sizes.append(len(args[1]["input_ids"]))
+        return run(*args)
+
+    monkeypatch.setattr(session, "run", recording)
+    texts = [f"passage number {i} " * 20 for i in range(16)]
+    width = len(runtime._tokenizer.encode("q", texts[0]).ids)
+    monkeypatch.setattr(runtime, "_seconds_per_token", 1.0 / (16 * width))
+    with pytest.raises(DeadlineExceeded):
+        runtime.score("q", texts, Deadline(0.8, clock=session.clock))
+    assert sizes == [6]  # 0.4 s of the 1 s the batch takes; then the deadline had passed
+
+
 def test_candidate_cap(tiny_model: Path, onnx_cache: Path, runtime: CrossEncoderRuntime) -> None:
     texts = [f"the {w} is in the hall" for w in WORDS]
     capped = runtime.score("where is the tiger", texts, max_candidates=5)

@@ -44,10 +44,12 @@ class Deadline:
         return self._alive is not None and not self._alive()
 
     def check(self, stage: str) -> None:
-        if self.cancelled():
-            raise Cancelled(f"the caller cancelled the call during {stage}")
+        # The deadline first: a caller whose deadline passed has gone too (grpc's context is
+        # no longer active), and its call is a deadline missed, not one it cancelled.
         if self.expired():
             raise DeadlineExceeded(f"the deadline passed during {stage}", reason="SIDECAR_DEADLINE")
+        if self.cancelled():
+            raise Cancelled(f"the caller cancelled the call during {stage}")
 
 
 # The share of the time left that one uninterruptible step of work is sized to, at the best

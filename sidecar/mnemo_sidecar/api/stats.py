@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from mnemo_server.errors import DeadlineExceeded, ResourceExhausted
+from mnemo_server.errors import Cancelled, DeadlineExceeded, ResourceExhausted
+from mnemo_sidecar.deadlines import Deadline
 
 WINDOW = 2_000
 
@@ -32,9 +33,15 @@ class LatencyStats:
         self._lock = threading.Lock()
 
     @contextmanager
-    def track(self, rpc: str) -> Iterator[None]:
+    def track(self, rpc: str, deadline: Deadline | None = None) -> Iterator[None]:
+        """Counts the call and how it ended. A call whose caller's deadline passed is in
+        deadline_exceeded and not among the latencies, however it ended: by our
+        DeadlineExceeded, and, with `deadline` given, by anything else once the deadline
+        passed and the caller left (an answer or an error nobody waits for any more). A
+        call its caller cancelled before its deadline is counted only as a call: it neither
+        missed its deadline nor took the time of an answer."""
         started = time.perf_counter()
-        outcome = "ok"
+        outcome = "ok"  # errors other than these are answers too
         try:
             yield
         except DeadlineExceeded:
@@ -43,7 +50,13 @@ class LatencyStats:
         except ResourceExhausted:
             outcome = "shed"
             raise
+        except Cancelled:
+            outcome = "cancelled"
+            raise
         finally:
+            late = deadline is not None and deadline.expired() and deadline.cancelled()
+            if outcome in ("ok", "cancelled") and late:
+                outcome = "deadline"
             with self._lock:
                 s = self.rpcs.setdefault(rpc, RpcStats())
                 s.calls += 1
@@ -51,7 +64,7 @@ class LatencyStats:
                     s.deadline_exceeded += 1
                 elif outcome == "shed":
                     s.shed += 1
-                else:
+                elif outcome == "ok":
                     s.latencies_ms.append((time.perf_counter() - started) * 1000.0)
 
     def snapshot(self) -> dict[str, RpcStats]:

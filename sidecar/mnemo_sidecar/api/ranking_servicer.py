@@ -44,7 +44,7 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
             list(request.candidates), "candidates", None, inf.max_candidates, inf.max_text_chars
         )
         deadline = self._deadline(context)
-        with self.stats.track("Rerank"), self.gate.admit(deadline):
+        with self.stats.track("Rerank", deadline), self.gate.admit(deadline):
             result = self.engine.rerank(tenant, query, items, deadline)
         method = (
             rpb.RERANK_METHOD_CROSS_ENCODER if result.cross_encoder else rpb.RERANK_METHOD_EMBEDDING_BLEND
@@ -66,7 +66,7 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
             list(request.candidates), "candidates", len(names), inf.max_candidates, inf.max_text_chars
         )
         deadline = self._deadline(context)
-        with self.stats.track("Score"), self.gate.admit(deadline):
+        with self.stats.track("Score", deadline), self.gate.admit(deadline):
             result = self.engine.score(tenant, query, names, items, deadline)
         if result.scores is None:
             return rpb.ScoreResponse(cold_start=True)

@@ -197,15 +197,25 @@ class RankingClient:
 
     def _probe(self) -> None:
         """Is the sidecar back? Asked off every caller's path; the answer closes the
-        circuit or starts another cooldown."""
-        if self._serving():
-            self.breaker.probe_succeeded()
-        else:
-            self.breaker.probe_failed()
+        circuit or starts another cooldown. Whatever happens, the probe is over: one left
+        taken would keep the circuit open for good."""
+        serving = False
+        try:
+            serving = self._serving()
+        finally:
+            if serving:
+                self.breaker.probe_succeeded()
+            else:
+                self.breaker.probe_failed()
 
     def _check(self) -> None:
-        """Is a caller-limited timeout the sidecar's fault? Asked off the caller's path."""
-        self.breaker.check_done(self._serving())
+        """Is a caller-limited timeout the sidecar's fault? Asked off the caller's path; the
+        check is over whatever happens (one left taken would stop every later check)."""
+        healthy = False
+        try:
+            healthy = self._serving()
+        finally:
+            self.breaker.check_done(healthy)
 
     def score(
         self, request: rpb.ScoreRequest, budget_s: float, caller_limited: bool = False

@@ -53,9 +53,12 @@ p99 114-167 ms, against 119-159 / 297-378 ms by arrival (4 ms alone).
 
 Tenant comes before priority since a probe flooded StartSessions from one tenant (16
 threads): by priority first, 5 of another tenant's 6 Recalls waited past a 3 s deadline; now
-p50 34 ms, max 46 ms. Recalls also no longer need more than the reserved slots free: they
-may hold up to slots - reserved, whoever holds the rest, which keeps the reserved slots
-StartSession's without keeping Recalls out while StartSessions run.
+p50 34 ms, max 46 ms. A Recall still needs more than the reserved slots free, unless its
+tenant holds none: then any free slot is its, or the other tenant's StartSessions, holding
+the rest, kept it out for good. (Letting Recalls hold up to slots - reserved whoever holds
+the rest was tried: with more calls at once on 2 cores, StartSession's p99 rose from 124 to
+147 ms and CreateMemory's from 166 to 188 ms in the bench's minute with the sidecar running,
+20k memories, one run each.)
 
 Waiters are bounded (server.compute_max_waiters 16, compute_waiters_per_tenant 8): each holds
 one of the server's gRPC workers, so one tenant's 64 Recalls in flight held all 32 and
@@ -103,8 +106,9 @@ class ComputeGate:
         waiters_per_tenant: int | None = None,
     ):
         """slots <= 0: no limit. `reserved` of the slots only admit the first priority (0):
-        the other calls hold at most slots - reserved at once, so a StartSession finds one
-        free however many Recalls run (with one slot, nothing is reserved). At most
+        another call needs more than that many free (or its tenant to hold none), so a
+        StartSession finds one free however many Recalls run (with one slot, nothing is
+        reserved). At most
         `max_waiters` calls wait, `waiters_per_tenant` of them one tenant's (None: no bound);
         past either a call is RESOURCE_EXHAUSTED at once, since each waiter holds a gRPC
         worker that another tenant's call would need."""
@@ -118,7 +122,6 @@ class ComputeGate:
         self.waiters_per_tenant = waiters_per_tenant
         self._lock = threading.Lock()
         self._free = slots
-        self._shared_held = 0  # slots held by calls past the first priority
         self._held: Counter[str] = Counter()  # slots held, by tenant
         self._waiting: Counter[str] = Counter()  # waiters, by tenant
         # When each tenant with a held slot or a waiter was last admitted (a grant number).
@@ -130,10 +133,14 @@ class ComputeGate:
         self._queue: list[_Waiter] = []
         self._arrivals = itertools.count()
 
-    def _admits(self, priority: int) -> bool:
+    def _admits(self, priority: int, tenant: str) -> bool:
         if self._free <= 0:
             return False
-        return priority == 0 or self._shared_held < self.slots - self.reserved
+        if priority == 0 or self._free > self.reserved:
+            return True
+        # A tenant holding no slot may take any free one: another tenant's StartSessions,
+        # holding the rest, kept its Recalls out for good (fairness probe).
+        return not self._held[tenant]
 
     @property
     def free(self) -> int:
@@ -154,12 +161,12 @@ class ComputeGate:
         try:
             yield
         finally:
-            self._release(tenant, priority)
+            self._release(tenant)
 
     def _acquire(self, timeout_s: float | None, priority: int, tenant: str) -> bool:
         with self._lock:
-            if self._admits(priority):
-                self._take(tenant, priority)
+            if self._admits(priority, tenant):
+                self._take(tenant)
                 return True
             self._refuse_if_queue_full(tenant)
             waiter = _Waiter(priority, tenant, next(self._arrivals))
@@ -189,9 +196,8 @@ class ComputeGate:
             reason="COMPUTE_QUEUE_FULL",
         )
 
-    def _take(self, tenant: str, priority: int) -> None:
+    def _take(self, tenant: str) -> None:
         self._free -= 1
-        self._shared_held += priority != 0
         self._held[tenant] += 1
         self._last_grant[tenant] = next(self._grants)
 
@@ -214,19 +220,18 @@ class ComputeGate:
         if not self._held[tenant] and not self._waiting[tenant]:
             self._last_grant.pop(tenant, None)
 
-    def _release(self, tenant: str, priority: int) -> None:
+    def _release(self, tenant: str) -> None:
         with self._lock:
             self._free += 1
-            self._shared_held -= priority != 0
             self._held[tenant] -= 1
             if not self._held[tenant]:
                 del self._held[tenant]
             self._forget_if_idle(tenant)
             while True:
-                admissible = [w for w in self._queue if self._admits(w.priority)]
+                admissible = [w for w in self._queue if self._admits(w.priority, w.tenant)]
                 if not admissible:
                     break
                 best = min(admissible, key=self._turn)
                 self._dequeue(best)
-                self._take(best.tenant, best.priority)
+                self._take(best.tenant)
                 best.granted.set()

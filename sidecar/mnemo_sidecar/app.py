@@ -31,6 +31,7 @@ class SidecarServer:
         self.cfg = cfg
         # First, so that its TLS settings are checked before the stores and models open.
         s = cfg.server
+        past_train_streams = max(s.max_workers, s.max_train_streams)
         self.grpc = GrpcServer(
             ServerConfig(
                 host=s.host,
@@ -48,8 +49,8 @@ class SidecarServer:
             # workers a stream would not run anyway.
             ApiInterceptor(
                 self._authenticate,
-                max_streams=max(s.max_workers, s.max_train_streams),
-                max_streams_per_tenant=max(s.max_workers, s.max_train_streams),
+                max_streams=past_train_streams,
+                max_streams_per_tenant=past_train_streams,
             ),
         )
         data = cfg.data_path

@@ -38,16 +38,23 @@ def _file_digest(path: Path, memo_dir: Path) -> str:
     st = path.stat()  # before the read: a write during it changes the stat the memo keeps
     seen = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     memo = memo_dir / f"digest-{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}.json"
-    try:
-        kept = json.loads(memo.read_text(encoding="utf-8"))
-        if kept["stat"] == seen:
-            return str(kept["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or unreadable: taken again
+    kept = _kept_digest(memo, seen)
+    if kept is not None:
+        return kept
     with path.open("rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     _keep(memo, {"stat": seen, "sha256": digest})
     return digest
+
+
+def _kept_digest(memo: Path, seen: list[int]) -> str | None:
+    """The digest the memo keeps for a file of this stat; None when there is no memo, it
+    does not read, or the file changed since (its digest is then taken again)."""
+    try:
+        kept = json.loads(memo.read_text(encoding="utf-8"))
+        return str(kept["sha256"]) if kept["stat"] == seen else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _keep(memo: Path, entry: dict[str, object]) -> None:

@@ -230,6 +230,15 @@ class IndexConfig:
     # index files (66 MB at 100k rows); at 2.0 one held up to ~200 MB before renewal.
     cache_renew_factor: float = 1.0
     cache_renew_slack_mb: int = 64
+    # Measuring a tenant's Lance session (for that renewal, and GetStatus's cache use) takes
+    # at most this share of the time: the next measure waits 1/share times what the last one
+    # took, and the last figure stands meanwhile. Lance's size_bytes walks every cached entry
+    # holding the GIL, so it stalls every call in flight: 12 ms with 60 MB of manifests
+    # cached after 400 appends, 24 ms with another thread busy. Run after every optimize
+    # (twice with the graph) and in every GetStatus, it was ~17 ms of a GetStatus, and a
+    # status poll every 20 ms raised a lone client's ListMemories p90 from 5 to 28-31 ms.
+    # At 0.002 a 20 ms measure is taken at most every 10 s. 0: measured at every use.
+    session_measure_max_share: float = 0.002
     # Per tenant, the attributes Recall's signals read (text, scope, session, times) of up
     # to this many rows stay in memory (~0.5 KB each), so searches fetch only ids and scores.
     attrs_cache_rows: int = 200_000

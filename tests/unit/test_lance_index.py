@@ -423,6 +423,8 @@ def test_a_session_holding_superseded_index_files_is_renewed_warm_and_searches_a
 
     assert "session_mb_before_after" in done
     assert h.session is not old_session
+    # What a status read reports is the renewed session's measure, not the old one's.
+    assert index.cache_use(TENANT).index_session_bytes == h.warm_session_bytes > 0
     # The renewed session is not renewed again until it outgrows what it held when new,
     # however low the bound: else every optimize would pay for a fresh one.
     renewed = h.session
@@ -649,6 +651,27 @@ def test_lance_cpu_pool_has_threads_beyond_the_cores_unless_set(monkeypatch: pyt
     assert lance_index.size_lance_cpu_pool(0) == "3"
 
 
+def test_the_lance_session_is_measured_again_only_when_it_costs_its_share_of_the_time(
+    tmp_path: Path,
+) -> None:
+    """Lance's size_bytes walks the session's caches holding the GIL, stalling every call in
+    flight (config.py, session_measure_max_share): status reads and the renewal check take
+    the last measure until measuring again keeps to the share."""
+    rng = np.random.default_rng(8)
+    for share, measured_again in ((1e-9, False), (0.0, True)):
+        index = LanceIndex(tmp_path / f"lance-{share}", DIM, IndexConfig(session_measure_max_share=share))
+        index.upsert(TENANT, [_row(i, _unit(rng), word=f"w{i}") for i in range(20)])
+        first = index.cache_use(TENANT).index_session_bytes
+        for i in range(20, 60):  # each write reads the new version's manifest into the session
+            index.upsert(TENANT, [_row(i, _unit(rng), word=f"w{i}")])
+        h = index._handle(TENANT, create=False)
+        assert h is not None
+        now_held = int(h.session.size_bytes())
+        assert now_held > first  # the premise: the session did grow
+        assert index.cache_use(TENANT).index_session_bytes == (now_held if measured_again else first)
+        index.close()
+
+
 def test_with_the_vector_graph_a_renewed_session_holds_no_ann_index(tmp_path: Path) -> None:
     """With the graph the table has no ANN index, so a renewed LanceDB session holds less than
     one warmed with it."""
@@ -656,8 +679,13 @@ def test_with_the_vector_graph_a_renewed_session_holds_no_ann_index(tmp_path: Pa
     vectors = {i: _unit(rng) for i in range(600)}
     warm_bytes: dict[bool, int] = {}
     for graph in (False, True):
+        # Measured at every use: the renewal below sees the growth since the first one.
         cfg = IndexConfig(
-            ann_min_rows=256, vector_graph=graph, cache_renew_factor=1e-9, cache_renew_slack_mb=0
+            ann_min_rows=256,
+            vector_graph=graph,
+            cache_renew_factor=1e-9,
+            cache_renew_slack_mb=0,
+            session_measure_max_share=0,
         )
         index = LanceIndex(tmp_path / f"lance-{graph}", DIM, cfg)
         index.upsert(TENANT, [_row(i, vectors[i], word=f"w{i}") for i in range(600)])

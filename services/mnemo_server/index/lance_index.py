@@ -44,6 +44,7 @@ from mnemo_server.index.lance_table import (
     read_whole_ann_index,
     reader_index_names,
     rows_outside,
+    session_bytes,
     settle_pending,
     vector_segments,
 )
@@ -628,7 +629,7 @@ class LanceIndex:
         if h is None:
             return NO_CACHE_USE
         return CacheUse(
-            index_session_bytes=int(h.session.size_bytes()),
+            index_session_bytes=session_bytes(h, self.cfg.session_measure_max_share),
             scope_vector_bytes=h.vectors.nbytes() if h.vectors.loaded else 0,
             text_posting_bytes=h.texts.nbytes() if h.texts.loaded else 0,
             index_row_id_bytes=h.ids.nbytes(),

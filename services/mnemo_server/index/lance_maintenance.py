@@ -18,6 +18,8 @@ from mnemo_server.index.lance_table import (
     index_names,
     new_session,
     read_whole_ann_index,
+    record_session_bytes,
+    session_bytes,
     settle_pending,
     vector_segments,
 )
@@ -199,7 +201,7 @@ class TableMaintenance:
         nothing was renewed."""
         if self.cfg.cache_renew_factor <= 0:
             return None
-        held = h.session.size_bytes()
+        held = session_bytes(h, self.cfg.session_measure_max_share)
         descriptions = h.reader.describe_indices()
         # A table has an ANN or full-text index only when no in-memory index answers its
         # searches (_wants_ann_index, _wants_text_index): then the searches read it, and it
@@ -224,6 +226,7 @@ class TableMaintenance:
         with h.lock:
             if h.session is session:
                 h.warm_session_bytes = warm
+                record_session_bytes(h, warm)
         return held >> 20, warm >> 20
 
     def _optimize_beside_writes(self, h: TableHandle, before: PendingRows | None) -> None:

@@ -6,6 +6,7 @@ memory beside it), and the facts about its indices that searches and maintenance
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,11 @@ class TableHandle:
     pending: PendingRows | None = None
     # What the Lance session held right after it was last renewed and warmed (0: never).
     warm_session_bytes: int = 0
+    # What it held when last measured, when (monotonic; None: not yet) and how long measuring
+    # took: session_bytes().
+    session_bytes: int = 0
+    session_measured_at: float | None = None
+    session_measure_s: float = 0.0
     # Every row's vector in an HNSW graph for unfiltered searches (None: not kept).
     graph: VectorGraph | None = None
     # The last filter's matching ids, with the snapshot they were read from (_ids_matching).
@@ -80,6 +86,29 @@ class TableHandle:
         import lance
 
         return lance.dataset(self.uri, session=self.session)
+
+
+def session_bytes(h: TableHandle, max_share: float) -> int:
+    """What the handle's Lance session holds. Session.size_bytes walks every cached entry
+    and keeps the GIL while it does, stalling every thread of the server for as long
+    (config.py, `index.session_measure_max_share`), so it is measured again only once the
+    time since the last measurement is 1/max_share times what that one took (0: always);
+    until then the last figure stands. A small session is cheap to measure and so is
+    always near fresh; a large one's figure may be seconds old."""
+    now = time.monotonic()
+    at = h.session_measured_at
+    if at is not None and max_share > 0 and (now - at) * max_share < h.session_measure_s:
+        return h.session_bytes
+    held = int(h.session.size_bytes())
+    done = time.monotonic()
+    record_session_bytes(h, held, done)
+    h.session_measure_s = done - now
+    return held
+
+
+def record_session_bytes(h: TableHandle, held: int, at: float | None = None) -> int:
+    h.session_bytes, h.session_measured_at = held, time.monotonic() if at is None else at
+    return held
 
 
 def new_session(cfg: IndexConfig) -> Any:

@@ -681,7 +681,9 @@ export interface GroupCommitStats {
 export interface CacheUse {
   /**
    * This tenant's LanceDB session: the ANN and full-text index files and table metadata
-   * read so far. Renewed once it holds superseded index files past a bound.
+   * read so far. Renewed once it holds superseded index files past a bound. Measuring it
+   * stalls the server, so a large session's figure may be seconds old
+   * (index.session_measure_max_share).
    */
   indexSessionBytes: number;
   /** This tenant's vectors kept by scope (int8) for exact searches filtered by scope. */

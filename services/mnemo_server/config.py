@@ -65,6 +65,10 @@ class ServerConfig:
     # `mnemo serve` moves what warm-up loaded out of the garbage collector's reach once it
     # serves (gc.freeze; process_memory.py has why and the measurements).
     gc_freeze_after_warm_up: bool = True
+    # With that, a full collection that takes this long freezes the heap again: what is
+    # loaded after warm-up (a bulk load, a tenant's first search) is walked by every full
+    # collection otherwise (process_memory.py, HeapRefreezer). 0: only the warm-up freeze.
+    gc_refreeze_after_ms: float = 20.0
     tls_cert_file: str = ""
     tls_key_file: str = ""
 

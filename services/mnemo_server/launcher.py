@@ -32,14 +32,18 @@ def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def wait_for_stop(stop: threading.Event, poll_s: float = 0.5) -> None:
+def wait_for_stop(
+    stop: threading.Event, poll_s: float = 0.5, on_wake: Callable[[], object] | None = None
+) -> None:
     """Block the main thread until `stop` is set (by a signal handler), waking every poll_s.
     Python runs signal handlers in the main thread, between bytecodes. A signal the kernel
     delivers to another of the process's threads does not interrupt the main thread's
     untimed wait, so the handler would wait until something else woke it: a launcher's
-    SIGTERM to a server went unhandled for 60 s in one CI run, until a second one came."""
+    SIGTERM to a server went unhandled for 60 s in one CI run, until a second one came.
+    `on_wake` runs at every wake-up: the main thread's own periodic work."""
     while not stop.wait(poll_s):
-        pass
+        if on_wake is not None:
+            on_wake()
 
 
 class LaunchFailed(RuntimeError):

@@ -102,6 +102,66 @@ def freeze_warm_heap() -> int:
     return frozen
 
 
+class HeapRefreezer:
+    """Freezes the heap again when a full collection was slow. `freeze_warm_heap` covers
+    what warm-up loaded; what the server loads later (a tenant's first searches, a bulk
+    import: caches, id maps and postings that live as long as the process) is walked by
+    every full collection again, each one stopping every call. A gen2 collection that took
+    `slow_ms` or more marks the heap due; `freeze_if_due` (the main thread's wake-up, every
+    0.5 s) then freezes it. Each freeze can keep, once, the reference cycles alive at that
+    moment that later become garbage (see above); freezes come only as the long-lived heap
+    grows by what takes `slow_ms` to walk, so their number is bounded by its growth."""
+
+    def __init__(self, slow_ms: float):
+        self.slow_s = slow_ms / 1000.0
+        self._started = 0.0
+        self._due_after_s = 0.0  # the slow collection's length; 0: not due
+        self.full_collections = 0
+        self.slowest_s = 0.0
+        self.total_s = 0.0
+        self.freezes = 0
+
+    def install(self) -> None:
+        gc.callbacks.append(self._on_gc)
+
+    def uninstall(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # Runs inside the collection (GIL held, any thread): only arithmetic here.
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        self.full_collections += 1
+        self.total_s += took
+        self.slowest_s = max(self.slowest_s, took)
+        if took >= self.slow_s:
+            self._due_after_s = took
+
+    def freeze_if_due(self) -> bool:
+        took, self._due_after_s = self._due_after_s, 0.0
+        if not took:
+            return False
+        gc.freeze()
+        self.freezes += 1
+        log.info(
+            "a full collection took %.0f ms: froze the heap again (%d objects frozen in all)",
+            took * 1000,
+            gc.get_freeze_count(),
+        )
+        return True
+
+    def summary(self) -> str:
+        return (
+            f"{self.full_collections} full collections, {self.total_s * 1000:.0f} ms in all, "
+            f"the slowest {self.slowest_s * 1000:.0f} ms; {self.freezes} re-freezes"
+        )
+
+
 def thaw_heap() -> None:
     """Undo `freeze_warm_heap` once the server has stopped, and collect: what the frozen
     heap held in reference cycles (DuckDB's connections among it) is freed before the

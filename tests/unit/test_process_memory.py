@@ -93,3 +93,42 @@ def test_fixed_mmap_threshold_keeps_large_blocks_out_of_the_heap() -> None:
     assert not fixed and mapped < 5  # glibc's dynamic threshold moved past 200 KB
     fixed, mapped = mapped_blocks(128)
     assert fixed and mapped >= 50
+
+
+# The server's heap after warm-up: frozen; then 200,000 long-lived objects arrive (a bulk
+# load's caches) and a full collection runs.
+REFREEZE = """
+import gc, sys
+from mnemo_server.process_memory import HeapRefreezer
+gc.collect()
+gc.freeze()
+refreezer = HeapRefreezer(float(sys.argv[1]))
+refreezer.install()
+keep = [[i] for i in range(200_000)]  # lists: tracked by the collector
+frozen_before = gc.get_freeze_count()
+gc.collect()
+due = refreezer.freeze_if_due()
+newly_frozen = gc.get_freeze_count() - frozen_before
+again = refreezer.freeze_if_due()
+walked = len(gc.get_objects(generation=2))  # what the next full collection walks
+refreezer.uninstall()
+print(due, newly_frozen, again, walked, refreezer.full_collections, refreezer.freezes)
+"""
+
+
+def refreeze(slow_ms: float) -> list[str]:
+    return subprocess.run(
+        [sys.executable, "-c", REFREEZE, str(slow_ms)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+
+
+def test_a_slow_full_collection_freezes_what_was_loaded_after_warm_up() -> None:
+    due, newly_frozen, again, walked, collections, freezes = refreeze(0.0)  # any is "slow"
+    assert due == "True" and int(newly_frozen) >= 200_000 and again == "False"
+    assert int(walked) < 1_000 and int(collections) >= 1 and freezes == "1"
+
+
+def test_a_quick_full_collection_leaves_the_heap_to_the_collector() -> None:
+    due, newly_frozen, again, walked, collections, freezes = refreeze(1e9)
+    assert due == "False" and newly_frozen == "0" and again == "False"
+    assert int(walked) >= 200_000 and int(collections) >= 1 and freezes == "0"

@@ -19,6 +19,7 @@ from mnemo_server.config import Config
 from mnemo_server.errors import FailedPrecondition
 from mnemo_server.launcher import wait_for_stop, watch_parent
 from mnemo_server.process_memory import (
+    HeapRefreezer,
     fix_malloc_thresholds,
     freeze_warm_heap,
     limit_malloc_arenas,
@@ -60,18 +61,25 @@ def run_until_signalled(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     port = server.start()
+    refreezer: HeapRefreezer | None = None
     if server.config.server.gc_freeze_after_warm_up:
         freeze_warm_heap()
+        if server.config.server.gc_refreeze_after_ms > 0:
+            refreezer = HeapRefreezer(server.config.server.gc_refreeze_after_ms)
+            refreezer.install()
     if parent_pid:
         watch_parent(parent_pid)
     announce_listening("mnemo", server.config.server.host, port, port_file)
     threading.Thread(target=on_store_failure, name="store-failure", daemon=True).start()
     try:
-        wait_for_stop(stop)
+        wait_for_stop(stop, on_wake=refreezer.freeze_if_due if refreezer else None)
     finally:
         if failed.is_set():
             abandon(server)
         server.stop()
+        if refreezer is not None:
+            refreezer.uninstall()
+            log.info("garbage collector while serving: %s", refreezer.summary())
         thaw_heap()
         click.echo("mnemo stopped", err=True)
 

@@ -110,7 +110,11 @@ class HeapRefreezer:
     `slow_ms` or more marks the heap due; `freeze_if_due` (the main thread's wake-up, every
     0.5 s) then freezes it. Each freeze can keep, once, the reference cycles alive at that
     moment that later become garbage (see above); freezes come only as the long-lived heap
-    grows by what takes `slow_ms` to walk, so their number is bounded by its growth."""
+    grows by what takes `slow_ms` to walk, so their number is bounded by its growth. In the
+    100k bench (every memory loaded after start-up) there were five in ~20 minutes, after
+    collections of 22-26 ms; the frozen heap stayed at ~260k objects, as frozen objects
+    still die by their reference counts. The collections of 126-182 ms above were measured
+    before the row cache was packed."""
 
     def __init__(self, slow_ms: float):
         self.slow_s = slow_ms / 1000.0

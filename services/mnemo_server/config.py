@@ -96,8 +96,8 @@ class StorageConfig:
     # Creates that queue while another is being written are written together, up to this
     # many memories in one transaction (store/group_commit.py); 0: each on its own.
     group_commit_max_memories: int = 500
-    # The same for StartSession's records (a session and its candidates), up to this many
-    # sessions in one transaction; 0: each on its own.
+    # The same for StartSession's records (a session and its candidates) and for EndSession's
+    # writes, up to this many sessions in one transaction; 0: each on its own.
     group_commit_max_sessions: int = 8
 
 

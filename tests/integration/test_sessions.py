@@ -419,6 +419,89 @@ def test_concurrent_end_sessions_end_it_once(server: LiveServer, tenant_a: Tenan
     assert got.session.state == pb.SESSION_STATE_ENDED
 
 
+def test_end_sessions_that_queue_for_the_lock_are_written_together_each_with_its_own_answer(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    """EndSessions that queue while the sessions' write lock is held go into one
+    transaction (group commit), each with its own continuity and pairs. When one of a group
+    fails (its session already ended), the group is written again one by one: only that
+    call fails, the others are written once."""
+    live = start_server(ranking={"delivery_interval_s": 3600, "delivery_gather_s": 3600})
+    t, core = tenant(live), live.server.core
+    seed(t)
+
+    def end(sid: str) -> pb.EndSessionResponse:
+        resp: pb.EndSessionResponse = t.memory().EndSession(
+            pb.EndSessionRequest(session_id=sid, transcript="the staging database", request_id=f"end-{sid}"),
+            metadata=t.md,
+            timeout=30,
+        )
+        return resp
+
+    def ended_while_the_lock_is_held(
+        sids: list[str], call: Callable[[str], object] = end
+    ) -> tuple[list[object], int]:
+        """Each call's answer, and the sessions' transactions they took."""
+        before = core.db.write_lock_stats[WriteDomain.SESSIONS].transactions
+        queue = core.sessions.end_writes
+        with futures.ThreadPoolExecutor(len(sids)) as pool:
+            with core.db.transaction(WriteDomain.SESSIONS):
+                # The first call leads: it takes itself from the queue and waits for the lock.
+                calls = [pool.submit(call, sids[0])]
+                wait_until(lambda: queue.writing == 1)
+                # The others queue behind it, for the next group.
+                calls += [pool.submit(call, sid) for sid in sids[1:]]
+                wait_until(lambda: queue.waiting == len(sids) - 1)
+            answers: list[object] = []
+            for c in calls:
+                try:
+                    answers.append(c.result())
+                except grpc.RpcError as err:
+                    answers.append(err)
+        # Less the test's own transaction.
+        return answers, core.db.write_lock_stats[WriteDomain.SESSIONS].transactions - before - 1
+
+    def wait_until(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 20
+        while not done():
+            assert time.monotonic() < deadline, "the EndSessions did not queue"
+            time.sleep(0.01)
+
+    sids = [f"together-{i}" for i in range(5)]
+    for sid in sids:
+        start(t, sid, "staging database")
+    answers, transactions = ended_while_the_lock_is_held(sids)
+    assert codes(answers) == ["OK"] * 5, answers
+    assert transactions == 2  # the leader's, then the four that queued behind it
+    assert all(isinstance(a, pb.EndSessionResponse) and a.training_pairs > 0 for a in answers)
+    assert [end(sid) for sid in sids] == answers  # each request_id recorded with its own answer
+    assert core.delivery.pending() == 5  # one outbox row each
+
+    again = [f"again-{i}" for i in range(4)]
+    for sid in again:
+        start(t, sid, "staging database")
+    end(again[2])
+
+    def end_or_rival(sid: str) -> object:
+        if sid != "rival":
+            return end(sid)
+        # Another request for the session ended above: SESSION_ENDED, which fails the group.
+        return t.memory().EndSession(
+            pb.EndSessionRequest(session_id=again[2], request_id="rival"), metadata=t.md, timeout=30
+        )
+
+    answers, transactions = ended_while_the_lock_is_held(
+        [again[0], "rival", again[1], again[3]], end_or_rival
+    )
+    assert codes(answers) == ["FAILED_PRECONDITION", "OK", "OK", "OK"], answers
+    assert transactions == 1 + 1 + 3  # the leader's, the group's (rolled back), then each alone
+    assert isinstance(answers[1], grpc.RpcError) and error_info(answers[1])[0] == "SESSION_ENDED"
+    for sid in (again[0], again[1], again[3]):
+        got = t.memory().GetSession(pb.GetSessionRequest(session_id=sid), metadata=t.md, timeout=5)
+        assert got.session.state == pb.SESSION_STATE_ENDED
+    assert core.delivery.pending() == 5 + 4  # the first round's and this round's, once each
+
+
 def test_one_request_id_for_a_create_and_an_end_at_once_gets_one_effect(
     server: LiveServer, tenant_a: TenantClient
 ) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mnemo_server.errors import FailedPrecondition
+from mnemo_server.errors import Cancelled, DeadlineExceeded, FailedPrecondition
 from mnemo_sidecar.config import SidecarConfig
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
 from mnemo_sidecar.deadlines import Deadline
@@ -263,7 +263,10 @@ class RankingEngine:
 
     # --- feedback ----------------------------------------------------------------------
 
-    def submit(self, tenant: str, session: FeedbackSession) -> SubmitResult:
+    def submit(self, tenant: str, session: FeedbackSession, deadline: Deadline | None = None) -> SubmitResult:
+        """Store a session's feedback (idempotent by its id) and judge the current model on
+        it. `deadline` bounds the judgement made in shadow (a model's scores for a session it
+        did not serve): past it the session is stored unjudged, never dropped."""
         if not session.candidates:
             # Nothing to learn from or judge by (a session whose pool was empty): neither
             # stored nor counted towards health and the training trigger.
@@ -280,7 +283,7 @@ class RankingEngine:
             predictor_ndcg = ndcg_at([c.candidate.id for c in served], relevance)
         elif baseline_ndcg is not None:
             # Not served by the model (cold start or fallback): judge the current model in shadow.
-            shadow = self._shadow(tenant, session)
+            shadow = self._shadow(tenant, session, deadline or Deadline.none())
             if shadow is not None:
                 scores = dict(
                     zip((c.candidate.id for c in session.candidates), map(float, shadow[0]), strict=True)
@@ -301,18 +304,22 @@ class RankingEngine:
         )
         return SubmitResult(not added, self.store.counts(tenant)[1], snapshot, started)
 
-    def _shadow(self, tenant: str, session: FeedbackSession) -> tuple[Scores, str] | None:
-        """The current model's scores for a submitted session, None without a model or when
-        it fails: the judgement is lost, the feedback must not be (it is what trains the
-        model that replaces a failing one). A failure is counted and logged."""
+    def _shadow(self, tenant: str, session: FeedbackSession, deadline: Deadline) -> tuple[Scores, str] | None:
+        """The current model's scores for a submitted session, None without a model, when
+        the deadline passes first or when it fails: the judgement is lost, the feedback must
+        not be (it is what trains the model that replaces a failing one). A failure is
+        counted and logged; a deadline is not the model's fault."""
         try:
             return self.predict(
                 tenant,
                 session.query,
                 session.feature_names,
                 [c.candidate for c in session.candidates],
-                Deadline.none(),
+                deadline,
             )
+        except (DeadlineExceeded, Cancelled) as exc:
+            log.debug("session of tenant %r stored unjudged: %s", tenant, exc)
+            return None
         except Exception as exc:  # any model fault; the session is stored all the same
             with self._shadow_lock:
                 self.shadow_failures[tenant] += 1

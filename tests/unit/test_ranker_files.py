@@ -166,3 +166,21 @@ def test_a_train_after_a_refused_ranker_promotes_against_the_baseline(tmp_path: 
         and served.version == out.candidate_version
         and not fresh.registry.broken("t", RANKER)
     )
+
+
+def test_a_shadow_judgement_past_the_deadline_stores_the_session_unjudged(tmp_path: Path) -> None:
+    """SubmitTrainingPairs judges the current model on feedback it did not serve within the
+    caller's deadline: past it the session is stored all the same, without a judgement,
+    and the model is not counted as failing."""
+    engine = ranker_engine(tmp_path, n_estimators=20)
+    promoted_ranker(engine.registry)
+    rng = random.Random(12)
+    late = engine.submit("t", synthetic_session(0, rng), Deadline(0.0))
+    assert not late.duplicate and engine.store.counts("t")[0] == 1
+    assert engine.store.recent_wins("t", 10) == [] and engine.shadow_failures["t"] == 0
+    served = engine.ranker("t")
+    assert served is not None and served.model.failures == 0
+    # With time to judge it, the next one is judged against the baseline.
+    engine.submit("t", synthetic_session(1, rng), Deadline(30.0))
+    [(_, predictor_ndcg, baseline_ndcg)] = engine.store.recent_wins("t", 10)
+    assert predictor_ndcg is not None and baseline_ndcg is not None

@@ -85,7 +85,7 @@ class RankingServicer(rpb_grpc.RankingServiceServicer):
         inf = self.cfg.inference
         session = convert.feedback_session(request.session, inf.max_candidates * 4, inf.max_text_chars)
         with self.stats.track("SubmitTrainingPairs"):
-            result = self.engine.submit(tenant, session)
+            result = self.engine.submit(tenant, session, self._deadline(context))
         return rpb.SubmitTrainingPairsResponse(
             duplicate=result.duplicate,
             stored_pairs=result.stored_pairs,

@@ -90,6 +90,8 @@ class RankingServiceServicer:
     def SubmitTrainingPairs(self, request, context):
         """Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
         session with no candidates changes nothing: there is nothing to learn from or judge by.
+        A session the model did not order is judged by the model in shadow (its health) within
+        the call's deadline; past it the session is stored unjudged, never dropped.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

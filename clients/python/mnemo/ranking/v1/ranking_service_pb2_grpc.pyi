@@ -46,6 +46,8 @@ class RankingServiceStub:
     SubmitTrainingPairs: _grpc.UnaryUnaryMultiCallable[_ranking_service_pb2.SubmitTrainingPairsRequest, _ranking_service_pb2.SubmitTrainingPairsResponse]
     """Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
     session with no candidates changes nothing: there is nothing to learn from or judge by.
+    A session the model did not order is judged by the model in shadow (its health) within
+    the call's deadline; past it the session is stored unjudged, never dropped.
     """
     Train: _grpc.UnaryStreamMultiCallable[_ranking_service_pb2.TrainRequest, _ranking_service_pb2.TrainResponse]
     """Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
@@ -74,6 +76,8 @@ class RankingServiceAsyncStub(RankingServiceStub):
     SubmitTrainingPairs: _aio.UnaryUnaryMultiCallable[_ranking_service_pb2.SubmitTrainingPairsRequest, _ranking_service_pb2.SubmitTrainingPairsResponse]  # type: ignore[assignment]
     """Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
     session with no candidates changes nothing: there is nothing to learn from or judge by.
+    A session the model did not order is judged by the model in shadow (its health) within
+    the call's deadline; past it the session is stored unjudged, never dropped.
     """
     Train: _aio.UnaryStreamMultiCallable[_ranking_service_pb2.TrainRequest, _ranking_service_pb2.TrainResponse]  # type: ignore[assignment]
     """Trains (or fine-tunes) the models on the accumulated pairs, streaming progress, and
@@ -117,6 +121,8 @@ class RankingServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ranking_service_pb2.SubmitTrainingPairsResponse, _abc.Awaitable[_ranking_service_pb2.SubmitTrainingPairsResponse]]:
         """Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
         session with no candidates changes nothing: there is nothing to learn from or judge by.
+        A session the model did not order is judged by the model in shadow (its health) within
+        the call's deadline; past it the session is stored unjudged, never dropped.
         """
 
     @_abc_1.abstractmethod

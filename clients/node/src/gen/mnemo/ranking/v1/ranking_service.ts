@@ -3195,6 +3195,8 @@ export const RankingServiceService = {
   /**
    * Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
    * session with no candidates changes nothing: there is nothing to learn from or judge by.
+   * A session the model did not order is judged by the model in shadow (its health) within
+   * the call's deadline; past it the session is stored unjudged, never dropped.
    */
   submitTrainingPairs: {
     path: "/mnemo.ranking.v1.RankingService/SubmitTrainingPairs" as const,
@@ -3247,6 +3249,8 @@ export interface RankingServiceServer extends UntypedServiceImplementation {
   /**
    * Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
    * session with no candidates changes nothing: there is nothing to learn from or judge by.
+   * A session the model did not order is judged by the model in shadow (its health) within
+   * the call's deadline; past it the session is stored unjudged, never dropped.
    */
   submitTrainingPairs: handleUnaryCall<SubmitTrainingPairsRequest, SubmitTrainingPairsResponse>;
   /**
@@ -3299,6 +3303,8 @@ export interface RankingServiceClient extends Client {
   /**
    * Feedback of one finished session. Idempotent by (tenant_id, session.session_id). A
    * session with no candidates changes nothing: there is nothing to learn from or judge by.
+   * A session the model did not order is judged by the model in shadow (its health) within
+   * the call's deadline; past it the session is stored unjudged, never dropped.
    */
   submitTrainingPairs(
     request: SubmitTrainingPairsRequest,

@@ -3,6 +3,7 @@ and server reflection. SERVING only once everything is open; NOT_SERVING before 
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import ssl
@@ -52,6 +53,33 @@ def announce_listening(name: str, host: str, port: int, port_file: Path | None) 
         tmp.write_text(str(port))
         tmp.replace(port_file)
     print(f"{name} listening on {listen_address(host, port)}", file=sys.stderr, flush=True)
+
+
+def why_not_bound(host: str, port: int) -> str:
+    """Why the address cannot be listened on, asked of the OS: grpc says only that it
+    failed, and a port in use, a port below 1024 without the privilege and a host that is
+    not this machine's all read "the port is in use" before. A plain socket binds the same
+    way (SO_REUSEADDR, as grpc sets it); if it can, the reason is grpc's own."""
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        return f"server.host {host!r} does not resolve ({exc.strerror})"
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "the port is in use"
+            if exc.errno == errno.EACCES:
+                return f"permission denied (port {port} needs privileges, or a policy forbids it)"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"server.host {host!r} is not an address of this machine"
+            return f"{exc.strerror} ({errno.errorcode.get(exc.errno or 0, exc.errno)})"
+    return "grpc could not bind it (the operating system could)"
 
 
 def tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
@@ -161,8 +189,7 @@ class GrpcServer:
             self.port = 0
         if self.port == 0:
             raise FailedPrecondition(
-                f"cannot listen on {address}: the port is in use, or server.host is not an address of"
-                " this machine",
+                f"cannot listen on {address}: {why_not_bound(self.cfg.host, self.cfg.port)}",
                 reason="BIND_FAILED",
             )
         self.server.start()

@@ -164,6 +164,13 @@ class Launcher:
         return code
 
     def stop(self) -> None:
+        self.stop_processes()
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def stop_processes(self) -> None:
+        """An orderly stop (SIGTERM, then SIGKILL after 30 s) of every launched process,
+        leaving their directory: their logs end with what they say as they stop."""
         for proc in reversed(self.processes):
             if proc.popen.poll() is None:
                 proc.popen.send_signal(signal.SIGTERM)
@@ -175,8 +182,6 @@ class Launcher:
         for proc in self.processes:
             (self.root / f"{proc.name}.port").unlink(missing_ok=True)
         self.processes.clear()
-        if not self.keep:
-            shutil.rmtree(self.root, ignore_errors=True)
 
 
 @contextmanager

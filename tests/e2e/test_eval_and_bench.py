@@ -282,6 +282,8 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
     logs = [Path(p) for p in result["logs"]]
     assert {p.name for p in logs} == {"server.log", "sidecar.log"}, logs
     assert all(p.parent == tmp_path / "bench.logs" and p.stat().st_size > 0 for p in logs)
+    # Copied once the server had stopped in order: its last lines are in the copy.
+    assert "garbage collector while serving:" in (tmp_path / "bench.logs" / "server.log").read_text()
     assert "sidecar_killed" in out.stdout and "memories write lock: busy" in out.stdout  # the tables
     assert "ms per operation" in out.stdout
 

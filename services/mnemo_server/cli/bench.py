@@ -112,13 +112,16 @@ def print_tables(result: dict[str, Any]) -> None:
 def keep_logs(launcher: Launcher, json_out: Path) -> list[str]:
     """Copies of the launched processes' logs beside the JSON (`<name>.logs/`): what explains
     a figure (a stall, an error's incident id) is only there, and the launcher's directory
-    goes when the bench ends."""
+    goes when the bench ends. The processes are stopped first, so that the logs end with
+    what they say as they stop (the server's garbage-collector summary, say)."""
+    logs = [proc.log for proc in launcher.processes]
+    launcher.stop_processes()
     dest = json_out.with_name(json_out.stem + ".logs")
     dest.mkdir(parents=True, exist_ok=True)
     kept = []
-    for proc in launcher.processes:
-        shutil.copyfile(proc.log, dest / proc.log.name)
-        kept.append(str(dest / proc.log.name))
+    for log in logs:
+        shutil.copyfile(log, dest / log.name)
+        kept.append(str(dest / log.name))
     return kept
 
 

@@ -419,10 +419,13 @@ def test_a_session_holding_superseded_index_files_is_renewed_warm_and_searches_a
 
     # Now any cache at all crosses the bound (the table maintenance's): factor ~0, no allowance.
     index._maintenance.cfg = dataclasses.replace(index.cfg, cache_renew_factor=1e-9, cache_renew_slack_mb=0)
+    h.session_measure_s = 3600.0  # as if measuring the old session had taken an hour
     done = index.optimize(TENANT)
 
     assert "session_mb_before_after" in done
     assert h.session is not old_session
+    # The warm session's measure, and what it took, set when the next measure comes.
+    assert h.session_measure_s < 3600.0
     # What a status read reports is the renewed session's measure, not the old one's.
     assert index.cache_use(TENANT).index_session_bytes == h.warm_session_bytes > 0
     # The renewed session is not renewed again until it outgrows what it held when new,

@@ -222,11 +222,16 @@ class TableMaintenance:
             read_whole_ann_index(fresh, self.dimension)
         if h.has_text_index:
             fresh.to_table(columns=["id", "_score"], full_text_query="warm", limit=1)
+        # Measured directly, not through session_bytes' share limit: once per renewal, and a
+        # fresh session is small; its cost then sets the next measure's wait, not the old
+        # session's (larger) one.
+        measure_started = time.monotonic()
         warm = session.size_bytes()
+        took = time.monotonic() - measure_started
         with h.lock:
             if h.session is session:
                 h.warm_session_bytes = warm
-                record_session_bytes(h, warm)
+                record_session_bytes(h, warm, took)
         return held >> 20, warm >> 20
 
     def _optimize_beside_writes(self, h: TableHandle, before: PendingRows | None) -> None:

@@ -100,14 +100,14 @@ def session_bytes(h: TableHandle, max_share: float) -> int:
     if at is not None and max_share > 0 and (now - at) * max_share < h.session_measure_s:
         return h.session_bytes
     held = int(h.session.size_bytes())
-    record_session_bytes(h, held)
-    h.session_measure_s = time.monotonic() - now
+    record_session_bytes(h, held, time.monotonic() - now)
     return held
 
 
-def record_session_bytes(h: TableHandle, held: int) -> None:
-    """A measure taken now (session_bytes, or a renewal's of its warm session)."""
-    h.session_bytes, h.session_measured_at = held, time.monotonic()
+def record_session_bytes(h: TableHandle, held: int, took_s: float) -> None:
+    """A measure taken now (session_bytes, or a renewal's of its warm session) and what it
+    took, which sets how long the next one waits."""
+    h.session_bytes, h.session_measured_at, h.session_measure_s = held, time.monotonic(), took_s
 
 
 def new_session(cfg: IndexConfig) -> Any:

@@ -1060,10 +1060,13 @@ def test_timeouts_of_budgets_the_caller_cut_short_leave_a_healthy_sidecars_circu
     finally:
         gc.enable()
     _wait_for_breaker(live, "closed", lambda: servicer.health_checks, 2)
-    assert servicer.calls == 8
+    # The four sessions' calls all went out; a 3 ms rerank may have expired before the
+    # sidecar's handler ran.
+    reached = servicer.calls
+    assert 4 <= reached <= 8
     reasons = [start(t, f"own{i}", "release rollback").ranking.fallback_reason for i in range(4)]
     assert reasons == ["deadline"] * 3 + ["circuit_open"]
-    assert servicer.calls == 11
+    assert servicer.calls == reached + 3  # the open circuit sent the fourth nothing
 
 
 def test_a_stalled_sidecar_opens_the_circuit_even_when_callers_cut_budgets_short(
@@ -1079,8 +1082,10 @@ def test_a_stalled_sidecar_opens_the_circuit_even_when_callers_cut_budgets_short
     assert [_rerank_in_3_ms(t).rerank_fallback_reason for _ in range(2)] == ["deadline"] * 2
     _wait_for_breaker(live, "open", lambda: servicer.health_checks, 1)
     assert servicer.health_checks == 1  # the second timeout found the first's check running
+    # A 3 ms call may expire before the stalled sidecar's handler runs (CI, loaded: 1 of 2).
+    reached = servicer.calls
     assert _rerank_in_3_ms(t).rerank_fallback_reason == "circuit_open"
-    assert servicer.calls == 2
+    assert servicer.calls == reached  # the open circuit sends nothing
 
 
 def test_the_sidecar_gets_what_the_deadline_leaves_after_the_work_that_follows_it(

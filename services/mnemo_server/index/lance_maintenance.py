@@ -16,6 +16,7 @@ from mnemo_server.config import IndexConfig
 from mnemo_server.index.lance_table import (
     TableHandle,
     index_names,
+    measure_session,
     new_session,
     read_whole_ann_index,
     record_session_bytes,
@@ -225,9 +226,7 @@ class TableMaintenance:
         # Measured directly, not through session_bytes' share limit: once per renewal, and a
         # fresh session is small; its cost then sets the next measure's wait, not the old
         # session's (larger) one.
-        measure_started = time.monotonic()
-        warm = session.size_bytes()
-        took = time.monotonic() - measure_started
+        warm, took = measure_session(session)
         with h.lock:
             if h.session is session:
                 h.warm_session_bytes = warm

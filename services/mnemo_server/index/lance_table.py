@@ -99,9 +99,16 @@ def session_bytes(h: TableHandle, max_share: float) -> int:
     at = h.session_measured_at
     if at is not None and max_share > 0 and (now - at) * max_share < h.session_measure_s:
         return h.session_bytes
-    held = int(h.session.size_bytes())
-    record_session_bytes(h, held, time.monotonic() - now)
+    held, took_s = measure_session(h.session)
+    record_session_bytes(h, held, took_s)
     return held
+
+
+def measure_session(session: Any) -> tuple[int, float]:
+    """What a Lance session holds, and how long Session.size_bytes took to say so."""
+    started = time.monotonic()
+    held = int(session.size_bytes())
+    return held, time.monotonic() - started
 
 
 def record_session_bytes(h: TableHandle, held: int, took_s: float) -> None:

@@ -4,6 +4,8 @@ of another machine and a host that does not resolve all said "the port is in use
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 from collections.abc import Iterator
 from dataclasses import replace
@@ -11,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from mnemo_server.api.interceptor import ApiInterceptor
-from mnemo_server.api.server import GrpcServer
+from mnemo_server.api.server import GrpcServer, bind_failure_reason
 from mnemo_server.config import ServerConfig
 from mnemo_server.errors import FailedPrecondition, Unauthenticated
 from mnemo_server.tenancy.tenants import Principal
@@ -67,3 +69,38 @@ def test_the_same_port_on_another_loopback_family_is_free(taken_port: int) -> No
         assert server.start() == taken_port
     finally:
         server.stop(0)
+
+
+def _bind_error(address: tuple[str, int]) -> OSError:
+    with socket.socket() as probe:
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc
+    raise AssertionError(f"{address} was free")
+
+
+def test_a_port_in_use_is_named_before_an_address_this_machine_lacks(taken_port: int) -> None:
+    """grpc fails a name only when all its addresses fail: `localhost` in a container
+    without IPv6 fails on ::1 whatever else happens, so that failure must not hide a port
+    in use on 127.0.0.1 (it was named first, as the resolver lists ::1 first)."""
+    in_use = _bind_error(("127.0.0.1", taken_port))
+    not_here = _bind_error(("192.0.2.1", taken_port))
+    no_ipv6 = OSError(errno.EAFNOSUPPORT, os.strerror(errno.EAFNOSUPPORT))
+    assert (in_use.errno, not_here.errno) == (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+    for failures in ([not_here, in_use], [no_ipv6, in_use], [in_use, not_here]):
+        assert bind_failure_reason("localhost", taken_port, failures, 2) == "the port is in use"
+    assert bind_failure_reason("localhost", 80, [no_ipv6, not_here], 2) == (
+        "server.host 'localhost' is not an address of this machine"
+    )
+    assert bind_failure_reason("localhost", 80, [no_ipv6], 1) == (
+        f"{os.strerror(errno.EAFNOSUPPORT)} (EAFNOSUPPORT)"
+    )
+
+
+def test_an_address_that_binds_leaves_the_failure_to_grpc(taken_port: int) -> None:
+    """One address of two binding means grpc's failure is not one the OS shows."""
+    in_use = _bind_error(("127.0.0.1", taken_port))
+    assert bind_failure_reason("localhost", taken_port, [in_use], 2) == (
+        "grpc could not bind it (the operating system could)"
+    )

@@ -58,28 +58,54 @@ def announce_listening(name: str, host: str, port: int, port_file: Path | None) 
 def why_not_bound(host: str, port: int) -> str:
     """Why the address cannot be listened on, asked of the OS: grpc says only that it
     failed, and a port in use, a port below 1024 without the privilege and a host that is
-    not this machine's all read "the port is in use" before. A plain socket binds the same
-    way (SO_REUSEADDR, as grpc sets it); if it can, the reason is grpc's own."""
+    not this machine's all read "the port is in use" before. A plain socket binds each
+    address the host resolves to the same way (SO_REUSEADDR, as grpc sets it)."""
     try:
         infos = socket.getaddrinfo(
             host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
     except socket.gaierror as exc:
         return f"server.host {host!r} does not resolve ({exc.strerror})"
+    failures: list[OSError] = []
     for family, kind, proto, _, address in infos:
         try:
             with socket.socket(family, kind, proto) as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(address)
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return "the port is in use"
-            if exc.errno == errno.EACCES:
-                return f"permission denied (port {port} needs privileges, or a policy forbids it)"
-            if exc.errno == errno.EADDRNOTAVAIL:
-                return f"server.host {host!r} is not an address of this machine"
-            return f"{exc.strerror} ({errno.errorcode.get(exc.errno or 0, exc.errno)})"
-    return "grpc could not bind it (the operating system could)"
+            failures.append(exc)
+    return bind_failure_reason(host, port, failures, len(infos))
+
+
+# Most telling first; errors not named rank between the two groups. grpc fails a name only
+# when every address it resolves to fails (`localhost` is ::1 and 127.0.0.1): in a container
+# without IPv6, ::1 always fails, and naming that failure hid the one that mattered, a port
+# in use on 127.0.0.1.
+_TELLING = (errno.EADDRINUSE, errno.EACCES)
+_LEAST_TELLING = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+
+
+def bind_failure_reason(host: str, port: int, failures: list[OSError], addresses: int) -> str:
+    """The reason to report for `failures`, the binds that failed of the `addresses` the
+    host resolves to: a port in use or a privilege before an address this machine lacks."""
+    if len(failures) < addresses or not failures:
+        return "grpc could not bind it (the operating system could)"
+
+    def rank(exc: OSError) -> int:
+        if exc.errno in _TELLING:
+            return _TELLING.index(exc.errno)
+        if exc.errno in _LEAST_TELLING:
+            return len(_TELLING) + 1 + _LEAST_TELLING.index(exc.errno)
+        return len(_TELLING)
+
+    exc = min(failures, key=rank)  # the first of equals: the resolver's order
+    if exc.errno == errno.EADDRINUSE:
+        return "the port is in use"
+    if exc.errno == errno.EACCES:
+        return f"permission denied (port {port} needs privileges, or a policy forbids it)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"server.host {host!r} is not an address of this machine"
+    return f"{exc.strerror} ({errno.errorcode.get(exc.errno or 0, exc.errno)})"
 
 
 def tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:

@@ -104,3 +104,23 @@ def test_an_address_that_binds_leaves_the_failure_to_grpc(taken_port: int) -> No
     assert bind_failure_reason("localhost", taken_port, [in_use], 2) == (
         "grpc could not bind it (the operating system could)"
     )
+
+
+def test_a_name_one_of_whose_addresses_has_the_port_taken_is_refused(taken_port: int) -> None:
+    """grpc binds a name when any of its addresses binds: `localhost` with 127.0.0.1's port
+    taken served on ::1 alone, and a client of 127.0.0.1 reached the other process."""
+    assert _start("localhost", taken_port) == (
+        f"cannot listen on localhost:{taken_port}: the port is in use on 127.0.0.1, one of the "
+        "addresses 'localhost' stands for (a client of that address would reach the other process)"
+    )
+
+
+def test_a_name_whose_addresses_are_free_is_served() -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    server = GrpcServer(replace(ServerConfig(), host="localhost", port=port), ApiInterceptor(_refuse))
+    try:
+        assert server.start() == port
+    finally:
+        server.stop(0)

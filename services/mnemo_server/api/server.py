@@ -77,6 +77,38 @@ def why_not_bound(host: str, port: int) -> str:
     return bind_failure_reason(host, port, failures, len(infos))
 
 
+def taken_address(host: str, port: int) -> str | None:
+    """For a host name (not an address) and a fixed port: an address the name stands for
+    whose port another socket holds, or None. grpc binds a name if any of its addresses
+    binds, and it takes `localhost` as ::1 and 127.0.0.1 whatever the hosts file says
+    (checked here: with 127.0.0.1's port taken, `localhost` served on ::1 alone), so the
+    server would start and a client of 127.0.0.1 would reach the other process."""
+    name = host.strip("[]")
+    if not port or not name:
+        return None
+    try:
+        ipaddress.ip_address(name)
+        return None  # an address: grpc binds it alone, and reports its failure
+    except ValueError:
+        pass
+    try:
+        addresses = [str(info[4][0]) for info in socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)]
+    except socket.gaierror:
+        return None  # grpc fails it too, and why_not_bound says why
+    if name == "localhost":
+        addresses += ["::1", "127.0.0.1"]
+    for address in dict.fromkeys(addresses):
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((address, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return address
+    return None
+
+
 # Most telling first; errors not named rank between the two groups. grpc fails a name only
 # when every address it resolves to fails (`localhost` is ::1 and 127.0.0.1): in a container
 # without IPv6, ::1 always fails, and naming that failure hid the one that mattered, a port
@@ -206,6 +238,12 @@ class GrpcServer:
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
         address = listen_address(self.cfg.host, self.cfg.port)
+        if taken := taken_address(self.cfg.host, self.cfg.port):
+            raise FailedPrecondition(
+                f"cannot listen on {address}: the port is in use on {taken}, one of the addresses "
+                f"{self.cfg.host!r} stands for (a client of that address would reach the other process)",
+                reason="BIND_FAILED",
+            )
         try:
             if self.credentials is not None:
                 self.port = self.server.add_secure_port(address, self.credentials)

@@ -66,15 +66,19 @@ def why_not_bound(host: str, port: int) -> str:
         )
     except socket.gaierror as exc:
         return f"server.host {host!r} does not resolve ({exc.strerror})"
-    failures: list[OSError] = []
-    for family, kind, proto, _, address in infos:
-        try:
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind(address)
-        except OSError as exc:
-            failures.append(exc)
+    failures = [e for family, _, _, _, address in infos if (e := bind_error(family, address))]
     return bind_failure_reason(host, port, failures, len(infos))
+
+
+def bind_error(family: socket.AddressFamily, address: tuple[Any, ...]) -> OSError | None:
+    """What binding a TCP socket to `address` the way grpc does (SO_REUSEADDR) raises."""
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        return exc
+    return None
 
 
 def taken_address(host: str, port: int) -> str | None:
@@ -92,20 +96,16 @@ def taken_address(host: str, port: int) -> str | None:
     except ValueError:
         pass
     try:
-        addresses = [str(info[4][0]) for info in socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)]
+        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     except socket.gaierror:
         return None  # grpc fails it too, and why_not_bound says why
+    addresses = [(family, address) for family, _, _, _, address in infos]
     if name == "localhost":
-        addresses += ["::1", "127.0.0.1"]
-    for address in dict.fromkeys(addresses):
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind((address, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return address
+        addresses += [(socket.AF_INET6, ("::1", port)), (socket.AF_INET, ("127.0.0.1", port))]
+    for family, address in addresses:
+        exc = bind_error(family, address)
+        if exc is not None and exc.errno == errno.EADDRINUSE:
+            return str(address[0])
     return None
 
 

@@ -97,7 +97,46 @@ def content_words(text: str) -> set[str]:
 
 def content_terms(text: str) -> frozenset[str]:
     """Content words of 3+ letters cut to 5 (a crude stem: "painting" and "painted" meet)."""
-    return frozenset(w[:5] for w in content_words(text) if len(w) > 2)
+    return frozenset(t[:_STEM] for t in _TOKEN.findall(text.lower()) if _is_term(t))
+
+
+_STEM = 5
+# Measured: at 100 terms a scan and the intersection cost the same (~8.5 us a 165-character
+# text), at 200 the scan twice as much.
+_MAX_SCANNED_TERMS = 64
+
+
+def _is_term(token: str) -> bool:
+    return len(token) > 2 and token not in STOP_WORDS
+
+
+class TermMatcher:
+    """Which of a query's content terms a text holds: `terms & content_terms(text)`, found by
+    one regex scan for words that start with a term instead of a set of every word of the
+    text. Why: the ranker features compare the query with ~140 texts a StartSession (the pool
+    and its neighbours): a scan took 3-5 us a text for up to 50 terms, the intersection ~8.
+    The scan tries each term at each word, so past _MAX_SCANNED_TERMS (a long opening
+    context) the intersection is the faster and is used."""
+
+    def __init__(self, terms: frozenset[str]):
+        self.terms = terms
+        self._starts: re.Pattern[str] | None = None
+        if 0 < len(terms) <= _MAX_SCANNED_TERMS:
+            # A match is a whole word (it starts where a word starts and runs to its end,
+            # whichever term matched), as _TOKEN splits the text.
+            alternatives = "|".join(map(re.escape, sorted(terms)))
+            self._starts = re.compile(rf"(?<![a-z0-9])(?:{alternatives})[a-z0-9]*")
+
+    def found(self, text: str) -> frozenset[str]:
+        if not self.terms:
+            return frozenset()
+        if self._starts is None:
+            return self.terms & content_terms(text)
+        return frozenset(
+            stem
+            for t in self._starts.findall(text.lower())
+            if _is_term(t) and (stem := t[:_STEM]) in self.terms
+        )
 
 
 def has_time_expression(content: str) -> bool:

@@ -214,11 +214,13 @@ class RecallPipeline:
         pool: dict[str, _Candidate] = {}
         best_text = max((h.score for h in txt_hits), default=0.0) or 1.0
         for rank, h in enumerate(vec_hits, start=1):
-            s = pool.setdefault(h.id, _Candidate(HitScores(), h.attrs)).scores
-            s.vector_score, s.vector_rank = h.score, rank
+            pool[h.id] = _Candidate(HitScores(vector_score=h.score, vector_rank=rank), h.attrs)
         for rank, h in enumerate(txt_hits, start=1):
-            s = pool.setdefault(h.id, _Candidate(HitScores(), h.attrs)).scores
-            s.text_score, s.text_rank = h.score, rank
+            # Not setdefault: it would build a candidate for every text hit the vector leg
+            # also found, and drop it.
+            if (c := pool.get(h.id)) is None:
+                pool[h.id] = c = _Candidate(HitScores(), h.attrs)
+            c.scores.text_score, c.scores.text_rank = h.score, rank
         for c in pool.values():
             s = c.scores
             s.fused_score = (

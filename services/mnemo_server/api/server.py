@@ -101,8 +101,8 @@ def taken_address(host: str, port: int) -> str | None:
         return None  # grpc fails it too, and why_not_bound says why
     addresses = [(family, address) for family, _, _, _, address in infos]
     if name == "localhost":
-        addresses += [(socket.AF_INET6, ("::1", port)), (socket.AF_INET, ("127.0.0.1", port))]
-    for family, address in addresses:
+        addresses += [(socket.AF_INET6, ("::1", port, 0, 0)), (socket.AF_INET, ("127.0.0.1", port))]
+    for family, address in dict.fromkeys(addresses):  # the resolver may list a loopback too
         exc = bind_error(family, address)
         if exc is not None and exc.errno == errno.EADDRINUSE:
             return str(address[0])

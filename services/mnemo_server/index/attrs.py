@@ -42,8 +42,6 @@ class Attrs(NamedTuple):
         )
 
 
-_new = tuple.__new__
-
 ATTR_COLUMNS = ["text", "scope", "session", "event_time_ns", "importance", "seq"]
 ATTR_COLUMNS += ["type", "category", "pinned", "create_time_ns"]
 
@@ -57,6 +55,9 @@ def read_attrs(table: pa.Table) -> list[tuple[str, Attrs]]:
         columns[c] = [sys.intern(x) for x in columns[c]]
     rows = zip(*(columns[c] for c in ATTR_COLUMNS), strict=True)
     return [(i, Attrs(*row)) for i, row in zip(ids, rows, strict=True)]
+
+
+_new = tuple.__new__  # makes an Attrs of a cached entry (AttrsCache.lookup says why)
 
 
 class AttrsCache:

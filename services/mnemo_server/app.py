@@ -34,6 +34,7 @@ from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.index.lance_index import LanceIndex, TableUnreadable
 from mnemo_server.latency_histogram import CallTimes
 from mnemo_server.learning.service import LearningService
+from mnemo_server.lock_wait_probe import LockWaitProbe
 from mnemo_server.memory.service import MemoryService
 from mnemo_server.memory.validation import Validator
 from mnemo_server.ranking.client import RankingClient
@@ -430,6 +431,7 @@ class MnemoServer:
         if config.auth.enabled and not config.auth.admin_key:
             log.warning("auth.admin_key is empty: admin calls (tenants, API keys) are refused")
         call_times = CallTimes()
+        self.lock_wait = LockWaitProbe(config.server.lock_wait_probe_ms)
         # Before the core opens the stores: its TLS settings are checked here.
         self.grpc = GrpcServer(
             config.server,
@@ -458,6 +460,7 @@ class MnemoServer:
                 DataDirSize(config.data_dir, exclude=(self.core.paths.models(config),)),
                 self.core.sessions,
                 call_times,
+                self.lock_wait,
             ),
             "mnemo.v1.MemoryService",
         )
@@ -509,6 +512,7 @@ class MnemoServer:
             # stopped and closed here, as after serving, not left to the interpreter's exit.
             self.stop(0.0)
             raise
+        self.lock_wait.start()
         log.info("mnemo serving on %s (data in %s)", listen_address(cfg.server.host, port), cfg.data_dir)
         return port
 
@@ -517,5 +521,6 @@ class MnemoServer:
             return
         self._stopped.set()
         self.grpc.stop(self.config.server.shutdown_grace_s if grace_s is None else grace_s)
+        self.lock_wait.stop()
         self.scheduler.stop()
         self.core.close()

@@ -52,6 +52,9 @@ class ServerConfig:
     compute_waiters_per_tenant: int = 8
     # A call that takes this long is logged with its stages (call_trace.py); 0: never.
     slow_call_ms: float = 1000.0
+    # How often a thread wakes to measure the wait for Python's interpreter lock, reported in
+    # GetStatus.interpreter_lock_wait (lock_wait_probe.py); 0: not measured.
+    lock_wait_probe_ms: float = 20.0
     # Seconds in-flight calls get to finish on SIGTERM.
     shutdown_grace_s: float = 5.0
     # Cap on glibc malloc arenas for `mnemo serve`: less resident memory after bulk loads,

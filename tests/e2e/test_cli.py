@@ -76,6 +76,7 @@ def test_up_serves_on_loopback_with_reflection_and_memory_commands(
     # Without --json each method's time is a line, not its histogram.
     shown = run(["status"], env).stdout
     assert "/mnemo.v1.MemoryService/CreateMemory: 5 calls, 0 failed, p50 " in shown
+    assert "wait for the interpreter lock since it started (ms): p50 " in shown
     assert "bucket" not in shown
 
     export = tmp_path / "export.jsonl"

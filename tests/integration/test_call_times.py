@@ -4,13 +4,14 @@ failures, a histogram whose windows can be subtracted, and times inside the clie
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 import pytest
 
 from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-from tests.conftest import TenantClient
+from tests.conftest import LiveServer, TenantClient, provision
 
 CREATE = "/mnemo.v1.MemoryService/CreateMemory"
 GET = "/mnemo.v1.MemoryService/GetMemory"
@@ -78,3 +79,24 @@ def test_two_answers_subtract_to_a_window(tenant_a: TenantClient) -> None:
     window = [b - a for a, b in zip(first.bucket_counts, second.bucket_counts, strict=True)]
     assert min(window) >= 0 and sum(window) == 4
     assert second.calls - first.calls == 4
+
+
+def test_the_wait_for_the_interpreter_lock_is_measured_and_can_be_turned_off(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    probed = start_server(server={"lock_wait_probe_ms": 5.0})
+    unprobed = start_server(server={"lock_wait_probe_ms": 0.0})
+    time.sleep(0.3)
+    on = _status(TenantClient(provision(probed, "t"), probed.channel()))
+    off = _status(TenantClient(provision(unprobed, "t"), unprobed.channel()))
+
+    waits = on.interpreter_lock_wait
+    assert waits.interval_ms == 5.0
+    assert len(waits.bucket_counts) == len(on.latency_bucket_upper_ms) + 1
+    assert waits.samples == sum(waits.bucket_counts) >= 10  # ~60 wake-ups in 0.3 s
+    assert 0 < waits.p50_ms <= waits.p99_ms and waits.max_ms > 0
+    assert off.interpreter_lock_wait == pb.InterpreterLockWait()
+    # A later answer has counted more wake-ups, in the same buckets.
+    later = _status(TenantClient(provision(probed, "u"), probed.channel())).interpreter_lock_wait
+    assert later.samples > waits.samples
+    assert all(b >= a for a, b in zip(waits.bucket_counts, later.bucket_counts, strict=True))

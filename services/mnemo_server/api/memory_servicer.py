@@ -16,6 +16,7 @@ from mnemo_server.diagnostics import DataDirSize, peak_rss_bytes, rss_bytes
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.index.residency import ResidencyStats
 from mnemo_server.latency_histogram import BUCKET_UPPER_MS, CallTimes
+from mnemo_server.lock_wait_probe import LockWaitProbe
 from mnemo_server.memory.model import DEFAULT_CONFIDENCE, DEFAULT_IMPORTANCE
 from mnemo_server.memory.service import MemoryPatch, MemoryService
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
@@ -57,6 +58,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         data_size: DataDirSize,
         sessions: SessionService,
         call_times: CallTimes,
+        lock_wait: LockWaitProbe,
     ):
         self.memories = memories
         self.recall_pipeline = recall
@@ -64,6 +66,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.data_size = data_size
         self.sessions = sessions
         self.call_times = call_times
+        self.lock_wait = lock_wait
 
     def CreateMemory(
         self, request: pb.CreateMemoryRequest, context: grpc.ServicerContext
@@ -338,6 +341,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 for m in self.call_times.snapshot()
             ],
             latency_bucket_upper_ms=BUCKET_UPPER_MS,
+            interpreter_lock_wait=_lock_wait_pb(self.lock_wait),
         )
         if s.oldest_pending_ns is not None:
             resp.oldest_pending_index_time.CopyFrom(convert.ns_to_ts(s.oldest_pending_ns))
@@ -406,4 +410,16 @@ def _residency_pb(stats: ResidencyStats | None, loaded: bool) -> pb.IndexResiden
         loads=stats.loads,
         drops=stats.drops,
         tenant_loaded=loaded,
+    )
+
+
+def _lock_wait_pb(probe: LockWaitProbe) -> pb.InterpreterLockWait:
+    waits = probe.snapshot()
+    return pb.InterpreterLockWait(
+        samples=waits.calls,
+        interval_ms=probe.interval_s * 1000.0,
+        p50_ms=waits.quantile(0.5) if waits.calls else 0.0,
+        p99_ms=waits.quantile(0.99) if waits.calls else 0.0,
+        max_ms=waits.max_ms,
+        bucket_counts=waits.bucket_counts,
     )

@@ -80,6 +80,12 @@ def print_tables(result: dict[str, Any]) -> None:
             f"  server CPU: {cpu['ms_per_op']} ms per operation, {cpu['cores_busy']} cores busy "
             f"({cpu['searchability_probes']} GetMemory probes of fresh memories served beside the ops)"
         )
+        w = sc["interpreter_lock_wait"]
+        if w["samples"]:
+            console.print(
+                f"  a thread ready to run waited for the interpreter lock p50 {w['p50_ms']} ms, "
+                f"p90 {w['p90_ms']} ms, p99 {w['p99_ms']} ms ({w['samples']} samples)"
+            )
         g = sc["create_groups"]
         console.print(
             f"  create calls: {g['calls']} written in {g['groups']} transactions "

@@ -444,8 +444,15 @@ def status(server: str, timeout: float, api_key: str | None, as_json: bool) -> N
     # The histograms are for programs (the JSON has them); people get each method's figures.
     data.pop("latency_bucket_upper_ms", None)
     data.pop("method_latencies", None)
+    data.pop("interpreter_lock_wait", None)
     for k, v in data.items():
         click.echo(f"{k}: {v}")
+    w = s.interpreter_lock_wait
+    if w.samples:
+        click.echo(
+            f"wait for the interpreter lock since it started (ms): p50 {w.p50_ms:.2f}, "
+            f"p99 {w.p99_ms:.2f}, max {w.max_ms:.1f} ({w.samples} wake-ups, one every {w.interval_ms:g} ms)"
+        )
     if s.method_latencies:
         click.echo("time inside the server per method since it started (ms):")
         for m in s.method_latencies:

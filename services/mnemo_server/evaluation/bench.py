@@ -376,6 +376,7 @@ class Bench:
             "rss_peak_bytes": rss_peak,
             "write_locks": _lock_use(before.write_locks, after.write_locks, elapsed),
             "create_groups": _group_use(before.create_group_commit, after.create_group_commit),
+            "interpreter_lock_wait": _lock_wait(before, after),
         }
 
     async def _watch(self, stub: pb_grpc.MemoryServiceAsyncStub, memory_id: str, acked_at: float) -> None:
@@ -408,6 +409,22 @@ def _server_side(before: pb.GetStatusResponse, after: pb.GetStatusResponse) -> d
                 "server_p99_ms": round(quantile(window, 0.99, bounds), 2),
             }
     return out
+
+
+def _lock_wait(before: pb.GetStatusResponse, after: pb.GetStatusResponse) -> dict[str, float]:
+    """How long a thread ready to run waited for the server's interpreter lock over one
+    phase (GetStatus.interpreter_lock_wait): the waits that make a client's latency longer
+    than the server-side time, once per hand-over between threads. Zeros when not measured."""
+    bounds = list(after.latency_bucket_upper_ms)
+    now = list(after.interpreter_lock_wait.bucket_counts)
+    was = list(before.interpreter_lock_wait.bucket_counts) or [0] * len(now)
+    window = [b - a for a, b in zip(was, now, strict=True)]
+    if not sum(window):
+        return {"samples": 0, "p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0}
+    return {
+        "samples": sum(window),
+        **{f"p{round(q * 100)}_ms": round(quantile(window, q, bounds), 2) for q in (0.5, 0.9, 0.99)},
+    }
 
 
 def _lock_use(
@@ -477,6 +494,7 @@ def _scenario(mixed: dict[str, Any], deadline_ms: float) -> dict[str, Any]:
         "write_locks": mixed["write_locks"],
         "create_groups": mixed["create_groups"],
         "server_cpu": mixed["server_cpu"],
+        "interpreter_lock_wait": mixed["interpreter_lock_wait"],
         # None when the mix had no StartSession (see --mix).
         "start_session_p99_within_deadline_plus_10ms": start["p99_ms"] <= deadline_ms + 10 if start else None,
         "failed_calls": sum(sum(s["errors"].values()) for s in mixed["ops"].values()),

@@ -320,7 +320,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("server_version", "embedding_model", "embedding_dimension", "memory_count", "deleted_count", "pending_index_count", "memory_count_by_type", "oldest_pending_index_time", "process_rss_bytes", "data_bytes", "search_index_lag_rows", "ranking_fallbacks", "sidecar_circuit", "feedback_outbox_pending", "write_lock", "write_locks", "process_peak_rss_bytes", "cache_use", "access_counts_pending", "create_group_commit", "process_cpu_seconds", "method_latencies", "latency_bucket_upper_ms", "feedback_outbox_undeliverable", "index_failed_batches", "index_last_failure_reason", "index_last_failure_time", "index_residency", "index_tables_to_check", "sidecar_call_failures")
+    __slots__ = ("server_version", "embedding_model", "embedding_dimension", "memory_count", "deleted_count", "pending_index_count", "memory_count_by_type", "oldest_pending_index_time", "process_rss_bytes", "data_bytes", "search_index_lag_rows", "ranking_fallbacks", "sidecar_circuit", "feedback_outbox_pending", "write_lock", "write_locks", "process_peak_rss_bytes", "cache_use", "access_counts_pending", "create_group_commit", "process_cpu_seconds", "method_latencies", "latency_bucket_upper_ms", "feedback_outbox_undeliverable", "index_failed_batches", "index_last_failure_reason", "index_last_failure_time", "index_residency", "index_tables_to_check", "sidecar_call_failures", "interpreter_lock_wait")
     class MemoryCountByTypeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +372,7 @@ class GetStatusResponse(_message.Message):
     INDEX_RESIDENCY_FIELD_NUMBER: _ClassVar[int]
     INDEX_TABLES_TO_CHECK_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_CALL_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    INTERPRETER_LOCK_WAIT_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     embedding_model: str
     embedding_dimension: int
@@ -402,7 +403,24 @@ class GetStatusResponse(_message.Message):
     index_residency: IndexResidency
     index_tables_to_check: int
     sidecar_call_failures: _containers.ScalarMap[str, int]
-    def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., process_rss_bytes: _Optional[int] = ..., data_bytes: _Optional[int] = ..., search_index_lag_rows: _Optional[int] = ..., ranking_fallbacks: _Optional[_Mapping[str, int]] = ..., sidecar_circuit: _Optional[str] = ..., feedback_outbox_pending: _Optional[int] = ..., write_lock: _Optional[_Union[WriteLockStats, _Mapping]] = ..., write_locks: _Optional[_Iterable[_Union[WriteLockStats, _Mapping]]] = ..., process_peak_rss_bytes: _Optional[int] = ..., cache_use: _Optional[_Union[CacheUse, _Mapping]] = ..., access_counts_pending: _Optional[int] = ..., create_group_commit: _Optional[_Union[GroupCommitStats, _Mapping]] = ..., process_cpu_seconds: _Optional[float] = ..., method_latencies: _Optional[_Iterable[_Union[MethodLatency, _Mapping]]] = ..., latency_bucket_upper_ms: _Optional[_Iterable[float]] = ..., feedback_outbox_undeliverable: _Optional[int] = ..., index_failed_batches: _Optional[int] = ..., index_last_failure_reason: _Optional[str] = ..., index_last_failure_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., index_residency: _Optional[_Union[IndexResidency, _Mapping]] = ..., index_tables_to_check: _Optional[int] = ..., sidecar_call_failures: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    interpreter_lock_wait: InterpreterLockWait
+    def __init__(self, server_version: _Optional[str] = ..., embedding_model: _Optional[str] = ..., embedding_dimension: _Optional[int] = ..., memory_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., pending_index_count: _Optional[int] = ..., memory_count_by_type: _Optional[_Mapping[str, int]] = ..., oldest_pending_index_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., process_rss_bytes: _Optional[int] = ..., data_bytes: _Optional[int] = ..., search_index_lag_rows: _Optional[int] = ..., ranking_fallbacks: _Optional[_Mapping[str, int]] = ..., sidecar_circuit: _Optional[str] = ..., feedback_outbox_pending: _Optional[int] = ..., write_lock: _Optional[_Union[WriteLockStats, _Mapping]] = ..., write_locks: _Optional[_Iterable[_Union[WriteLockStats, _Mapping]]] = ..., process_peak_rss_bytes: _Optional[int] = ..., cache_use: _Optional[_Union[CacheUse, _Mapping]] = ..., access_counts_pending: _Optional[int] = ..., create_group_commit: _Optional[_Union[GroupCommitStats, _Mapping]] = ..., process_cpu_seconds: _Optional[float] = ..., method_latencies: _Optional[_Iterable[_Union[MethodLatency, _Mapping]]] = ..., latency_bucket_upper_ms: _Optional[_Iterable[float]] = ..., feedback_outbox_undeliverable: _Optional[int] = ..., index_failed_batches: _Optional[int] = ..., index_last_failure_reason: _Optional[str] = ..., index_last_failure_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., index_residency: _Optional[_Union[IndexResidency, _Mapping]] = ..., index_tables_to_check: _Optional[int] = ..., sidecar_call_failures: _Optional[_Mapping[str, int]] = ..., interpreter_lock_wait: _Optional[_Union[InterpreterLockWait, _Mapping]] = ...) -> None: ...
+
+class InterpreterLockWait(_message.Message):
+    __slots__ = ("samples", "interval_ms", "p50_ms", "p99_ms", "max_ms", "bucket_counts")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    samples: int
+    interval_ms: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    bucket_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, samples: _Optional[int] = ..., interval_ms: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., max_ms: _Optional[float] = ..., bucket_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class IndexResidency(_message.Message):
     __slots__ = ("tenants", "rows", "max_tenants", "max_rows", "loads", "drops", "tenant_loaded")

@@ -604,6 +604,13 @@ export interface GetStatusResponse {
    * "Rerank:circuit_open".
    */
   sidecarCallFailures: { [key: string]: number };
+  /**
+   * How long a thread that is ready to run waits for Python's interpreter lock (the GIL),
+   * since the server started: most of what a client's latency adds to method_latencies
+   * under load (a call changes threads several times between the connection and its
+   * handler, each time waiting for the lock).
+   */
+  interpreterLockWait?: InterpreterLockWait | undefined;
 }
 
 export interface GetStatusResponse_MemoryCountByTypeEntry {
@@ -619,6 +626,26 @@ export interface GetStatusResponse_RankingFallbacksEntry {
 export interface GetStatusResponse_SidecarCallFailuresEntry {
   key: string;
   value: number;
+}
+
+/**
+ * Measured by a thread that sleeps interval_ms (server.lock_wait_probe_ms) and records how
+ * late it wakes: the wait for the interpreter lock plus the system's own wake-up delay
+ * (~0.1 ms on an idle machine).
+ */
+export interface InterpreterLockWait {
+  /** Wake-ups measured; 0 when the probe is off (interval_ms 0). */
+  samples: number;
+  intervalMs: number;
+  /** Since the server started; estimated within a bucket, as MethodLatency's. */
+  p50Ms: number;
+  p99Ms: number;
+  maxMs: number;
+  /**
+   * Wake-ups per bucket of GetStatusResponse.latency_bucket_upper_ms (empty when off): two
+   * answers subtracted bucket by bucket give a time window's distribution.
+   */
+  bucketCounts: number[];
 }
 
 /**
@@ -3823,6 +3850,7 @@ function createBaseGetStatusResponse(): GetStatusResponse {
     indexResidency: undefined,
     indexTablesToCheck: 0,
     sidecarCallFailures: {},
+    interpreterLockWait: undefined,
   };
 }
 
@@ -3922,6 +3950,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     globalThis.Object.entries(message.sidecarCallFailures).forEach(([key, value]: [string, number]) => {
       GetStatusResponse_SidecarCallFailuresEntry.encode({ key: key as any, value }, writer.uint32(242).fork()).join();
     });
+    if (message.interpreterLockWait !== undefined) {
+      InterpreterLockWait.encode(message.interpreterLockWait, writer.uint32(250).fork()).join();
+    }
     return writer;
   },
 
@@ -4197,6 +4228,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             }
             continue;
           }
+          case 31: {
+            if (tag !== 250) {
+              break;
+            }
+
+            message.interpreterLockWait = InterpreterLockWait.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4427,6 +4466,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
           {},
         )
         : {},
+      interpreterLockWait: isSet(object.interpreterLockWait)
+        ? InterpreterLockWait.fromJSON(object.interpreterLockWait)
+        : isSet(object.interpreter_lock_wait)
+        ? InterpreterLockWait.fromJSON(object.interpreter_lock_wait)
+        : undefined,
     };
   },
 
@@ -4540,6 +4584,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         });
       }
     }
+    if (message.interpreterLockWait !== undefined) {
+      obj.interpreterLockWait = InterpreterLockWait.toJSON(message.interpreterLockWait);
+    }
     return obj;
   },
 
@@ -4611,6 +4658,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         }
         return acc;
       }, {});
+    message.interpreterLockWait = (object.interpreterLockWait !== undefined && object.interpreterLockWait !== null)
+      ? InterpreterLockWait.fromPartial(object.interpreterLockWait)
+      : undefined;
     return message;
   },
 };
@@ -4878,6 +4928,189 @@ export const GetStatusResponse_SidecarCallFailuresEntry: MessageFns<GetStatusRes
     const message = createBaseGetStatusResponse_SidecarCallFailuresEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? 0;
+    return message;
+  },
+};
+
+function createBaseInterpreterLockWait(): InterpreterLockWait {
+  return { samples: 0, intervalMs: 0, p50Ms: 0, p99Ms: 0, maxMs: 0, bucketCounts: [] };
+}
+
+export const InterpreterLockWait: MessageFns<InterpreterLockWait> = {
+  encode(message: InterpreterLockWait, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.samples !== 0) {
+      writer.uint32(8).int64(message.samples);
+    }
+    if (message.intervalMs !== 0) {
+      writer.uint32(17).double(message.intervalMs);
+    }
+    if (message.p50Ms !== 0) {
+      writer.uint32(25).double(message.p50Ms);
+    }
+    if (message.p99Ms !== 0) {
+      writer.uint32(33).double(message.p99Ms);
+    }
+    if (message.maxMs !== 0) {
+      writer.uint32(41).double(message.maxMs);
+    }
+    if (message.bucketCounts.length !== 0) {
+      writer.uint32(50).fork();
+      for (const v of message.bucketCounts) {
+        writer.int64(v);
+      }
+      writer.join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): InterpreterLockWait {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseInterpreterLockWait();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.samples = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 17) {
+              break;
+            }
+
+            message.intervalMs = reader.double();
+            continue;
+          }
+          case 3: {
+            if (tag !== 25) {
+              break;
+            }
+
+            message.p50Ms = reader.double();
+            continue;
+          }
+          case 4: {
+            if (tag !== 33) {
+              break;
+            }
+
+            message.p99Ms = reader.double();
+            continue;
+          }
+          case 5: {
+            if (tag !== 41) {
+              break;
+            }
+
+            message.maxMs = reader.double();
+            continue;
+          }
+          case 6: {
+            if (tag === 48) {
+              message.bucketCounts.push(longToNumber(reader.int64()));
+
+              continue;
+            }
+
+            if (tag === 50) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.bucketCounts.push(longToNumber(reader.int64()));
+              }
+
+              continue;
+            }
+
+            break;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): InterpreterLockWait {
+    return {
+      samples: isSet(object.samples) ? globalThis.Number(object.samples) : 0,
+      intervalMs: isSet(object.intervalMs)
+        ? globalThis.Number(object.intervalMs)
+        : isSet(object.interval_ms)
+        ? globalThis.Number(object.interval_ms)
+        : 0,
+      p50Ms: isSet(object.p50Ms)
+        ? globalThis.Number(object.p50Ms)
+        : isSet(object.p50_ms)
+        ? globalThis.Number(object.p50_ms)
+        : 0,
+      p99Ms: isSet(object.p99Ms)
+        ? globalThis.Number(object.p99Ms)
+        : isSet(object.p99_ms)
+        ? globalThis.Number(object.p99_ms)
+        : 0,
+      maxMs: isSet(object.maxMs)
+        ? globalThis.Number(object.maxMs)
+        : isSet(object.max_ms)
+        ? globalThis.Number(object.max_ms)
+        : 0,
+      bucketCounts: globalThis.Array.isArray(object?.bucketCounts)
+        ? object.bucketCounts.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.bucket_counts)
+        ? object.bucket_counts.map((e: any) => globalThis.Number(e))
+        : [],
+    };
+  },
+
+  toJSON(message: InterpreterLockWait): unknown {
+    const obj: any = {};
+    if (message.samples !== 0) {
+      obj.samples = Math.round(message.samples);
+    }
+    if (message.intervalMs !== 0) {
+      obj.intervalMs = floatToJson(message.intervalMs);
+    }
+    if (message.p50Ms !== 0) {
+      obj.p50Ms = floatToJson(message.p50Ms);
+    }
+    if (message.p99Ms !== 0) {
+      obj.p99Ms = floatToJson(message.p99Ms);
+    }
+    if (message.maxMs !== 0) {
+      obj.maxMs = floatToJson(message.maxMs);
+    }
+    if (message.bucketCounts?.length) {
+      obj.bucketCounts = message.bucketCounts.map((e) => Math.round(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<InterpreterLockWait>, I>>(base?: I): InterpreterLockWait {
+    return InterpreterLockWait.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<InterpreterLockWait>, I>>(object: I): InterpreterLockWait {
+    const message = createBaseInterpreterLockWait();
+    message.samples = object.samples ?? 0;
+    message.intervalMs = object.intervalMs ?? 0;
+    message.p50Ms = object.p50Ms ?? 0;
+    message.p99Ms = object.p99Ms ?? 0;
+    message.maxMs = object.maxMs ?? 0;
+    message.bucketCounts = object.bucketCounts?.map((e) => e) || [];
     return message;
   },
 };

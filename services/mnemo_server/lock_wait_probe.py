@@ -1,10 +1,10 @@
 """How long a thread that becomes ready to run waits for Python's interpreter lock (the GIL).
 
 Why it is measured: under load most of a call's latency outside its handler is such waits.
-A call is handed from gRPC's poll thread to a worker thread and back (two or three hand-overs
-each way), and every DuckDB, onnxruntime or socket call releases the lock; each time, the
-thread takes the lock back only once the thread holding it lets go, up to the switch interval
-(5 ms) later when that one is running Python. Measured at 20k memories under the bench's
+A sync gRPC call passes between the poll thread and a worker thread several times before
+its handler runs, and every DuckDB, onnxruntime or socket call releases the lock; each time,
+the thread takes the lock back only once the thread holding it lets go, up to the switch
+interval (5 ms) later when that one is running Python. Measured at 20k memories under the bench's
 default mix: ListMemories took 1.0 ms in its handler and 15.7 ms at the client, and a thread
 sleeping 1 ms woke 1.2-1.5 ms late at the median, 5 ms at p90, 10.7 ms at p99. The profile
 held the lock only ~53 % of the time: the waits come from hand-overs, not from a lock busy

@@ -391,6 +391,12 @@ class Bench:
         self._lags.append(float("inf"))
 
 
+def _window(start: Sequence[int], end: Sequence[int]) -> list[int]:
+    """One phase's counts per bucket: a GetStatus histogram at its end less the same one at
+    its start (empty at the start: nothing was counted yet)."""
+    return [b - a for a, b in zip(start or [0] * len(end), end, strict=True)]
+
+
 def _server_side(before: pb.GetStatusResponse, after: pb.GetStatusResponse) -> dict[str, dict[str, float]]:
     """Each MemoryService method's time inside the server over one phase (the difference of
     two GetStatus histograms), by short name: beside a client's latency it shows how much
@@ -401,8 +407,7 @@ def _server_side(before: pb.GetStatusResponse, after: pb.GetStatusResponse) -> d
     for m in after.method_latencies:
         if not m.method.startswith("/mnemo.v1.MemoryService/"):
             continue
-        was = start.get(m.method, [0] * len(m.bucket_counts))
-        window = [b - a for a, b in zip(was, m.bucket_counts, strict=True)]
+        window = _window(start.get(m.method, ()), m.bucket_counts)
         if sum(window) > 0:
             out[m.method.rsplit("/", 1)[1]] = {
                 "server_p50_ms": round(quantile(window, 0.5, bounds), 2),
@@ -416,9 +421,7 @@ def _lock_wait(before: pb.GetStatusResponse, after: pb.GetStatusResponse) -> dic
     phase (GetStatus.interpreter_lock_wait): the waits that make a client's latency longer
     than the server-side time, once per hand-over between threads. Zeros when not measured."""
     bounds = list(after.latency_bucket_upper_ms)
-    now = list(after.interpreter_lock_wait.bucket_counts)
-    was = list(before.interpreter_lock_wait.bucket_counts) or [0] * len(now)
-    window = [b - a for a, b in zip(was, now, strict=True)]
+    window = _window(before.interpreter_lock_wait.bucket_counts, after.interpreter_lock_wait.bucket_counts)
     if not sum(window):
         return {"samples": 0, "p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0}
     return {

@@ -234,6 +234,7 @@ def test_bench_quick_with_sidecar_scenarios(tmp_path: Path, model_cache: Path) -
         # Creates that queue while another is written share its transaction (group commit).
         groups = sc["create_groups"]
         assert groups["calls"] == creates and 0 < groups["groups"] <= creates, (name, groups)
+        assert groups["deduplicated"] == 0, (name, groups)  # every create wrote a new memory
         assert locks["memories"]["transactions"] >= groups["groups"], (name, locks)
         assert 0 < locks["session_starts"]["transactions"] <= starts, (name, locks)
         assert locks["sessions"]["transactions"] >= sc["ops"]["EndSession"]["count"], (name, locks)

@@ -50,12 +50,31 @@ def test_bench_runs_one_operation_alone(server: LiveServer, tmp_path: Path) -> N
         "calls": 0,
         "groups": 0,
         "calls_per_group": 0.0,
+        "deduplicated": 0,
     }
     assert data["scenarios"]["sidecar_ok"]["start_session_p99_within_deadline_plus_10ms"] is None
     assert "n/a (no StartSession in the mix)" in " ".join(result.output.split())  # rich wraps lines
 
     refused = CliRunner().invoke(bench, ["--server", server.address, "--mix", "Search=1"])
     assert refused.exit_code == 2 and "--mix" in refused.output
+
+
+def test_a_second_run_on_the_same_store_creates_new_memories(server: LiveServer, tmp_path: Path) -> None:
+    """The texts are seeded, so they repeat from run to run; without the run's id in them, a
+    second run's creates were all answered as duplicates of the first's (a lookup, not a
+    write), and a mix on a loaded store measured something else than creating."""
+    key = provision(server, "bench-rerun")
+    created = []
+    for i, memories in enumerate(("20", "0")):
+        out = tmp_path / f"bench{i}.json"
+        args = ["--server", server.address, "--api-key", key, "--memories", memories, "--concurrency", "2"]
+        args += ["--duration", "1", "--mix", "CreateMemory=1", "--json-out", str(out)]
+        result = CliRunner().invoke(bench, args)
+        assert result.exit_code == 0, result.output
+        sc = json.loads(out.read_text())["scenarios"]["sidecar_ok"]
+        assert sc["create_groups"]["calls"] > 0, sc
+        created.append(sc["create_groups"]["deduplicated"])
+    assert created == [0, 0]
 
 
 def test_fresh_queries_do_not_repeat_where_template_queries_mostly_do() -> None:

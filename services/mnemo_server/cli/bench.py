@@ -89,7 +89,7 @@ def print_tables(result: dict[str, Any]) -> None:
         g = sc["create_groups"]
         console.print(
             f"  create calls: {g['calls']} written in {g['groups']} transactions "
-            f"({g['calls_per_group']} a transaction)"
+            f"({g['calls_per_group']} a transaction), {g['deduplicated']} answered as duplicates"
         )
     cs = result["create_searchable"]
     console.print(

@@ -124,7 +124,10 @@ class Bench:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         # Request and session ids must not collide with an earlier run against the same
-        # server (the content is seeded, so it repeats; the ids must not).
+        # server, nor must the memories' texts: seeded, they would repeat, and a second run's
+        # creates (a mix with --memories 0 on a loaded store) would all be answered as
+        # duplicates of the first's, a lookup instead of a write. The run id is in each
+        # memory's ticket.
         self.run_id = os.urandom(4).hex()
         self.counter = 0
         self.sessions = 0
@@ -132,11 +135,12 @@ class Bench:
         self._watchers: list[asyncio.Task[None]] = []
         self._probes = 0  # GetMemory calls of the watchers (not in the ops table)
         self.fallbacks: Counter[str] = Counter()
+        self.deduplicated = 0  # the mixed phase's creates answered with an existing memory
 
     def _new_memory(self) -> memory_pb2.Memory:
         self.counter += 1
         return memory_pb2.Memory(
-            content=memory_text(self.rng, self.counter),
+            content=memory_text(self.rng, self.counter, self.run_id),
             type=(common_pb2.MEMORY_TYPE_EPISODIC, common_pb2.MEMORY_TYPE_SEMANTIC)[self.counter % 2],
             category=f"cat{self.counter % 12}",
             scope=_scope(self.counter % self.cfg.scopes),
@@ -256,6 +260,7 @@ class Bench:
                 metadata=self.md,
                 timeout=10,
             )
+            self.deduplicated += resp.deduplicated
             if self.counter % cfg.watch_every == 0:
                 self._watchers.append(
                     asyncio.create_task(self._watch(stub, resp.memory.id, time.perf_counter()))
@@ -325,6 +330,7 @@ class Bench:
         self._watchers = []
         self._probes = 0
         self.fallbacks = Counter()
+        self.deduplicated = 0
         rss_peak = 0
         deadline = time.perf_counter() + cfg.duration_s
 
@@ -375,7 +381,10 @@ class Bench:
             },
             "rss_peak_bytes": rss_peak,
             "write_locks": _lock_use(before.write_locks, after.write_locks, elapsed),
-            "create_groups": _group_use(before.create_group_commit, after.create_group_commit),
+            "create_groups": {
+                **_group_use(before.create_group_commit, after.create_group_commit),
+                "deduplicated": self.deduplicated,
+            },
             "interpreter_lock_wait": _lock_wait(before, after),
         }
 

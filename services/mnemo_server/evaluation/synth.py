@@ -132,12 +132,14 @@ def sentence(rng: random.Random) -> str:
     return f"{text} {follow}".strip()
 
 
-def memory_text(rng: random.Random, n: int) -> str:
-    """The n-th memory: one or two sentences plus a ticket number, so texts never repeat."""
+def memory_text(rng: random.Random, n: int, run: str = "") -> str:
+    """The n-th memory: one or two sentences plus a ticket number, so texts never repeat
+    within a run; `run` (a run's id) in the ticket keeps them apart from an earlier run's."""
     parts = [sentence(rng)]
     if rng.random() < 0.3:
         parts.append(sentence(rng))
-    return " ".join(parts) + f" (ticket {n})"
+    ticket = f"{run}-{n}" if run else str(n)
+    return " ".join(parts) + f" (ticket {ticket})"
 
 
 def query_text(rng: random.Random) -> str:

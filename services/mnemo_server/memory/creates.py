@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import duckdb
+
 from mnemo_server.config import CapsConfig
 from mnemo_server.errors import AlreadyExists, NotFound
 from mnemo_server.memory.live_counts import LiveCounts
@@ -55,11 +57,13 @@ class CreateWritten:
 
 
 @contextmanager
-def counted_write(db: Database, live_counts: LiveCounts, tenant_ids: Iterable[str]) -> Iterator[Cursor]:
+def counted_write(
+    db: Database, live_counts: LiveCounts, tenant_ids: Iterable[str], defers: bool = False
+) -> Iterator[Cursor]:
     """A memories write transaction; if it fails, the tenants' cached live counts are
     dropped (they may have been changed by the part that rolled back)."""
     try:
-        with db.transaction(WriteDomain.MEMORIES) as cur:
+        with db.transaction(WriteDomain.MEMORIES, defers=defers) as cur:
             yield cur
     except BaseException:
         for t in set(tenant_ids):
@@ -110,10 +114,19 @@ class CreateWriter:
         return self._groups.writing
 
     def _write_together(self, requests: Sequence[CreateRequest]) -> list[CreateWritten]:
-        with counted_write(self.db, self.live_counts, [r.tenant_id for r in requests]) as cur:
+        # On failure GroupCommit writes each request again alone, which says whose error it is.
+        with counted_write(self.db, self.live_counts, [r.tenant_id for r in requests], defers=True) as cur:
             return self._write_in(cur, requests, self.clock())
 
     def _write_alone(self, request: CreateRequest) -> CreateWritten:
+        try:
+            with counted_write(self.db, self.live_counts, [request.tenant_id], defers=True) as cur:
+                return self._write_in(cur, [request], self.clock())[0]
+        except duckdb.Error:
+            # A deferred insert's error is raised by whichever statement carried it (a reused
+            # request_id's, for one, by COMMIT), so the write is tried again (the first attempt
+            # rolled back) one statement at a time, whose error is the one it would have had.
+            pass
         with counted_write(self.db, self.live_counts, [request.tenant_id]) as cur:
             return self._write_in(cur, [request], self.clock())[0]
 

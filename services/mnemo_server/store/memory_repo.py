@@ -24,7 +24,7 @@ from mnemo_server.memory.model import (
 )
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store import recent_ids
-from mnemo_server.store.database import Cursor, fetch_one
+from mnemo_server.store.database import Cursor, deferring, fetch_one
 from mnemo_server.store.hash_filter import ContentHashFilter
 from mnemo_server.store.recent_ids import RecentIds
 from mnemo_server.store.row_cache import (
@@ -33,6 +33,7 @@ from mnemo_server.store.row_cache import (
     rows_changed,
     rows_written,
 )
+from mnemo_server.store.sql_literals import insert_text
 from mnemo_server.store.stored_summary import StoredSummary
 
 # Column order shared by SELECTs, the row decoder and rows in the row cache.
@@ -102,10 +103,15 @@ _VALUES_MAX_ROWS = 5
 
 
 def insert_rows(cur: Cursor, table: str, rows: list[dict[str, Any]]) -> None:
-    """Insert dicts (all with the same keys) in one statement."""
+    """Insert dicts (all with the same keys) in one statement; a few rows in a transaction
+    that defers writes go with its next statement (TransactionCursor.defer)."""
     cols = list(rows[0])
     names = ", ".join(cols)
     if len(rows) <= _VALUES_MAX_ROWS:
+        tx = deferring(cur)
+        if tx is not None and (text := insert_text(table, cols, rows)) is not None:
+            tx.defer(text)
+            return
         one = "(" + ", ".join("?" * len(cols)) + ")"
         cur.execute(
             f"INSERT INTO {table} ({names}) VALUES {', '.join([one] * len(rows))}",

@@ -115,20 +115,21 @@ class CreateWriter:
 
     def _write_together(self, requests: Sequence[CreateRequest]) -> list[CreateWritten]:
         # On failure GroupCommit writes each request again alone, which says whose error it is.
-        with counted_write(self.db, self.live_counts, [r.tenant_id for r in requests], defers=True) as cur:
-            return self._write_in(cur, requests, self.clock())
+        return self._write(requests, defers=True)
 
     def _write_alone(self, request: CreateRequest) -> CreateWritten:
         try:
-            with counted_write(self.db, self.live_counts, [request.tenant_id], defers=True) as cur:
-                return self._write_in(cur, [request], self.clock())[0]
+            return self._write([request], defers=True)[0]
         except duckdb.Error:
             # A deferred insert's error is raised by whichever statement carried it (a reused
             # request_id's, for one, by COMMIT), so the write is tried again (the first attempt
             # rolled back) one statement at a time, whose error is the one it would have had.
             pass
-        with counted_write(self.db, self.live_counts, [request.tenant_id]) as cur:
-            return self._write_in(cur, [request], self.clock())[0]
+        return self._write([request], defers=False)[0]
+
+    def _write(self, requests: Sequence[CreateRequest], defers: bool) -> list[CreateWritten]:
+        with counted_write(self.db, self.live_counts, [r.tenant_id for r in requests], defers) as cur:
+            return self._write_in(cur, requests, self.clock())
 
     def _write_in(self, cur: Cursor, requests: Sequence[CreateRequest], now: int) -> list[CreateWritten]:
         written: dict[int, CreateWritten] = {}

@@ -252,7 +252,8 @@ def test_memory_clear_deletes_what_it_counted_not_what_came_while_it_asked(
     server: LiveServer, model_cache: Path
 ) -> None:
     """The prompt names a count; memories stored while it waits are not deleted with them
-    (probe: 5 confirmed, 105 deleted)."""
+    (probe: 5 confirmed, 105 deleted), an import dated before the count included (a bound by
+    create_time deleted it)."""
     env = base_env(model_cache, MNEMO_SERVER=server.address, MNEMO_ADMIN_KEY=ADMIN_KEY)
     assert run(["tenant", "create", "acme"], env).returncode == 0
     secret = run(["key", "create", "acme"], env).stdout.strip()
@@ -276,12 +277,17 @@ def test_memory_clear_deletes_what_it_counted_not_what_came_while_it_asked(
                 asked += os.read(proc.stdout.fileno(), 256).decode()
             for i in range(3):
                 client.create_memory(client.new_memory(f"late note {i}"))
+            dated = client.new_memory("late import, dated a day back")
+            dated.id = str(uuid.uuid4())
+            dated.create_time.FromNanoseconds(time.time_ns() - 86_400 * 10**9)
+            dated.update_time.CopyFrom(dated.create_time)
+            assert list(client.import_memories([[dated]]))[-1].imported_count == 1
             out, err = proc.communicate("y\n", timeout=60)
         finally:
             proc.kill()
         assert proc.returncode == 0 and "deleted 5 memories" in out, (out, err)
         left = sorted(m.content for m in client.list_memories(limit=100))
-    assert left == [f"late note {i}" for i in range(3)]
+    assert left == ["late import, dated a day back", *[f"late note {i}" for i in range(3)]]
 
 
 def test_memory_clear_deletes_what_it_counted_created_later_than_this_machines_clock(

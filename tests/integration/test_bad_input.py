@@ -204,6 +204,13 @@ CASES: list[tuple[str, Callable[[object], object], list[str]]] = [
         ["filter.source_session_ids"],
     ),
     (
+        "purge with a token that is not a dry run's",
+        lambda s: s.PurgeMemories(  # type: ignore[attr-defined]
+            pb.PurgeMemoriesRequest(all_memories=True, force=True, snapshot_token="s1.x")
+        ),
+        ["snapshot_token"],
+    ),
+    (
         "purge without criteria",
         lambda s: s.PurgeMemories(pb.PurgeMemoriesRequest(force=True)),  # type: ignore[attr-defined]
         ["filter"],

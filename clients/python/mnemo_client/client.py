@@ -327,11 +327,29 @@ class MnemoClient:
         *,
         force: bool = False,
         all_memories: bool = False,
+        snapshot_token: str = "",
     ) -> int:
-        req = pb.PurgeMemoriesRequest(force=force, all_memories=all_memories, request_id=uuid.uuid4().hex)
+        """How many memories were deleted (without force: how many would be). With a
+        snapshot_token from count_purge, only memories stored by that count are deleted."""
+        return self._purge(filter, force, all_memories, snapshot_token).purge_count
+
+    def count_purge(
+        self, filter: memory_pb2.MemoryFilter | None = None, *, all_memories: bool = False
+    ) -> pb.PurgeMemoriesResponse:
+        """A dry run: purge_count, and the snapshot_token that bounds a forced purge to the
+        memories counted here (what arrives while a user confirms is then kept)."""
+        return self._purge(filter, False, all_memories, "")
+
+    def _purge(
+        self, filter: memory_pb2.MemoryFilter | None, force: bool, all_memories: bool, snapshot_token: str
+    ) -> pb.PurgeMemoriesResponse:
+        req = pb.PurgeMemoriesRequest(
+            force=force, all_memories=all_memories, snapshot_token=snapshot_token, request_id=uuid.uuid4().hex
+        )
         if filter is not None:
             req.filter.CopyFrom(filter)
-        return self.call(self.memory.PurgeMemories, req).purge_count
+        response: pb.PurgeMemoriesResponse = self.call(self.memory.PurgeMemories, req)
+        return response
 
     def recall(
         self,

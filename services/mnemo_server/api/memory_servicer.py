@@ -189,14 +189,15 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.PurgeMemoriesResponse:
         tenant = _tenant()
         self.memories.validator.request_id(request.request_id)
-        n = self.memories.purge(
+        purged = self.memories.purge(
             tenant,
             convert.filter_from_pb(request),
             force=request.force,
             all_memories=request.all_memories,
+            snapshot=request.snapshot_token,
             key=convert.idempotency_key("PurgeMemories", request, request.request_id),
         )
-        return pb.PurgeMemoriesResponse(purge_count=n)
+        return pb.PurgeMemoriesResponse(purge_count=purged.count, snapshot_token=purged.snapshot_token)
 
     def Recall(self, request: pb.RecallRequest, context: grpc.ServicerContext) -> pb.RecallResponse:
         tenant = _tenant()

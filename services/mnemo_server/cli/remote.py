@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -376,31 +375,18 @@ def memory_import(ctx: click.Context, path: Path, batch_size: int) -> None:
     _console.print(f"imported {imported} memories, skipped {skipped}")
 
 
-def _past_newest(client: MnemoClient, f: memory_pb2.MemoryFilter) -> int:
-    """A create_time later than that of every memory f matches now: this machine's clock,
-    or just past the newest memory created later than it (imported from a machine whose
-    clock ran ahead, or written by a server whose clock is ahead of this one's)."""
-    now = time.time_ns()
-    later = memory_pb2.MemoryFilter()
-    later.CopyFrom(f)
-    later.create_time.start_time.FromNanoseconds(now)
-    # Only the memories from this machine's clock on are read: usually none.
-    created = (m.create_time.ToNanoseconds() for m in client.list_memories(later, page_size=0))
-    return max(now, max(created, default=now) + 1)
-
-
-def _purge_confirmed(client: MnemoClient, f: memory_pb2.MemoryFilter) -> int:
+def _purge_confirmed(client: MnemoClient, f: memory_pb2.MemoryFilter, all_memories: bool) -> int:
     """Count, ask, and delete what was counted, not what came while the prompt waited (probe:
-    5 confirmed, 105 deleted). The count and the purge take the same create_time bound, so
-    they match the same memories. The bound was this machine's clock at the count: a memory
-    created later than that was counted and confirmed but left, where --force deleted it.
-    create_time is all a filter bounds: a memory stored while the prompt waits with an
-    earlier one (an import; a server whose clock is behind this one's) is deleted too."""
-    f.create_time.end_time.FromNanoseconds(_past_newest(client, f))
-    n = client.purge_memories(f)
+    5 confirmed, 105 deleted). The purge passes back the count's snapshot token, so it
+    deletes only memories already stored at the count, whatever their create_time (a bound
+    by create_time, this machine's clock, kept imports dated before it and deleted them)."""
+    counted = client.count_purge(f, all_memories=all_memories)
+    n = counted.purge_count
     if n:
         click.confirm(f"delete {n} memories?", abort=True)
-        n = client.purge_memories(f, force=True)
+        n = client.purge_memories(
+            f, force=True, all_memories=all_memories, snapshot_token=counted.snapshot_token
+        )
     return n
 
 
@@ -418,7 +404,7 @@ def memory_clear(ctx: click.Context, mtype: str | None, category: str | None, fo
             if force:
                 n = client.purge_memories(f, force=True, all_memories=not (mtype or category))
             else:
-                n = _purge_confirmed(client, f)
+                n = _purge_confirmed(client, f, all_memories=not (mtype or category))
         except MnemoError as err:
             _fail(err)
     click.echo(f"deleted {n} memories")

@@ -42,6 +42,7 @@ from mnemo_server.memory.paging import (
     memory_bytes,
     query_fingerprint,
 )
+from mnemo_server.memory.purge_snapshot import snapshot_token, through_seq
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store import idempotency_repo, memory_repo
@@ -49,6 +50,15 @@ from mnemo_server.store.database import Cursor, Database
 
 EXTERNAL_PREFIX = "external:"
 UPDATABLE_PATHS = ("importance", "confidence", "pinned", "category", "metadata", "event_time", "content")
+
+
+@dataclass(frozen=True)
+class PurgeCount:
+    """Memories a purge deleted, or a dry run would; a dry run's token bounds a forced purge
+    to what it counted (memory/purge_snapshot.py)."""
+
+    count: int
+    snapshot_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -432,28 +442,33 @@ class MemoryService:
         *,
         force: bool,
         all_memories: bool,
+        snapshot: str = "",
         key: IdempotencyKey | None = None,
-    ) -> int:
+    ) -> PurgeCount:
+        """Without force, a count and the snapshot token that bounds a purge to it; with
+        force, tombstones the matches (only those stored by snapshot's count, if given)."""
         raise_if(self.validator.filter(f))
+        through = through_seq(snapshot)
         if f.is_empty and not all_memories:
             raise InvalidArgument("filter", "must name at least one criterion (or set all_memories)")
         if all_memories and not f.is_empty:
             # Which one was meant, every memory or the filtered ones? Guessing either is wrong.
             raise InvalidArgument("all_memories", "must not be set together with a filter")
         if not force:
-            return memory_repo.count(self.db.reader(), tenant_id, f, include_deleted=False)
+            n, last = memory_repo.count_live_through(self.db.reader(), tenant_id, f, through)
+            return PurgeCount(n, snapshot_token(last if through is None else min(last, through)))
         with self._write(tenant_id) as cur:
             now = self.clock()  # under the write lock (see update)
             replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
             if replay is not None:
-                return int(replay["count"])
-            ids = memory_repo.live_ids_matching(cur, tenant_id, f)
+                return PurgeCount(int(replay["count"]))
+            ids = memory_repo.live_ids_matching(cur, tenant_id, f, through_seq=through)
             memory_repo.tombstone(cur, tenant_id, ids, now)
             self.live_counts.forget(tenant_id)
             memory_repo.record_history(cur, [(tenant_id, i, "delete", "api", "purge", {}) for i in ids], now)
             idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, {"count": len(ids)}, now)
         self.indexer.submit(tenant_id, ids)
-        return len(ids)
+        return PurgeCount(len(ids))
 
     # --- export / import ---------------------------------------------------------------
 

@@ -519,8 +519,33 @@ def count(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool
     return int(row[0]) if row else 0
 
 
-def live_ids_matching(cur: Cursor, tenant_id: str, f: MemoryFilter) -> list[str]:
+def _live_through(tenant_id: str, f: MemoryFilter, through_seq: int | None) -> _Where:
     where = _filter_where(tenant_id, f, include_deleted=False)
+    if through_seq is not None:
+        where.add("seq <= ?", through_seq)
+    return where
+
+
+def count_live_through(
+    cur: Cursor, tenant_id: str, f: MemoryFilter, through_seq: int | None
+) -> tuple[int, int]:
+    """(live memories matching f, numbered up to through_seq when given; the tenant's
+    largest sequence number), read in one statement so both describe the same snapshot."""
+    where = _live_through(tenant_id, f, through_seq)
+    row = fetch_one(
+        cur,
+        f"SELECT (SELECT count(*) FROM memories WHERE {where.sql()}), "
+        "(SELECT coalesce(max(seq), 0) FROM memories WHERE tenant_id = ?)",
+        [*where.params, tenant_id],
+    )
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def live_ids_matching(
+    cur: Cursor, tenant_id: str, f: MemoryFilter, *, through_seq: int | None = None
+) -> list[str]:
+    """Ids of the live memories matching f; with through_seq, only those stored by then."""
+    where = _live_through(tenant_id, f, through_seq)
     return [
         r[0] for r in cur.execute(f"SELECT id FROM memories WHERE {where.sql()}", where.params).fetchall()
     ]

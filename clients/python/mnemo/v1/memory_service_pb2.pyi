@@ -189,22 +189,26 @@ class DeleteMemoryResponse(_message.Message):
     def __init__(self, memory: _Optional[_Union[_memory_pb2.Memory, _Mapping]] = ...) -> None: ...
 
 class PurgeMemoriesRequest(_message.Message):
-    __slots__ = ("filter", "force", "request_id", "all_memories")
+    __slots__ = ("filter", "force", "request_id", "all_memories", "snapshot_token")
     FILTER_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ALL_MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     filter: _memory_pb2.MemoryFilter
     force: bool
     request_id: str
     all_memories: bool
-    def __init__(self, filter: _Optional[_Union[_memory_pb2.MemoryFilter, _Mapping]] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ..., all_memories: _Optional[bool] = ...) -> None: ...
+    snapshot_token: str
+    def __init__(self, filter: _Optional[_Union[_memory_pb2.MemoryFilter, _Mapping]] = ..., force: _Optional[bool] = ..., request_id: _Optional[str] = ..., all_memories: _Optional[bool] = ..., snapshot_token: _Optional[str] = ...) -> None: ...
 
 class PurgeMemoriesResponse(_message.Message):
-    __slots__ = ("purge_count",)
+    __slots__ = ("purge_count", "snapshot_token")
     PURGE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     purge_count: int
-    def __init__(self, purge_count: _Optional[int] = ...) -> None: ...
+    snapshot_token: str
+    def __init__(self, purge_count: _Optional[int] = ..., snapshot_token: _Optional[str] = ...) -> None: ...
 
 class RecallOptions(_message.Message):
     __slots__ = ("disabled_stages", "explain", "rerank", "rerank_deadline_ms")

@@ -367,10 +367,18 @@ export interface PurgeMemoriesRequest {
   requestId: string;
   /** Explicitly target every live memory of the tenant (then filter must be empty). */
   allMemories: boolean;
+  /**
+   * With force: the snapshot_token of a dry run (force unset) with the same criteria. Only
+   * memories already stored when that dry run counted are deleted, so what arrives while a
+   * caller confirms the count is kept, whatever its create_time. Empty: every match.
+   */
+  snapshotToken: string;
 }
 
 export interface PurgeMemoriesResponse {
   purgeCount: number;
+  /** Set by a dry run: pass it back with force to delete only what this count could see. */
+  snapshotToken: string;
 }
 
 export interface RecallOptions {
@@ -2351,7 +2359,7 @@ export const DeleteMemoryResponse: MessageFns<DeleteMemoryResponse> = {
 };
 
 function createBasePurgeMemoriesRequest(): PurgeMemoriesRequest {
-  return { filter: undefined, force: false, requestId: "", allMemories: false };
+  return { filter: undefined, force: false, requestId: "", allMemories: false, snapshotToken: "" };
 }
 
 export const PurgeMemoriesRequest: MessageFns<PurgeMemoriesRequest> = {
@@ -2367,6 +2375,9 @@ export const PurgeMemoriesRequest: MessageFns<PurgeMemoriesRequest> = {
     }
     if (message.allMemories !== false) {
       writer.uint32(32).bool(message.allMemories);
+    }
+    if (message.snapshotToken !== "") {
+      writer.uint32(42).string(message.snapshotToken);
     }
     return writer;
   },
@@ -2416,6 +2427,14 @@ export const PurgeMemoriesRequest: MessageFns<PurgeMemoriesRequest> = {
             message.allMemories = reader.bool();
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.snapshotToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2442,6 +2461,11 @@ export const PurgeMemoriesRequest: MessageFns<PurgeMemoriesRequest> = {
         : isSet(object.all_memories)
         ? globalThis.Boolean(object.all_memories)
         : false,
+      snapshotToken: isSet(object.snapshotToken)
+        ? globalThis.String(object.snapshotToken)
+        : isSet(object.snapshot_token)
+        ? globalThis.String(object.snapshot_token)
+        : "",
     };
   },
 
@@ -2459,6 +2483,9 @@ export const PurgeMemoriesRequest: MessageFns<PurgeMemoriesRequest> = {
     if (message.allMemories !== false) {
       obj.allMemories = message.allMemories;
     }
+    if (message.snapshotToken !== "") {
+      obj.snapshotToken = message.snapshotToken;
+    }
     return obj;
   },
 
@@ -2473,18 +2500,22 @@ export const PurgeMemoriesRequest: MessageFns<PurgeMemoriesRequest> = {
     message.force = object.force ?? false;
     message.requestId = object.requestId ?? "";
     message.allMemories = object.allMemories ?? false;
+    message.snapshotToken = object.snapshotToken ?? "";
     return message;
   },
 };
 
 function createBasePurgeMemoriesResponse(): PurgeMemoriesResponse {
-  return { purgeCount: 0 };
+  return { purgeCount: 0, snapshotToken: "" };
 }
 
 export const PurgeMemoriesResponse: MessageFns<PurgeMemoriesResponse> = {
   encode(message: PurgeMemoriesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.purgeCount !== 0) {
       writer.uint32(8).int64(message.purgeCount);
+    }
+    if (message.snapshotToken !== "") {
+      writer.uint32(18).string(message.snapshotToken);
     }
     return writer;
   },
@@ -2510,6 +2541,14 @@ export const PurgeMemoriesResponse: MessageFns<PurgeMemoriesResponse> = {
             message.purgeCount = longToNumber(reader.int64());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.snapshotToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2529,6 +2568,11 @@ export const PurgeMemoriesResponse: MessageFns<PurgeMemoriesResponse> = {
         : isSet(object.purge_count)
         ? globalThis.Number(object.purge_count)
         : 0,
+      snapshotToken: isSet(object.snapshotToken)
+        ? globalThis.String(object.snapshotToken)
+        : isSet(object.snapshot_token)
+        ? globalThis.String(object.snapshot_token)
+        : "",
     };
   },
 
@@ -2536,6 +2580,9 @@ export const PurgeMemoriesResponse: MessageFns<PurgeMemoriesResponse> = {
     const obj: any = {};
     if (message.purgeCount !== 0) {
       obj.purgeCount = Math.round(message.purgeCount);
+    }
+    if (message.snapshotToken !== "") {
+      obj.snapshotToken = message.snapshotToken;
     }
     return obj;
   },
@@ -2546,6 +2593,7 @@ export const PurgeMemoriesResponse: MessageFns<PurgeMemoriesResponse> = {
   fromPartial<I extends Exact<DeepPartial<PurgeMemoriesResponse>, I>>(object: I): PurgeMemoriesResponse {
     const message = createBasePurgeMemoriesResponse();
     message.purgeCount = object.purgeCount ?? 0;
+    message.snapshotToken = object.snapshotToken ?? "";
     return message;
   },
 };

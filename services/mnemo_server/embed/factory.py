@@ -9,7 +9,12 @@ from pathlib import Path
 from mnemo_server.config import EmbeddingConfig
 from mnemo_server.embed.embedder import Embedder, OnnxEmbedder, TorchEmbedder, bundled_model_path
 from mnemo_server.embed.fingerprint import model_fingerprint
-from mnemo_server.embed.onnx_export import export_dir_for, export_to_onnx, quantize_int8
+from mnemo_server.embed.onnx_export import (
+    export_dir_for,
+    export_to_onnx,
+    quantize_int8,
+    remove_stale_exports,
+)
 from mnemo_server.errors import FailedPrecondition
 
 log = logging.getLogger(__name__)
@@ -49,7 +54,10 @@ def build_embedder(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the exporter's tracer warnings are noise here
                 fingerprint = model_fingerprint(source, cache_root)
-                onnx_file = export_to_onnx(source, export_dir_for(cache_root, cfg.model, source, fingerprint))
+                target = export_dir_for(cache_root, cfg.model, source, fingerprint)
+                onnx_file = export_to_onnx(source, target, fingerprint)
+                for stale in remove_stale_exports(cache_root, source, fingerprint):
+                    log.info("removed %s, the ONNX export of %s's earlier weights", stale, source)
                 if cfg.precision == "int8":
                     onnx_file = quantize_int8(onnx_file)
             return OnnxEmbedder(

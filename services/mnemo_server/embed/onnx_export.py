@@ -53,10 +53,11 @@ def quantize_int8(onnx_file: Path) -> Path:
     return target
 
 
-def export_to_onnx(model_dir: Path, target: Path) -> Path:
+def export_to_onnx(model_dir: Path, target: Path, fingerprint: str = "") -> Path:
     """Export once into target/ (model.onnx + tokenizer.json); a finished export is reused.
     The export runs in a child process: torch and transformers would otherwise stay in the
-    server's memory for good (~400 MB of RSS) after a one-time job."""
+    server's memory for good (~400 MB of RSS) after a one-time job. fingerprint (of
+    model_dir's files) is recorded beside it, for remove_stale_exports."""
     onnx_file = target / "model.onnx"
     if onnx_file.exists() and (target / "tokenizer.json").exists():
         return onnx_file
@@ -68,6 +69,7 @@ def export_to_onnx(model_dir: Path, target: Path) -> Path:
             str(model_dir),
             str(target),
             str(os.getpid()),
+            fingerprint,
         ],
         capture_output=True,
         text=True,
@@ -78,7 +80,31 @@ def export_to_onnx(model_dir: Path, target: Path) -> Path:
     return onnx_file
 
 
-def _export(model_dir: Path, target: Path) -> None:
+def remove_stale_exports(cache_root: Path, model_dir: Path, fingerprint: str) -> list[Path]:
+    """Delete the exports of model_dir's earlier files (another fingerprint): the weights
+    they were made from are gone, so no start can use them again, and each kept ~90-113 MB
+    after every upgrade of the package that ships the model. Exports of other directories,
+    and those that do not record their fingerprint (made before it was recorded), are left.
+    Returns what was deleted."""
+    here = model_dir.resolve()
+    removed = []
+    for export in sorted(cache_root.glob("onnx-*")):
+        try:
+            made = json.loads((export / "source.json").read_text(encoding="utf-8"))
+            stale = (
+                bool(made["fingerprint"])
+                and made["fingerprint"] != fingerprint
+                and Path(made["model_dir"]).resolve() == here
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a staging directory, a foreign one, or one from before fingerprints
+        if stale:
+            shutil.rmtree(export, ignore_errors=True)
+            removed.append(export)
+    return removed
+
+
+def _export(model_dir: Path, target: Path, fingerprint: str) -> None:
     """Written to a temporary directory first so a crash never leaves a half file in place."""
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -122,7 +148,7 @@ def _export(model_dir: Path, target: Path) -> None:
             dynamo=False,
         )
     shutil.copy(model_dir / "tokenizer.json", tmp / "tokenizer.json")
-    (tmp / "source.json").write_text(json.dumps({"model_dir": str(model_dir)}))
+    (tmp / "source.json").write_text(json.dumps({"model_dir": str(model_dir), "fingerprint": fingerprint}))
     shutil.rmtree(target, ignore_errors=True)
     rename_tree(tmp, target)
 
@@ -137,4 +163,4 @@ if __name__ == "__main__":
     # export uses too (crash probe).
     watch_parent(int(sys.argv[3]), interval_s=0.2)
     warnings.simplefilter("ignore")  # the exporter's tracer warnings are noise here
-    _export(Path(sys.argv[1]), Path(sys.argv[2]))
+    _export(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[4] if len(sys.argv) > 4 else "")

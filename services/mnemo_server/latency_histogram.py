@@ -53,27 +53,70 @@ def quantile(counts: Sequence[int], q: float, bounds: Sequence[float] = BUCKET_U
 
 
 @dataclass(frozen=True)
-class MethodTimes:
-    """One method's calls so far."""
+class Histogram:
+    """Times counted so far: how many, the longest, and the count in each bucket (one per
+    bound of BUCKET_UPPER_MS, plus the overflow bucket)."""
 
-    method: str
-    calls: int
-    failed: int
+    count: int
     max_ms: float
     bucket_counts: tuple[int, ...]
 
     def quantile(self, q: float) -> float:
+        """0.0 while nothing is counted."""
         return quantile(self.bucket_counts, q)
 
 
-class _Counts:
-    __slots__ = ("buckets", "calls", "failed", "max_ms")
+class LatencyHistogram:
+    """One series of times, thread-safe (the probe's wake-ups, one method's calls)."""
 
     def __init__(self) -> None:
-        self.calls = 0
+        self._lock = threading.Lock()
+        self._count = 0
+        self._max_ms = 0.0
+        self._buckets = [0] * (len(BUCKET_UPPER_MS) + 1)
+
+    def record(self, ms: float) -> None:
+        at = bucket_of(ms)
+        with self._lock:
+            self._count += 1
+            self._max_ms = max(self._max_ms, ms)
+            self._buckets[at] += 1
+
+    def snapshot(self) -> Histogram:
+        with self._lock:
+            return Histogram(self._count, self._max_ms, tuple(self._buckets))
+
+
+@dataclass(frozen=True)
+class MethodTimes:
+    """One method's calls so far."""
+
+    method: str
+    failed: int
+    times: Histogram
+
+    @property
+    def calls(self) -> int:
+        return self.times.count
+
+    @property
+    def max_ms(self) -> float:
+        return self.times.max_ms
+
+    @property
+    def bucket_counts(self) -> tuple[int, ...]:
+        return self.times.bucket_counts
+
+    def quantile(self, q: float) -> float:
+        return self.times.quantile(q)
+
+
+class _Method:
+    __slots__ = ("failed", "times")
+
+    def __init__(self) -> None:
         self.failed = 0
-        self.max_ms = 0.0
-        self.buckets = [0] * (len(BUCKET_UPPER_MS) + 1)
+        self.times = LatencyHistogram()
 
 
 class CallTimes:
@@ -81,23 +124,19 @@ class CallTimes:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._methods: dict[str, _Counts] = {}
+        self._methods: dict[str, _Method] = {}
 
     def record(self, method: str, ms: float, ok: bool) -> None:
-        at = bucket_of(ms)
         with self._lock:
-            c = self._methods.get(method)
-            if c is None:
-                c = self._methods[method] = _Counts()
-            c.calls += 1
-            c.failed += 0 if ok else 1
-            c.max_ms = max(c.max_ms, ms)
-            c.buckets[at] += 1
+            m = self._methods.get(method)
+            if m is None:
+                m = self._methods[method] = _Method()
+            m.failed += 0 if ok else 1
+            m.times.record(ms)  # under the same lock: a snapshot never sees failed > calls
 
     def snapshot(self) -> list[MethodTimes]:
         """Every method called so far, by name."""
         with self._lock:
             return [
-                MethodTimes(m, c.calls, c.failed, c.max_ms, tuple(c.buckets))
-                for m, c in sorted(self._methods.items())
+                MethodTimes(name, m.failed, m.times.snapshot()) for name, m in sorted(self._methods.items())
             ]

@@ -22,9 +22,7 @@ import threading
 import time
 
 from mnemo_server.errors import FailedPrecondition
-from mnemo_server.latency_histogram import CallTimes, MethodTimes
-
-_NAME = "interpreter lock wait"
+from mnemo_server.latency_histogram import Histogram, LatencyHistogram
 
 
 class LockWaitProbe:
@@ -36,7 +34,7 @@ class LockWaitProbe:
                 reason="BAD_CONFIG",
             )
         self.interval_s = interval_ms / 1000.0
-        self._times = CallTimes()
+        self._waits = LatencyHistogram()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -56,9 +54,9 @@ class LockWaitProbe:
         if self._thread is not None:
             self._thread.join()
 
-    def snapshot(self) -> MethodTimes:
-        """The wake-ups measured so far (calls counts them; none failed)."""
-        return next(iter(self._times.snapshot()), MethodTimes(_NAME, 0, 0, 0.0, ()))
+    def snapshot(self) -> Histogram:
+        """How late each wake-up so far was."""
+        return self._waits.snapshot()
 
     def _run(self) -> None:
         interval = self.interval_s
@@ -67,4 +65,4 @@ class LockWaitProbe:
             if self._stop.wait(interval):
                 return
             late_ms = (time.perf_counter() - asleep - interval) * 1000.0
-            self._times.record(_NAME, max(late_ms, 0.0), True)
+            self._waits.record(max(late_ms, 0.0))

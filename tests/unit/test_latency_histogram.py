@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from mnemo_server.latency_histogram import BUCKET_UPPER_MS, CallTimes, bucket_of, quantile
+from mnemo_server.latency_histogram import BUCKET_UPPER_MS, CallTimes, LatencyHistogram, bucket_of, quantile
 
 GROWTH = 2.0**0.25
 
@@ -100,3 +100,18 @@ def test_call_times_lose_nothing_under_concurrent_records() -> None:
     assert [s.calls for s in snaps] == [6_000, 6_000]
     assert [s.failed for s in snaps] == [600, 600]
     assert all(sum(s.bucket_counts) == s.calls for s in snaps)
+
+
+def test_one_series_counts_its_times_and_reads_zero_while_empty() -> None:
+    series = LatencyHistogram()
+    empty = series.snapshot()
+    assert (empty.count, empty.max_ms, empty.quantile(0.5)) == (0, 0.0, 0.0)
+    assert empty.bucket_counts == (0,) * (len(BUCKET_UPPER_MS) + 1)
+    for ms in (0.0, 3.0, 3.0, 250_000.0):  # the last lies past the last bound
+        series.record(ms)
+    s = series.snapshot()
+    assert (s.count, s.max_ms) == (4, 250_000.0)
+    assert s.bucket_counts[0] == 1 and s.bucket_counts[-1] == 1 and sum(s.bucket_counts) == 4
+    assert 3.0 / GROWTH < s.quantile(0.5) <= 3.0 * GROWTH
+    assert s.quantile(1.0) == BUCKET_UPPER_MS[-1]
+    assert empty.count == 0  # a snapshot does not move with later records

@@ -417,10 +417,10 @@ def _residency_pb(stats: ResidencyStats | None, loaded: bool) -> pb.IndexResiden
 def _lock_wait_pb(probe: LockWaitProbe) -> pb.InterpreterLockWait:
     waits = probe.snapshot()
     return pb.InterpreterLockWait(
-        samples=waits.calls,
+        samples=waits.count,
         interval_ms=probe.interval_s * 1000.0,
-        p50_ms=waits.quantile(0.5) if waits.calls else 0.0,
-        p99_ms=waits.quantile(0.99) if waits.calls else 0.0,
+        p50_ms=waits.quantile(0.5),
+        p99_ms=waits.quantile(0.99),
         max_ms=waits.max_ms,
-        bucket_counts=waits.bucket_counts,
+        bucket_counts=waits.bucket_counts if probe.enabled else (),
     )

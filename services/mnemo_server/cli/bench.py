@@ -115,7 +115,7 @@ def print_tables(result: dict[str, Any]) -> None:
     )
 
 
-def keep_logs(launcher: Launcher, json_out: Path) -> list[str]:
+def stop_and_keep_logs(launcher: Launcher, json_out: Path) -> list[str]:
     """Copies of the launched processes' logs beside the JSON (`<name>.logs/`): what explains
     a figure (a stall, an error's incident id) is only there, and the launcher's directory
     goes when the bench ends. The processes are stopped first, so that the logs end with
@@ -268,7 +268,7 @@ def bench(
                 )
             )
         if launcher is not None and json_out is not None:
-            result["logs"] = keep_logs(launcher, json_out)
+            result["logs"] = stop_and_keep_logs(launcher, json_out)
     print_tables(result)
     click.echo(json.dumps(result, indent=1))
     if json_out:

@@ -424,8 +424,9 @@ def test_end_sessions_that_queue_for_the_lock_are_written_together_each_with_its
 ) -> None:
     """EndSessions that queue while the sessions' write lock is held go into one
     transaction (group commit), each with its own continuity and pairs. When one of a group
-    fails (its session already ended), the group is written again one by one: only that
-    call fails, the others are written once."""
+    fails (its session ended by another of the group), the group is written again one by
+    one: only that call fails, the others are written once. An end of a session already
+    ended or unknown when it is read is refused at once, without joining a group."""
     live = start_server(ranking={"delivery_interval_s": 3600, "delivery_gather_s": 3600})
     t, core = tenant(live), live.server.core
     seed(t)
@@ -482,24 +483,45 @@ def test_end_sessions_that_queue_for_the_lock_are_written_together_each_with_its
         start(t, sid, "staging database")
     end(again[2])
 
-    def end_or_rival(sid: str) -> object:
-        if sid != "rival":
-            return end(sid)
-        # Another request for the session ended above: SESSION_ENDED, which fails the group.
+    def end_as(sid: str, request_id: str) -> object:
         return t.memory().EndSession(
-            pb.EndSessionRequest(session_id=again[2], request_id="rival"), metadata=t.md, timeout=30
+            pb.EndSessionRequest(session_id=sid, request_id=request_id), metadata=t.md, timeout=30
         )
 
+    def end_or_rival(sid: str) -> object:
+        # "rival": another request for again[1], queued in the same group as its first end,
+        # both having read it active: SESSION_ENDED inside the write, which fails the group.
+        return end_as(again[1], "rival") if sid == "rival" else end(sid)
+
+    with core.db.transaction(WriteDomain.SESSIONS):
+        # Ended, or never started, when read: refused while the lock is still held, so they
+        # joined no group (they used to, and rolled back the group they joined).
+        for sid, code in ((again[2], "FAILED_PRECONDITION"), ("never-started", "NOT_FOUND")):
+            with pytest.raises(grpc.RpcError) as refused:
+                end_as(sid, f"late-{sid}")
+            assert refused.value.code().name == code, refused.value
+        assert core.sessions.end_writes.waiting == 0 and core.sessions.end_writes.writing == 0
+
     answers, transactions = ended_while_the_lock_is_held(
-        [again[0], "rival", again[1], again[3]], end_or_rival
+        [again[0], again[1], "rival", again[3]], end_or_rival
     )
     assert codes(answers) == ["FAILED_PRECONDITION", "OK", "OK", "OK"], answers
     assert transactions == 1 + 1 + 3  # the leader's, the group's (rolled back), then each alone
-    assert isinstance(answers[1], grpc.RpcError) and error_info(answers[1])[0] == "SESSION_ENDED"
+    # again[1]'s two ends queued side by side: whichever the group wrote first ended it.
+    retries = {1: lambda: end(again[1]), 2: lambda: end_as(again[1], "rival")}
+    (won,) = [i for i in (1, 2) if isinstance(answers[i], pb.EndSessionResponse)]
+    (lost,) = [i for i in (1, 2) if isinstance(answers[i], grpc.RpcError)]
+    assert error_info(answers[lost])[0] == "SESSION_ENDED"  # type: ignore[arg-type]
     for sid in (again[0], again[1], again[3]):
         got = t.memory().GetSession(pb.GetSessionRequest(session_id=sid), metadata=t.md, timeout=5)
         assert got.session.state == pb.SESSION_STATE_ENDED
     assert core.delivery.pending() == 5 + 4  # the first round's and this round's, once each
+    # A retry of the end that was written is answered from its record, though the session
+    # has ended since; the other's retry is refused again.
+    assert retries[won]() == answers[won]
+    with pytest.raises(grpc.RpcError) as again_refused:
+        retries[lost]()
+    assert error_info(again_refused.value)[0] == "SESSION_ENDED"
 
 
 def test_one_request_id_for_a_create_and_an_end_at_once_gets_one_effect(

@@ -550,7 +550,10 @@ class SessionService:
         # (in-process, 100k memories) and 42 ms at the p50 under the bench's load. Inside, one
         # conditional UPDATE ends the session only if it is the one read and still active.
         req = _EndRequest(tenant_id, session_id, feedback, transcript, now)
-        ending = self._ending(self.db.reader(), req, self.db.rows)
+        reader = self.db.reader()
+        ending = self._ending(reader, req, self.db.rows)
+        if ending is None:
+            self._refuse_early(reader, req, key)
         # Ends that queue while another is written share its transaction (GroupCommit):
         # written in it one after another, as they would have been each in its own; if one
         # fails, each is written again alone, so its error is its own.
@@ -608,14 +611,27 @@ class SessionService:
             req.now,
         )
 
-    def _end_as_found(self, cur: Cursor, req: _EndRequest) -> _Ending:
-        """Inside the write transaction, when the session is not the active one read before
-        it: say why, or, if it was started (or replaced) after that read, end it as it is."""
-        state = session_repo.session_state(cur, req.tenant_id, req.session_id)
+    def _refuse_early(self, cur: Cursor, req: _EndRequest, key: IdempotencyKey | None) -> None:
+        """Before the write is queued, when the read found no active session: NOT_FOUND or
+        SESSION_ENDED at once, unless an answer is recorded under key (a retry, answered
+        from the record in the write) or the session was started since the read. A refusal
+        found inside the write rolls back the whole group it joined, and each of the group
+        is written again alone: under a stream of such requests (a client ending sessions
+        twice) every group paid that, for every tenant."""
+        if idempotency_repo.lookup(cur, self.db.stored.requests, req.tenant_id, key) is None:
+            self._refuse_unless_active(session_repo.session_state(cur, req.tenant_id, req.session_id), req)
+
+    @staticmethod
+    def _refuse_unless_active(state: tuple[str, int] | None, req: _EndRequest) -> None:
         if state is None:
             raise NotFound("session", req.session_id)
         if state[0] != "active":
             raise FailedPrecondition(f"session {req.session_id!r} has already ended", reason="SESSION_ENDED")
+
+    def _end_as_found(self, cur: Cursor, req: _EndRequest) -> _Ending:
+        """Inside the write transaction, when the session is not the active one read before
+        it: say why, or, if it was started (or replaced) after that read, end it as it is."""
+        self._refuse_unless_active(session_repo.session_state(cur, req.tenant_id, req.session_id), req)
         ending = self._ending(cur, req, None)
         if ending is None or not self._end(cur, req, ending):
             raise NotFound("session", req.session_id)  # read active under the same lock: cannot happen

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mnemo_server.store.database import Cursor
-from mnemo_server.store.memory_repo import COLUMNS, id_list
+from mnemo_server.store.memory_repo import COLUMNS, id_list, id_set
 from mnemo_server.store.row_cache import Row, all_rows_changed, rows_changed, rows_patched
 
 _COLUMN = {name: i for i, name in enumerate(COLUMNS)}
@@ -44,17 +44,19 @@ def mark_indexed(cur: Cursor, done: Sequence[tuple[str, str, int]], model: str) 
     """done: (tenant, id, revision) now reflected in LanceDB. A row changed since keeps its
     stale marker and is picked up again."""
     # One UPDATE per (tenant, revision) with a literal id list: it uses the ART index on id,
-    # where a join against the batch would scan the table while holding the write lock.
+    # where a join against the batch would scan the table while holding the write lock (past
+    # memory_repo's bound a list costs more than the scan, and id_set makes it one).
     groups: dict[tuple[str, int], list[str]] = {}
     for t, i, r in done:
         groups.setdefault((t, r), []).append(i)
     for (tenant_id, revision), ids in groups.items():
         rows_patched(tenant_id, ids, _index_mark(revision, model))
-        cur.execute(
-            f"UPDATE memories SET indexed_revision = revision, indexed_model = ?, embedding_model = ? "
-            f"WHERE id IN ({id_list(ids)}) AND tenant_id = ? AND revision = ? AND delete_time_ns IS NULL",
-            [model, model, tenant_id, revision],
-        )
+        with id_set(cur, ids) as done_ids:
+            cur.execute(
+                f"UPDATE memories SET indexed_revision = revision, indexed_model = ?, embedding_model = ? "
+                f"WHERE id IN ({done_ids}) AND tenant_id = ? AND revision = ? AND delete_time_ns IS NULL",
+                [model, model, tenant_id, revision],
+            )
 
 
 def _index_mark(revision: int, model: str) -> Callable[[Row], Row]:
@@ -77,21 +79,23 @@ def mark_unindexed(cur: Cursor, removed: Sequence[tuple[str, str]]) -> None:
         by_tenant.setdefault(t, []).append(i)
     for tenant_id, ids in by_tenant.items():
         rows_changed(tenant_id, ids)
-        cur.execute(
-            "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL "
-            f"WHERE id IN ({id_list(ids)}) AND tenant_id = ? AND delete_time_ns IS NOT NULL",
-            [tenant_id],
-        )
+        with id_set(cur, ids) as removed_ids:
+            cur.execute(
+                "UPDATE memories SET indexed_revision = NULL, indexed_model = NULL "
+                f"WHERE id IN ({removed_ids}) AND tenant_id = ? AND delete_time_ns IS NOT NULL",
+                [tenant_id],
+            )
 
 
 def forget_index_marks(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> None:
     """These rows are indexed again (LanceDB lost them or holds another revision)."""
     if ids:
         rows_changed(tenant_id, ids)
-        cur.execute(
-            f"UPDATE memories SET indexed_revision = NULL WHERE id IN ({id_list(ids)}) AND tenant_id = ?",
-            [tenant_id],
-        )
+        with id_set(cur, ids) as forgotten:
+            cur.execute(
+                f"UPDATE memories SET indexed_revision = NULL WHERE id IN ({forgotten}) AND tenant_id = ?",
+                [tenant_id],
+            )
 
 
 def live_index_marks(cur: Cursor, tenant_ids: Sequence[str]) -> dict[str, dict[str, tuple[int, int | None]]]:

@@ -12,7 +12,7 @@ import duckdb
 from mnemo_server.store import session_candidates
 from mnemo_server.store.compressed import deflate, inflate
 from mnemo_server.store.database import Cursor, fetch_one
-from mnemo_server.store.memory_repo import access_added, arrow_view, id_list
+from mnemo_server.store.memory_repo import access_added, arrow_view, id_set
 from mnemo_server.store.row_cache import rows_patched
 from mnemo_server.store.session_candidates import SessionMemoryRow
 
@@ -163,12 +163,13 @@ def add_accesses(cur: Cursor, accesses: Sequence[tuple[str, str, int, int]]) -> 
         groups[(tenant_id, n)] = (ids, max(latest, last_ns))
     for (tenant_id, n), (ids, latest) in groups.items():
         rows_patched(tenant_id, ids, access_added(n))
-        cur.execute(
-            "UPDATE memories SET access_count = access_count + ?, "
-            "last_access_ns = greatest(coalesce(last_access_ns, 0), ?) "
-            f"WHERE id IN ({id_list(ids)}) AND tenant_id = ?",
-            [n, latest, tenant_id],
-        )
+        with id_set(cur, ids) as accessed:
+            cur.execute(
+                "UPDATE memories SET access_count = access_count + ?, "
+                "last_access_ns = greatest(coalesce(last_access_ns, 0), ?) "
+                f"WHERE id IN ({accessed}) AND tenant_id = ?",
+                [n, latest, tenant_id],
+            )
 
 
 # --- outbox --------------------------------------------------------------------------
@@ -233,15 +234,16 @@ def mark_delivered(cur: Cursor, tenant_id: str, session_ids: Sequence[str], now_
     many there are (a literal id list, which DuckDB answers from the indexes on the ids)."""
     if not session_ids:
         return
-    ids = id_list(session_ids)
-    cur.execute(
-        "UPDATE sidecar_outbox SET delivered_ns = ?, attempts = attempts + 1 "
-        f"WHERE tenant_id = ? AND session_id IN ({ids})",
-        [now_ns, tenant_id],
-    )
-    cur.execute(
-        f"UPDATE sessions SET feedback_delivered = TRUE WHERE tenant_id = ? AND id IN ({ids})", [tenant_id]
-    )
+    with id_set(cur, session_ids) as ids:
+        cur.execute(
+            "UPDATE sidecar_outbox SET delivered_ns = ?, attempts = attempts + 1 "
+            f"WHERE tenant_id = ? AND session_id IN ({ids})",
+            [now_ns, tenant_id],
+        )
+        cur.execute(
+            f"UPDATE sessions SET feedback_delivered = TRUE WHERE tenant_id = ? AND id IN ({ids})",
+            [tenant_id],
+        )
 
 
 def mark_failed(cur: Cursor, tenant_id: str, session_id: str, next_attempt_ns: int, error: str) -> None:

@@ -152,10 +152,11 @@ def add_accesses(cur: Cursor, accesses: Sequence[tuple[str, str, int, int]]) -> 
     injections, time of the latest). Rows purged since match nothing; a row deleted
     (tombstoned) since still has its count raised, which no ranking reads again.
 
-    One UPDATE per tenant and count, by a literal id list, which DuckDB answers from the
-    ART index (5.6 ms for 80 ids at 100k memories; a join with the batch as an Arrow table
-    scans the table, ~10 ms whatever its size). A group's last access is the latest time
-    of the group, so a memory's can read up to one batch interval late."""
+    One UPDATE per tenant and count, by memory_repo.id_set: a literal id list up to its
+    bound, which DuckDB answers from the ART index (5.6 ms for 80 ids at 100k memories),
+    and past it the ids as an Arrow relation, a scan of the table (~10 ms whatever its size)
+    where a list of thousands took far longer. A group's last access is the latest time of
+    the group, so a memory's can read up to one batch interval late."""
     groups: dict[tuple[str, int], tuple[list[str], int]] = {}
     for tenant_id, memory_id, n, last_ns in accesses:
         ids, latest = groups.get((tenant_id, n), ([], last_ns))

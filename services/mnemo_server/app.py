@@ -197,6 +197,7 @@ class Core:
                 config.index,
                 self.embedder.model_id,
                 group_commit_max_memories=config.storage.group_commit_max_memories,
+                purge_batch=config.storage.purge_batch,
             )
             self.tenants = TenantService(self.db)
             self.ranking = RankingClient(config.ranking)

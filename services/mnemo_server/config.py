@@ -99,6 +99,9 @@ class StorageConfig:
     # Creates that queue while another is being written are written together, up to this
     # many memories in one transaction (store/group_commit.py); 0: each on its own.
     group_commit_max_memories: int = 500
+    # A forced purge tombstones this many memories a transaction, other writers taking the
+    # memories write lock between them (memory/purges.py).
+    purge_batch: int = 1_000
     # The same for StartSession's records (a session and its candidates) and for EndSession's
     # writes, up to this many sessions in one transaction; 0: each on its own.
     group_commit_max_sessions: int = 8
@@ -443,6 +446,7 @@ _INT_RANGES = {
     "batch_size": (1, 4_096),
     "index_batch_size": (1, 4_096),
     "max_batch_size": (1, 100_000),
+    "purge_batch": (1, 1_000_000),
     "max_train_streams": (1, 4_096),
     "max_streams": (1, 4_096),
     "max_streams_per_tenant": (1, 4_096),

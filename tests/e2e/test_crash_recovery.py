@@ -4,6 +4,7 @@ training pairs it queued for the sidecar."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -343,3 +344,58 @@ def _cmdline(pid: int) -> str:
 def _sidecar_env(model_cache: Path) -> dict[str, str]:
     """The embedding blend a sidecar prepares at start-up, from the test run's one export."""
     return {"MNEMO_SIDECAR_INFERENCE__EMBEDDER_CACHE_DIR": str(model_cache)}
+
+
+def test_a_purge_cut_short_by_kill9_is_finished_by_its_retry_with_the_whole_count(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """A forced purge is written a batch a transaction, recording its progress under its
+    request_id. Killed midway, its retry after a restart purges the rest of what it was
+    bound to (not memories stored since) and answers the whole count, once."""
+    data = tmp_path / "data"
+    # Small batches make the purge long enough to kill midway; a long index wait keeps the
+    # index worker from competing for the lock meanwhile.
+    env = base_env(
+        model_cache,
+        MNEMO_AUTH__ENABLED="false",
+        MNEMO_STORAGE__PURGE_BATCH="10",
+        MNEMO_INDEX__BATCH_WAIT_MS="60000",
+    )
+    proc = spawn(_serve_args(data), env=env)
+    stub = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc.address))
+    total = 2_000
+    for start in range(0, total, 500):
+        batch = [
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"ticket {i}: a note to purge"))
+            for i in range(start, start + 500)
+        ]
+        stub.BatchCreateMemories(pb.BatchCreateMemoriesRequest(requests=batch), timeout=60)
+    purge = pb.PurgeMemoriesRequest(all_memories=True, force=True, request_id="purge-through-a-crash")
+    threading.Thread(target=lambda: _call_until_killed(stub.PurgeMemories, purge), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while stub.GetStatus(pb.GetStatusRequest(), timeout=5).memory_count == total:
+        assert time.monotonic() < deadline, "the purge never began"
+    proc.kill9()
+
+    proc2 = spawn(_serve_args(data), env=env)
+    stub2 = pb_grpc.MemoryServiceStub(grpc.insecure_channel(proc2.address))
+    left = stub2.GetStatus(pb.GetStatusRequest(), timeout=5).memory_count
+    assert 0 < left < total, left  # killed midway
+    kept = stub2.CreateMemory(
+        pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="stored after the crash")), timeout=10
+    ).memory
+    assert stub2.PurgeMemories(purge, timeout=60).purge_count == total
+    assert stub2.PurgeMemories(purge, timeout=60).purge_count == total  # answered from its record
+    listed = stub2.ListMemories(pb.ListMemoriesRequest(page_size=10), timeout=10).memories
+    assert [m.id for m in listed] == [kept.id]
+    page = stub2.ListMemories(pb.ListMemoriesRequest(page_size=1000, show_deleted=True), timeout=10)
+    sample = [m.id for m in page.memories if m.id != kept.id][:50]
+    for mid in sample:  # each deleted once: no batch was written twice
+        history = stub2.GetMemoryHistory(pb.GetMemoryHistoryRequest(id=mid), timeout=5).entries
+        assert [e.action for e in history] == ["create", "delete"], mid
+
+
+def _call_until_killed(call: Callable[..., object], request: object) -> None:
+    """The call, whose server is killed during it."""
+    with contextlib.suppress(grpc.RpcError):
+        call(request, timeout=60)

@@ -43,6 +43,7 @@ from mnemo_server.memory.paging import (
     query_fingerprint,
 )
 from mnemo_server.memory.purge_snapshot import snapshot_token, through_seq
+from mnemo_server.memory.purges import PurgeCount, Purger
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store import idempotency_repo, memory_repo
@@ -50,15 +51,6 @@ from mnemo_server.store.database import Cursor, Database
 
 EXTERNAL_PREFIX = "external:"
 UPDATABLE_PATHS = ("importance", "confidence", "pinned", "category", "metadata", "event_time", "content")
-
-
-@dataclass(frozen=True)
-class PurgeCount:
-    """Memories a purge deleted, or a dry run would; a dry run's token bounds a forced purge
-    to what it counted (memory/purge_snapshot.py)."""
-
-    count: int
-    snapshot_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,6 +114,7 @@ class MemoryService:
         embedding_model: str,
         clock: Callable[[], int] = now_ns,
         group_commit_max_memories: int = 0,
+        purge_batch: int = 1_000,
     ):
         self.db = db
         self.indexer = indexer
@@ -134,6 +127,7 @@ class MemoryService:
         self.creates = CreateWriter(
             db, caps, self.live_counts, embedding_model, clock, group_commit_max_memories
         )
+        self.purger = Purger(db, indexer, self.live_counts, self._write, clock, purge_batch)
 
     @contextmanager
     def _write(self, tenant_id: str) -> Iterator[Cursor]:
@@ -457,18 +451,7 @@ class MemoryService:
         if not force:
             n, last = memory_repo.count_live_through(self.db.reader(), tenant_id, f, through)
             return PurgeCount(n, snapshot_token(last if through is None else min(last, through)))
-        with self._write(tenant_id) as cur:
-            now = self.clock()  # under the write lock (see update)
-            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
-            if replay is not None:
-                return PurgeCount(int(replay["count"]))
-            ids = memory_repo.live_ids_matching(cur, tenant_id, f, through_seq=through)
-            memory_repo.tombstone(cur, tenant_id, ids, now)
-            self.live_counts.forget(tenant_id)
-            memory_repo.record_history(cur, [(tenant_id, i, "delete", "api", "purge", {}) for i in ids], now)
-            idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, {"count": len(ids)}, now)
-        self.indexer.submit(tenant_id, ids)
-        return PurgeCount(len(ids))
+        return PurgeCount(self.purger.purge(tenant_id, f, through, key))
 
     # --- export / import ---------------------------------------------------------------
 

@@ -89,5 +89,15 @@ def record_many(
         ) from None
 
 
+def rerecord(cur: Cursor, tenant_id: str, key: IdempotencyKey | None, result: dict[str, Any]) -> None:
+    """Replace the result recorded under key (a write done over several transactions
+    records its progress with each)."""
+    if key is not None:
+        cur.execute(
+            "UPDATE idempotency SET result = ? WHERE tenant_id = ? AND request_id = ?",
+            [json.dumps(result), tenant_id, key.request_id],
+        )
+
+
 def purge(cur: Cursor, before_ns: int) -> None:
     cur.execute("DELETE FROM idempotency WHERE create_time_ns < ?", [before_ns])

@@ -572,13 +572,21 @@ def count_live_through(
 
 
 def live_ids_matching(
-    cur: Cursor, tenant_id: str, f: MemoryFilter, *, through_seq: int | None = None
+    cur: Cursor, tenant_id: str, f: MemoryFilter, *, through_seq: int | None = None, limit: int | None = None
 ) -> list[str]:
-    """Ids of the live memories matching f; with through_seq, only those stored by then."""
+    """Ids of the live memories matching f; with through_seq, only those stored by then;
+    with limit, the first that many in insertion order."""
     where = _live_through(tenant_id, f, through_seq)
-    return [
-        r[0] for r in cur.execute(f"SELECT id FROM memories WHERE {where.sql()}", where.params).fetchall()
-    ]
+    sql = f"SELECT id FROM memories WHERE {where.sql()}"
+    if limit is not None:
+        sql, where.params = f"{sql} ORDER BY seq LIMIT ?", [*where.params, limit]
+    return [r[0] for r in cur.execute(sql, where.params).fetchall()]
+
+
+def largest_seq(cur: Cursor, tenant_id: str) -> int:
+    """The tenant's largest insertion sequence number (0: none stored)."""
+    row = fetch_one(cur, "SELECT coalesce(max(seq), 0) FROM memories WHERE tenant_id = ?", [tenant_id])
+    return int(row[0]) if row else 0
 
 
 def count_live_in(cur: Cursor, tenant_id: str, scope: Scope, mtype: MemoryType) -> int:

@@ -180,7 +180,10 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PurgeMemories(self, request, context):
-        """Tombstones every memory matching a filter; without force it only counts them.
+        """Tombstones every memory matching a filter and stored when the purge starts; without force
+        it only counts them. A large purge is written in batches (storage.purge_batch), other
+        writes going on between them; one cut short (a crash) is finished by its retry with the
+        same request_id, which answers the whole count.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

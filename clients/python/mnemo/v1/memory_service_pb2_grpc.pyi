@@ -67,7 +67,11 @@ class MemoryServiceStub:
     of sessions that injected it, which the sidecar keeps for learning.
     """
     PurgeMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.PurgeMemoriesRequest, _memory_service_pb2.PurgeMemoriesResponse]
-    """Tombstones every memory matching a filter; without force it only counts them."""
+    """Tombstones every memory matching a filter and stored when the purge starts; without force
+    it only counts them. A large purge is written in batches (storage.purge_batch), other
+    writes going on between them; one cut short (a crash) is finished by its retry with the
+    same request_id, which answers the whole count.
+    """
     Recall: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.RecallRequest, _memory_service_pb2.RecallResponse]
     """Hybrid (vector + full-text) search with per-hit scores."""
     ExportMemories: _grpc.UnaryStreamMultiCallable[_memory_service_pb2.ExportMemoriesRequest, _memory_service_pb2.ExportMemoriesResponse]
@@ -133,7 +137,11 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     of sessions that injected it, which the sidecar keeps for learning.
     """
     PurgeMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.PurgeMemoriesRequest, _memory_service_pb2.PurgeMemoriesResponse]  # type: ignore[assignment]
-    """Tombstones every memory matching a filter; without force it only counts them."""
+    """Tombstones every memory matching a filter and stored when the purge starts; without force
+    it only counts them. A large purge is written in batches (storage.purge_batch), other
+    writes going on between them; one cut short (a crash) is finished by its retry with the
+    same request_id, which answers the whole count.
+    """
     Recall: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.RecallRequest, _memory_service_pb2.RecallResponse]  # type: ignore[assignment]
     """Hybrid (vector + full-text) search with per-hit scores."""
     ExportMemories: _aio.UnaryStreamMultiCallable[_memory_service_pb2.ExportMemoriesRequest, _memory_service_pb2.ExportMemoriesResponse]  # type: ignore[assignment]
@@ -244,7 +252,11 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.PurgeMemoriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.PurgeMemoriesResponse, _abc.Awaitable[_memory_service_pb2.PurgeMemoriesResponse]]:
-        """Tombstones every memory matching a filter; without force it only counts them."""
+        """Tombstones every memory matching a filter and stored when the purge starts; without force
+        it only counts them. A large purge is written in batches (storage.purge_batch), other
+        writes going on between them; one cut short (a crash) is finished by its retry with the
+        same request_id, which answers the whole count.
+        """
 
     @_abc_1.abstractmethod
     def Recall(

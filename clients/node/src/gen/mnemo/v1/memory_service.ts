@@ -370,7 +370,8 @@ export interface PurgeMemoriesRequest {
   /**
    * With force: the snapshot_token of a dry run (force unset) with the same criteria. Only
    * memories already stored when that dry run counted are deleted, so what arrives while a
-   * caller confirms the count is kept, whatever its create_time. Empty: every match.
+   * caller confirms the count is kept, whatever its create_time. Empty: every match stored
+   * when the purge starts.
    */
   snapshotToken: string;
 }
@@ -7892,7 +7893,12 @@ export const MemoryServiceService = {
       Buffer.from(DeleteMemoryResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): DeleteMemoryResponse => DeleteMemoryResponse.decode(value),
   },
-  /** Tombstones every memory matching a filter; without force it only counts them. */
+  /**
+   * Tombstones every memory matching a filter and stored when the purge starts; without force
+   * it only counts them. A large purge is written in batches (storage.purge_batch), other
+   * writes going on between them; one cut short (a crash) is finished by its retry with the
+   * same request_id, which answers the whole count.
+   */
   purgeMemories: {
     path: "/mnemo.v1.MemoryService/PurgeMemories" as const,
     requestStream: false as const,
@@ -8031,7 +8037,12 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * of sessions that injected it, which the sidecar keeps for learning.
    */
   deleteMemory: handleUnaryCall<DeleteMemoryRequest, DeleteMemoryResponse>;
-  /** Tombstones every memory matching a filter; without force it only counts them. */
+  /**
+   * Tombstones every memory matching a filter and stored when the purge starts; without force
+   * it only counts them. A large purge is written in batches (storage.purge_batch), other
+   * writes going on between them; one cut short (a crash) is finished by its retry with the
+   * same request_id, which answers the whole count.
+   */
   purgeMemories: handleUnaryCall<PurgeMemoriesRequest, PurgeMemoriesResponse>;
   /** Hybrid (vector + full-text) search with per-hit scores. */
   recall: handleUnaryCall<RecallRequest, RecallResponse>;
@@ -8198,7 +8209,12 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: DeleteMemoryResponse) => void,
   ): ClientUnaryCall;
-  /** Tombstones every memory matching a filter; without force it only counts them. */
+  /**
+   * Tombstones every memory matching a filter and stored when the purge starts; without force
+   * it only counts them. A large purge is written in batches (storage.purge_batch), other
+   * writes going on between them; one cut short (a crash) is finished by its retry with the
+   * same request_id, which answers the whole count.
+   */
   purgeMemories(
     request: PurgeMemoriesRequest,
     callback: (error: ServiceError | null, response: PurgeMemoriesResponse) => void,

@@ -619,10 +619,11 @@ class SessionService:
         is written again alone: under a stream of such requests (a client ending sessions
         twice) every group paid that, for every tenant."""
         if idempotency_repo.lookup(cur, self.db.stored.requests, req.tenant_id, key) is None:
-            self._refuse_unless_active(session_repo.session_state(cur, req.tenant_id, req.session_id), req)
+            self._refuse_unless_active(cur, req)
 
     @staticmethod
-    def _refuse_unless_active(state: tuple[str, int] | None, req: _EndRequest) -> None:
+    def _refuse_unless_active(cur: Cursor, req: _EndRequest) -> None:
+        state = session_repo.session_state(cur, req.tenant_id, req.session_id)
         if state is None:
             raise NotFound("session", req.session_id)
         if state[0] != "active":
@@ -631,7 +632,7 @@ class SessionService:
     def _end_as_found(self, cur: Cursor, req: _EndRequest) -> _Ending:
         """Inside the write transaction, when the session is not the active one read before
         it: say why, or, if it was started (or replaced) after that read, end it as it is."""
-        self._refuse_unless_active(session_repo.session_state(cur, req.tenant_id, req.session_id), req)
+        self._refuse_unless_active(cur, req)
         ending = self._ending(cur, req, None)
         if ending is None or not self._end(cur, req, ending):
             raise NotFound("session", req.session_id)  # read active under the same lock: cannot happen

@@ -7,7 +7,7 @@ import itertools
 import json
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -82,11 +82,16 @@ def new_row_cache(max_rows: int) -> RowCache:
     return RowCache(max_rows, COLUMNS.index("id"), frozenset(COLUMNS.index(c) for c in _SHARED_COLUMNS))
 
 
-@contextmanager
-def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]]) -> Iterator[None]:
+def arrow_view(cur: Cursor, name: str, rows: list[dict[str, Any]]) -> AbstractContextManager[None]:
     """Expose Python rows to SQL as a named relation for one statement (fast bulk writes:
     DuckDB's executemany costs ~1 ms a row, an Arrow scan microseconds)."""
-    cur.register(name, pa.Table.from_pylist(rows))
+    return _registered(cur, name, pa.Table.from_pylist(rows))
+
+
+@contextmanager
+def _registered(cur: Cursor, name: str, table: pa.Table) -> Iterator[None]:
+    """table, named `name` to SQL on this cursor for the block."""
+    cur.register(name, table)
     try:
         yield
     finally:
@@ -316,11 +321,9 @@ def id_set(cur: Cursor, ids: Sequence[str]) -> Iterator[str]:
         yield id_list(ids)
         return
     name = f"wanted_ids_{next(_id_views)}"
-    cur.register(name, pa.table({"id": pa.array(list(ids), pa.string())}))
-    try:
+    # One column built at once: from_pylist's dict a row took 37 ms for 77k ids, this 2.5.
+    with _registered(cur, name, pa.table({"id": pa.array(list(ids), pa.string())})):
         yield f"SELECT id FROM {name}"
-    finally:
-        cur.unregister(name)
 
 
 def _rows_by_id(cur: Cursor, tenant_id: str, ids: Sequence[str]) -> list[Row]:
@@ -549,6 +552,9 @@ def count(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool
     return int(row[0]) if row else 0
 
 
+_LARGEST_SEQ = "SELECT coalesce(max(seq), 0) FROM memories WHERE tenant_id = ?"
+
+
 def _live_through(tenant_id: str, f: MemoryFilter, through_seq: int | None) -> _Where:
     where = _filter_where(tenant_id, f, include_deleted=False)
     if through_seq is not None:
@@ -564,8 +570,7 @@ def count_live_through(
     where = _live_through(tenant_id, f, through_seq)
     row = fetch_one(
         cur,
-        f"SELECT (SELECT count(*) FROM memories WHERE {where.sql()}), "
-        "(SELECT coalesce(max(seq), 0) FROM memories WHERE tenant_id = ?)",
+        f"SELECT (SELECT count(*) FROM memories WHERE {where.sql()}), ({_LARGEST_SEQ})",
         [*where.params, tenant_id],
     )
     return (int(row[0]), int(row[1])) if row else (0, 0)
@@ -585,7 +590,7 @@ def live_ids_matching(
 
 def largest_seq(cur: Cursor, tenant_id: str) -> int:
     """The tenant's largest insertion sequence number (0: none stored)."""
-    row = fetch_one(cur, "SELECT coalesce(max(seq), 0) FROM memories WHERE tenant_id = ?", [tenant_id])
+    row = fetch_one(cur, _LARGEST_SEQ, [tenant_id])
     return int(row[0]) if row else 0
 
 

@@ -40,6 +40,31 @@ def test_summary_names_each_stage_and_what_came_after_the_last_mark() -> None:
     assert CallTrace().summary().startswith("rest ")
 
 
+def test_a_long_calls_summary_gives_each_stage_once_with_its_count_total_and_longest() -> None:
+    """A purge of 600 memories in batches of one logged its 1,800 stages on one line."""
+    trace = CallTrace(started=0.0)
+    at = 0.0
+    for i in range(600):
+        for stage, ms in (
+            ("before_transaction", 0.1),
+            ("write_lock_wait", 0.0),
+            ("transaction", 5.0 + i % 7),
+        ):
+            at += ms / 1000.0
+            trace.marks.append((stage, at))
+    text = trace.summary()
+    parts = text.split(", ")
+    assert [p.split(" ")[0] for p in parts] == [
+        "before_transaction",
+        "write_lock_wait",
+        "transaction",
+        "rest",
+    ]
+    assert parts[2] == f"transaction {sum(5.0 + i % 7 for i in range(600)):.1f} (600x up to 11.0)"
+    assert parts[0] == "before_transaction 60.0 (600x up to 0.1)"
+    assert len(text) < 200
+
+
 def test_nested_traces_restore_the_outer_one() -> None:
     with traced() as outer:
         with traced() as inner:

@@ -48,6 +48,21 @@ def _purge(t: TenantClient, **kw: object) -> pb.PurgeMemoriesResponse:
     return answer
 
 
+def _create_notes(t: TenantClient, n: int) -> None:
+    """n memories, "note 0" to "note n-1", a hundred a call."""
+    for start in range(0, n, 100):
+        t.memory().BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(
+                requests=[
+                    pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"note {i}"))
+                    for i in range(start, min(n, start + 100))
+                ]
+            ),
+            metadata=t.md,
+            timeout=30,
+        )
+
+
 def _live(t: TenantClient) -> list[str]:
     listed = t.memory().ListMemories(pb.ListMemoriesRequest(page_size=100), metadata=t.md, timeout=10)
     return sorted(m.content for m in listed.memories)
@@ -166,17 +181,7 @@ def test_copies_of_a_purge_sent_at_once_purge_once_and_give_one_answer(
     live = start_server(storage={"purge_batch": 7})
     t = TenantClient(provision(live, "tenant-a"), live.channel())
     stub = t.memory()
-    for start in range(0, 300, 100):
-        stub.BatchCreateMemories(
-            pb.BatchCreateMemoriesRequest(
-                requests=[
-                    pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"note {i}"))
-                    for i in range(start, start + 100)
-                ]
-            ),
-            metadata=t.md,
-            timeout=30,
-        )
+    _create_notes(t, 300)
     request = pb.PurgeMemoriesRequest(all_memories=True, force=True, request_id="sent-three-times")
     with ThreadPoolExecutor(3) as pool:
         answers = list(
@@ -188,3 +193,37 @@ def test_copies_of_a_purge_sent_at_once_purge_once_and_give_one_answer(
     for m in page.memories[:40]:
         entries = stub.GetMemoryHistory(pb.GetMemoryHistoryRequest(id=m.id), metadata=t.md, timeout=5).entries
         assert [e.action for e in entries] == ["create", "delete"], m.id
+
+
+def test_a_copy_of_a_running_purge_waits_only_until_its_own_deadline(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    """A retry of a purge still running waited for it to the end, past its own deadline:
+    a purge that outlasts a client's retries held a gRPC worker for each of them. It now
+    answers DEADLINE_EXCEEDED (PURGE_IN_PROGRESS) just before its deadline, changing
+    nothing, and a retry after the purge has ended gets the purge's count."""
+    live = start_server(storage={"purge_batch": 1})
+    t = TenantClient(provision(live, "tenant-a"), live.channel())
+    stub = t.memory()
+    n = 600
+    _create_notes(t, n)
+    request = pb.PurgeMemoriesRequest(all_memories=True, force=True, request_id="a-long-purge")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(lambda: stub.PurgeMemories(request, metadata=t.md, timeout=120).purge_count)
+        deadline = time.monotonic() + 30
+        while _purge(t, all_memories=True).purge_count == n:  # until its first batch is written
+            assert time.monotonic() < deadline, "the purge never started"
+        sent = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.PurgeMemories(request, metadata=t.md, timeout=1.0)
+        waited = time.monotonic() - sent
+        # The server's answer, not the client's own timer: it names why, and came in time.
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert error_info(err.value)[0] == "PURGE_IN_PROGRESS"
+        assert 0.5 < waited < 1.0
+        assert not first.done(), f"the purge of {n} memories a batch each ended within a second"
+        assert first.result() == n
+    assert stub.PurgeMemories(request, metadata=t.md, timeout=10).purge_count == n
+    assert _live(t) == []
+    page = stub.ListMemories(pb.ListMemoriesRequest(page_size=1000, show_deleted=True), metadata=t.md)
+    assert len(page.memories) == n

@@ -18,6 +18,7 @@ from mnemo_server.index.residency import ResidencyStats
 from mnemo_server.latency_histogram import BUCKET_UPPER_MS, CallTimes
 from mnemo_server.lock_wait_probe import LockWaitProbe
 from mnemo_server.memory.model import DEFAULT_CONFIDENCE, DEFAULT_IMPORTANCE
+from mnemo_server.memory.purges import Patience
 from mnemo_server.memory.service import MemoryPatch, MemoryService
 from mnemo_server.retrieval.recall import RecallPipeline, RecallQuery, Stage
 from mnemo_server.sessions.service import Feedback, SessionService, StartSessionInput
@@ -196,6 +197,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             all_memories=request.all_memories,
             snapshot=request.snapshot_token,
             key=convert.idempotency_key("PurgeMemories", request, request.request_id),
+            patience=Patience(_wait_budget(context), context.is_active),
         )
         return pb.PurgeMemoriesResponse(purge_count=purged.count, snapshot_token=purged.snapshot_token)
 

@@ -20,17 +20,21 @@ bound. A retry after a crash resumes from there and answers the whole count, as 
 would have; a retry of a finished purge is answered from its record. A retry that arrives
 while the purge still runs in this process (a client that timed out) waits for it and is
 then answered from the record, rather than purging beside it and recording a count of its
-own over the first one's.
+own over the first one's. It waits no longer than its own deadline, and not at all once its
+caller has gone: a purge of a million memories outlasts a client's retries, and each retry
+waiting for it to the end held one of the server's gRPC workers, all of them in time.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from mnemo_server.errors import Cancelled, DeadlineExceeded
 from mnemo_server.index.indexer import IndexWorker
 from mnemo_server.memory.live_counts import LiveCounts
 from mnemo_server.memory.model import IdempotencyKey, MemoryFilter
@@ -47,6 +51,20 @@ class PurgeCount:
     snapshot_token: str = ""
 
 
+@dataclass(frozen=True)
+class Patience:
+    """How long a copy of a running purge may wait for it: the caller's deadline, and
+    whether the caller is still there (asked between waits of poll_s)."""
+
+    wait_s: float = float("inf")
+    still_wanted: Callable[[], bool] = lambda: True
+    poll_s: float = 1.0
+
+
+# Waits for the running copy to end, however long it takes (in-process callers, tests).
+UNTIL_DONE = Patience()
+
+
 class _Running:
     """Keyed purges running in this process: a copy of one waits for it to end."""
 
@@ -55,18 +73,27 @@ class _Running:
         self._ends: dict[tuple[str, str], threading.Event] = {}
 
     @contextmanager
-    def claim(self, tenant_id: str, key: IdempotencyKey | None) -> Iterator[None]:
+    def claim(self, tenant_id: str, key: IdempotencyKey | None, patience: Patience) -> Iterator[None]:
         if key is None:
             yield
             return
         name = (tenant_id, key.request_id)
+        give_up = time.monotonic() + patience.wait_s
         while True:
             with self._lock:
                 running = self._ends.get(name)
                 if running is None:
                     mine = self._ends[name] = threading.Event()
                     break
-            running.wait()
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(
+                    f"the purge with request_id {key.request_id!r} is still running; "
+                    "send it again for its count",
+                    reason="PURGE_IN_PROGRESS",
+                )
+            if not running.wait(min(left, patience.poll_s)) and not patience.still_wanted():
+                raise Cancelled("the caller went away while its purge's first copy ran")
         try:
             yield
         finally:
@@ -94,10 +121,17 @@ class Purger:
         self.batch = batch
         self._running = _Running()
 
-    def purge(self, tenant_id: str, f: MemoryFilter, through: int | None, key: IdempotencyKey | None) -> int:
+    def purge(
+        self,
+        tenant_id: str,
+        f: MemoryFilter,
+        through: int | None,
+        key: IdempotencyKey | None,
+        patience: Patience = UNTIL_DONE,
+    ) -> int:
         """Tombstone the live memories matching f stored by now (numbered up to through, if
         given), a batch a transaction; how many were deleted."""
-        with self._running.claim(tenant_id, key):
+        with self._running.claim(tenant_id, key, patience):
             deleted, recorded = 0, False
             while True:
                 with self._write(tenant_id) as cur:

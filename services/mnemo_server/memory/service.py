@@ -43,7 +43,7 @@ from mnemo_server.memory.paging import (
     query_fingerprint,
 )
 from mnemo_server.memory.purge_snapshot import snapshot_token, through_seq
-from mnemo_server.memory.purges import PurgeCount, Purger
+from mnemo_server.memory.purges import UNTIL_DONE, Patience, PurgeCount, Purger
 from mnemo_server.memory.validation import Validator, raise_if
 from mnemo_server.retrieval.query_analysis import speaker_of
 from mnemo_server.store import idempotency_repo, memory_repo
@@ -438,9 +438,11 @@ class MemoryService:
         all_memories: bool,
         snapshot: str = "",
         key: IdempotencyKey | None = None,
+        patience: Patience = UNTIL_DONE,
     ) -> PurgeCount:
         """Without force, a count and the snapshot token that bounds a purge to it; with
-        force, tombstones the matches (only those stored by snapshot's count, if given)."""
+        force, tombstones the matches (only those stored by snapshot's count, if given).
+        patience: how long a copy of a keyed purge still running waits for it."""
         raise_if(self.validator.filter(f))
         through = through_seq(snapshot)
         if f.is_empty and not all_memories:
@@ -451,7 +453,7 @@ class MemoryService:
         if not force:
             n, last = memory_repo.count_live_through(self.db.reader(), tenant_id, f, through)
             return PurgeCount(n, snapshot_token(last if through is None else min(last, through)))
-        return PurgeCount(self.purger.purge(tenant_id, f, through, key))
+        return PurgeCount(self.purger.purge(tenant_id, f, through, key, patience))
 
     # --- export / import ---------------------------------------------------------------
 

@@ -183,7 +183,9 @@ class MemoryServiceServicer:
         """Tombstones every memory matching a filter and stored when the purge starts; without force
         it only counts them. A large purge is written in batches (storage.purge_batch), other
         writes going on between them; one cut short (a crash) is finished by its retry with the
-        same request_id, which answers the whole count.
+        same request_id, which answers the whole count. A copy sent while the purge runs waits
+        for it, up to the copy's own deadline: then DEADLINE_EXCEEDED (reason PURGE_IN_PROGRESS),
+        having changed nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -70,7 +70,9 @@ class MemoryServiceStub:
     """Tombstones every memory matching a filter and stored when the purge starts; without force
     it only counts them. A large purge is written in batches (storage.purge_batch), other
     writes going on between them; one cut short (a crash) is finished by its retry with the
-    same request_id, which answers the whole count.
+    same request_id, which answers the whole count. A copy sent while the purge runs waits
+    for it, up to the copy's own deadline: then DEADLINE_EXCEEDED (reason PURGE_IN_PROGRESS),
+    having changed nothing.
     """
     Recall: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.RecallRequest, _memory_service_pb2.RecallResponse]
     """Hybrid (vector + full-text) search with per-hit scores."""
@@ -140,7 +142,9 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     """Tombstones every memory matching a filter and stored when the purge starts; without force
     it only counts them. A large purge is written in batches (storage.purge_batch), other
     writes going on between them; one cut short (a crash) is finished by its retry with the
-    same request_id, which answers the whole count.
+    same request_id, which answers the whole count. A copy sent while the purge runs waits
+    for it, up to the copy's own deadline: then DEADLINE_EXCEEDED (reason PURGE_IN_PROGRESS),
+    having changed nothing.
     """
     Recall: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.RecallRequest, _memory_service_pb2.RecallResponse]  # type: ignore[assignment]
     """Hybrid (vector + full-text) search with per-hit scores."""
@@ -255,7 +259,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         """Tombstones every memory matching a filter and stored when the purge starts; without force
         it only counts them. A large purge is written in batches (storage.purge_batch), other
         writes going on between them; one cut short (a crash) is finished by its retry with the
-        same request_id, which answers the whole count.
+        same request_id, which answers the whole count. A copy sent while the purge runs waits
+        for it, up to the copy's own deadline: then DEADLINE_EXCEEDED (reason PURGE_IN_PROGRESS),
+        having changed nothing.
         """
 
     @_abc_1.abstractmethod

@@ -7897,7 +7897,9 @@ export const MemoryServiceService = {
    * Tombstones every memory matching a filter and stored when the purge starts; without force
    * it only counts them. A large purge is written in batches (storage.purge_batch), other
    * writes going on between them; one cut short (a crash) is finished by its retry with the
-   * same request_id, which answers the whole count.
+   * same request_id, which answers the whole count. A copy sent while the purge runs waits
+   * for it, up to the copy's own deadline: then DEADLINE_EXCEEDED (reason PURGE_IN_PROGRESS),
+   * having changed nothing.
    */
   purgeMemories: {
     path: "/mnemo.v1.MemoryService/PurgeMemories" as const,
@@ -8041,7 +8043,9 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * Tombstones every memory matching a filter and stored when the purge starts; without force
    * it only counts them. A large purge is written in batches (storage.purge_batch), other
    * writes going on between them; one cut short (a crash) is finished by its retry with the
-   * same request_id, which answers the whole count.
+   * same request_id, which answers the whole count. A copy sent while the purge runs waits
+   * for it, up to the copy's own deadline: then DEADLINE_EXCEEDED (reason PURGE_IN_PROGRESS),
+   * having changed nothing.
    */
   purgeMemories: handleUnaryCall<PurgeMemoriesRequest, PurgeMemoriesResponse>;
   /** Hybrid (vector + full-text) search with per-hit scores. */
@@ -8213,7 +8217,9 @@ export interface MemoryServiceClient extends Client {
    * Tombstones every memory matching a filter and stored when the purge starts; without force
    * it only counts them. A large purge is written in batches (storage.purge_batch), other
    * writes going on between them; one cut short (a crash) is finished by its retry with the
-   * same request_id, which answers the whole count.
+   * same request_id, which answers the whole count. A copy sent while the purge runs waits
+   * for it, up to the copy's own deadline: then DEADLINE_EXCEEDED (reason PURGE_IN_PROGRESS),
+   * having changed nothing.
    */
   purgeMemories(
     request: PurgeMemoriesRequest,

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from mnemo.v1 import memory_service_pb2 as pb
@@ -416,3 +417,30 @@ def test_an_unknown_memory_type_is_a_value_error_naming_the_valid_types() -> Non
     client.close()
     with pytest.raises(ValueError, match=r"scope kind must be one of \[.*'project'.*\], not 'bogus'"):
         scope("bogus")
+
+
+def test_a_page_of_memories_with_list_heavy_metadata_fits_a_clients_default_limit(
+    client: MnemoClient, server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """Metadata of 4,000 small numbers is 8 KB of JSON, which the page estimate counted, and
+    44 KB as the protobuf Struct a memory is sent with: a page of 100 such memories was 4.4 MB,
+    RESOURCE_EXHAUSTED in a client at gRPC's default 4 MiB, and so was an export message."""
+    meta = struct_pb2.Struct()
+    meta.update({"l": [0] * 4000})
+    for batch in range(5):
+        memories = [client.new_memory(f"listed {batch} {n}", category="lists") for n in range(20)]
+        for m in memories:
+            m.metadata.CopyFrom(meta)
+        assert len(client.batch_create_memories(memories, timeout_s=60)) == 20
+    plain = grpc.insecure_channel(server.address)  # gRPC's default limits, as any client's
+    stub = TenantClient(tenant_a.token, plain).memory()
+    first = stub.ListMemories(pb.ListMemoriesRequest(page_size=100), metadata=tenant_a.md, timeout=30)
+    assert 0 < len(first.memories) < 100 and first.next_page_token
+    assert first.ByteSize() < 4 << 20
+    exported = [
+        m.id
+        for msg in stub.ExportMemories(pb.ExportMemoriesRequest(), metadata=tenant_a.md)
+        for m in msg.memories
+    ]
+    assert len(set(exported)) == 100
+    plain.close()

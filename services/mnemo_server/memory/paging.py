@@ -51,20 +51,70 @@ def decode_token(
 # failed RESOURCE_EXHAUSTED in them though the server sent it (probe). Such a page holds
 # fewer memories, with a token for the rest, as a page may.
 ANSWER_BYTES = 3 << 20
-_PER_MEMORY_BYTES = 512  # ids, scope, times, numbers and field tags
+_PER_MEMORY_BYTES = 512  # ids, times, numbers and field tags
+_ID_CHARS = 36  # a memory id: a UUID
 
 
 def largest_memory_bytes(limits: LimitsConfig) -> int:
-    """What one memory may take in an answer at most, by the server's limits: 4 bytes
-    a character of UTF-8, and metadata at 6 bytes a byte of its limit (a JSON \\uXXXX escape)."""
-    return 4 * limits.max_content_chars + 6 * limits.max_metadata_bytes + _PER_MEMORY_BYTES
+    """What one memory may take in an answer at most, by the server's limits: 4 bytes a
+    character of UTF-8 in each text (content, category, external id, scope id, the four of
+    its source), and metadata at 6 bytes a byte of its limit (a number in a list: 2 bytes
+    of JSON, up to 11 as a protobuf Value)."""
+    texts = (
+        limits.max_content_chars
+        + limits.max_category_chars
+        + limits.max_external_id_chars
+        + 5 * limits.max_scope_id_chars  # the scope's id and the source's four fields
+        + 2 * _ID_CHARS  # supersedes_id, superseded_by_id
+    )
+    return 4 * texts + 6 * limits.max_metadata_bytes + _PER_MEMORY_BYTES
 
 
 def memory_bytes(m: Any) -> int:
-    """A memory's size in an answer, estimated from its text and metadata (a `Memory`)."""
-    content = m.content if m.content.isascii() else m.content.encode()
-    meta = len(json.dumps(m.metadata, separators=(",", ":"), default=str)) if m.metadata else 0
-    return len(content) + meta + _PER_MEMORY_BYTES
+    """A memory's size in an answer (a `Memory`), estimated from above: its texts in UTF-8,
+    its metadata as the protobuf Struct it is sent as, and the fixed fields. The metadata's
+    JSON length was the estimate, but a list of small numbers takes up to 5.5 times that as
+    a Struct: a page of 100 memories with 8 KB of such JSON each was 4.4 MB (probe)."""
+    source = m.source
+    texts = (
+        m.content,
+        m.category,
+        m.external_id,
+        m.scope.id,
+        source.who,
+        source.why,
+        source.run_id,
+        source.session_id,
+        m.supersedes_id,
+        m.superseded_by_id,
+    )
+    meta = _value_bytes(m.metadata) if m.metadata else 0
+    return sum(map(_text_bytes, texts)) + meta + _PER_MEMORY_BYTES
+
+
+def _text_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+# Around each value, key and entry of a Struct: a field tag and a length, at most 4 bytes
+# for anything under 2 MiB (a metadata's limit keeps it far under).
+_WRAP = 4
+
+
+def _value_bytes(value: Any) -> int:
+    """A JSON-like value's size as a protobuf Value, from above (google.protobuf.Struct:
+    a map entry holds its key and a Value; a number is a 9-byte double)."""
+    if isinstance(value, str):
+        return _text_bytes(value) + _WRAP
+    if value is None or isinstance(value, bool):
+        return 2 + _WRAP
+    if isinstance(value, (int, float)):
+        return 9 + _WRAP
+    if isinstance(value, dict):
+        return _WRAP + sum(_text_bytes(str(k)) + 3 * _WRAP + _value_bytes(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return _WRAP + sum(_value_bytes(v) + _WRAP for v in value)
+    return _text_bytes(str(value)) + _WRAP
 
 
 def row_bytes(row: Any) -> int:

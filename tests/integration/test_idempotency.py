@@ -240,3 +240,50 @@ def test_a_create_retry_after_its_memory_was_purged_for_good_is_not_found(
             retry.result()
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert _count(client) == 2 + 6
+
+
+def test_a_retry_differing_only_in_what_the_server_ignores_is_the_same_request(
+    tenant_a: TenantClient,
+) -> None:
+    """A create's output-only fields and a batch entry's own request_id and wait_for_index
+    are ignored (the contract), yet they made a retry "a different request": a client that
+    re-sends the memory its first answer filled in, or rebuilds a batch with fresh entry ids."""
+    stub = tenant_a.memory()
+    req = pb.CreateMemoryRequest(memory=memory_pb2.Memory(content="renew the domain"), request_id="o-1")
+    first = stub.CreateMemory(req, metadata=tenant_a.md, timeout=5)
+    filled = pb.CreateMemoryRequest(request_id="o-1", wait_for_index=True)
+    filled.memory.CopyFrom(req.memory)
+    # What the first answer filled in, sent back with it: all of it output-only.
+    out = first.memory
+    filled.memory.id, filled.memory.content_hash = out.id, out.content_hash
+    filled.memory.embedding_model, filled.memory.index_state = out.embedding_model, out.index_state
+    filled.memory.create_time.CopyFrom(out.create_time)
+    filled.memory.update_time.CopyFrom(out.update_time)
+    assert filled.memory.id and filled.memory.content_hash and filled.memory.HasField("create_time")
+    again = stub.CreateMemory(filled, metadata=tenant_a.md, timeout=5)
+    assert again.memory.id == first.memory.id and _count(tenant_a) == 1
+
+    def batch(entry_ids: list[str]) -> pb.BatchCreateMemoriesResponse:
+        entries = [
+            pb.CreateMemoryRequest(
+                memory=memory_pb2.Memory(content=f"batch entry {i}"), request_id=rid, wait_for_index=bool(rid)
+            )
+            for i, rid in enumerate(entry_ids)
+        ]
+        answer: pb.BatchCreateMemoriesResponse = stub.BatchCreateMemories(
+            pb.BatchCreateMemoriesRequest(requests=entries, request_id="b-1"),
+            metadata=tenant_a.md,
+            timeout=10,
+        )
+        return answer
+
+    made = batch(["", ""])
+    replayed = batch(["entry-a", "entry-b"])
+    assert [r.memory.id for r in replayed.results] == [r.memory.id for r in made.results]
+    assert _count(tenant_a) == 3
+    # What the write is still counts: another content under the same key is refused.
+    changed = pb.CreateMemoryRequest(memory=filled.memory, request_id="o-1")
+    changed.memory.content = "renew the certificate"
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CreateMemory(changed, metadata=tenant_a.md, timeout=5)
+    assert error_info(err.value) == ("REQUEST_ID_REUSED", ["request_id"])

@@ -10,6 +10,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from mnemo.v1 import common_pb2, memory_pb2
+from mnemo.v1 import memory_service_pb2 as mpb
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import (
     DEFAULT_CONFIDENCE,
@@ -85,20 +86,46 @@ def dict_to_struct(d: dict[str, Any]) -> struct_pb2.Struct:
 
 
 _DELIVERY_FIELDS = ("request_id", "wait_for_index")
+# Memory's fields marked output-only: a create ignores them (memory.proto).
+_OUTPUT_ONLY = (
+    "id",
+    "content_hash",
+    "create_time",
+    "update_time",
+    "delete_time",
+    "supersedes_id",
+    "superseded_by_id",
+    "embedding_model",
+    "index_state",
+)
 
 
 def idempotency_key(method: str, request: Message, request_id: str) -> IdempotencyKey | None:
-    """The request's fingerprint covers what the write is, not how it is delivered: the
-    request_id itself and wait_for_index are left out, so a retry may change the latter."""
+    """The request's fingerprint covers what the write is, not how it is delivered nor
+    what the server ignores: the request_id itself and wait_for_index are left out (a retry
+    may change the latter), and so are a create's output-only fields and a batch entry's own
+    request_id and wait_for_index. A retry that differs only there was refused as another
+    request: a client that re-sends what a first answer filled in, a batch rebuilt with
+    fresh per-entry ids (probe)."""
     if not request_id:
         return None
     clone = type(request)()
     clone.CopyFrom(request)
-    for name in _DELIVERY_FIELDS:
-        if name in clone.DESCRIPTOR.fields_by_name:
-            clone.ClearField(name)
+    _clear_ignored(clone)
     digest = hashlib.sha256(clone.SerializeToString(deterministic=True)).hexdigest()
     return IdempotencyKey(method, request_id, digest)
+
+
+def _clear_ignored(request: Message) -> None:
+    for name in _DELIVERY_FIELDS:
+        if name in request.DESCRIPTOR.fields_by_name:
+            request.ClearField(name)
+    if isinstance(request, mpb.CreateMemoryRequest) and request.HasField("memory"):
+        for name in _OUTPUT_ONLY:
+            request.memory.ClearField(name)
+    elif isinstance(request, mpb.BatchCreateMemoriesRequest):
+        for entry in request.requests:
+            _clear_ignored(entry)
 
 
 # --- enums and small messages ----------------------------------------------------------

@@ -162,6 +162,24 @@ def test_import_takes_only_the_ids_exports_carry(tenant_a: TenantClient, spellin
     assert _contents(tenant_a) == ["original"]
 
 
+@pytest.mark.parametrize("link", ["supersedes_id", "superseded_by_id"])
+def test_import_takes_only_memory_ids_as_the_links_between_memories(
+    tenant_a: TenantClient, link: str
+) -> None:
+    """Stored as given, a link of a million characters, or one holding a NUL, made every
+    listing of the scope too large for a client to read."""
+    for bad in ("x" * 1_000_000, "a\x00b", str(uuid.uuid4()).upper()):
+        entry = M(id=str(uuid.uuid4()), content="a memory with a link", create_time=WHEN, **{link: bad})
+        err = _refused(lambda entry=entry: _import(tenant_a, entry))  # type: ignore[misc]
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+        assert error_info(err)[1] == [f"messages[0].memories[0].{link}"]
+    assert _contents(tenant_a) == []
+    linked = str(uuid.uuid4())
+    _import(tenant_a, M(id=str(uuid.uuid4()), content="linked", create_time=WHEN, **{link: linked}))
+    listed = tenant_a.memory().ListMemories(pb.ListMemoriesRequest(), metadata=tenant_a.md, timeout=10)
+    assert [getattr(m, link) for m in listed.memories] == [linked]
+
+
 def test_import_keeps_external_ids_unique(tenant_a: TenantClient) -> None:
     stub = tenant_a.memory()
     scope = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id="p")

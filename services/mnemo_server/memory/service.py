@@ -505,43 +505,7 @@ class MemoryService:
         ones past a cap are pruned (imported ones included, counted as imported)."""
         if len(memories) > self.validator.limits.max_batch_size:
             raise InvalidArgument(field_prefix, f"at most {self.validator.limits.max_batch_size} per message")
-        violations: list[FieldViolation] = []
-        named: set[str] = set()
-        ids: set[str] = set()
-        for k, m in enumerate(memories):
-            p = f"{field_prefix}[{k}]"
-            if m.id in ids:
-                # Which entry is meant? Taken as given, the first one's fields were stored
-                # with the second one's content (memory probe).
-                violations.append(FieldViolation(f"{p}.id", "repeats another entry of this message"))
-            ids.add(m.id)
-            if not _is_canonical_uuid(m.id):
-                # Other spellings of a stored id ({...}, upper case, urn:uuid:) would be
-                # stored as new ids beside it, so only the form exports carry is taken.
-                violations.append(
-                    FieldViolation(
-                        f"{p}.id", "must be the memory's id from an export (a lower-case hyphenated UUID)"
-                    )
-                )
-            if m.external_id and m.delete_time_ns is None:
-                if m.external_id in named:
-                    violations.append(
-                        FieldViolation(f"{p}.external_id", "repeats another live entry of this message")
-                    )
-                named.add(m.external_id)
-            draft = MemoryDraft(
-                content=m.content,
-                scope=m.scope,
-                type=m.type,
-                category=m.category,
-                external_id=m.external_id,
-                importance=m.importance,
-                confidence=m.confidence,
-                metadata=m.metadata,
-                source=m.source,
-            )
-            violations.extend(self.validator.draft(draft, p))
-        raise_if(violations)
+        raise_if(self._import_violations(memories, field_prefix))
         imported: list[str] = []
         with self._write(tenant_id) as cur:
             now = self.clock()  # under the write lock (see update)
@@ -603,6 +567,55 @@ class MemoryService:
             pruned = self.creates.enforce_caps(cur, tenant_id, [m for m, _ in rows], now)
         self.indexer.submit(tenant_id, [*imported, *pruned])
         return len(imported), len(memories) - len(imported)
+
+    def _import_violations(self, memories: Sequence[Memory], field_prefix: str) -> list[FieldViolation]:
+        """What is wrong with an import message's entries, each named by its field."""
+        violations: list[FieldViolation] = []
+        named: set[str] = set()
+        ids: set[str] = set()
+        for k, m in enumerate(memories):
+            p = f"{field_prefix}[{k}]"
+            if m.id in ids:
+                # Which entry is meant? Taken as given, the first one's fields were stored
+                # with the second one's content (memory probe).
+                violations.append(FieldViolation(f"{p}.id", "repeats another entry of this message"))
+            ids.add(m.id)
+            if not _is_canonical_uuid(m.id):
+                # Other spellings of a stored id ({...}, upper case, urn:uuid:) would be
+                # stored as new ids beside it, so only the form exports carry is taken.
+                violations.append(
+                    FieldViolation(
+                        f"{p}.id", "must be the memory's id from an export (a lower-case hyphenated UUID)"
+                    )
+                )
+            for link in ("supersedes_id", "superseded_by_id"):
+                # Stored as given, they were any text: a million characters or a NUL made
+                # every listing of the scope too large for a client to read (memory probe).
+                if getattr(m, link) and not _is_canonical_uuid(getattr(m, link)):
+                    violations.append(
+                        FieldViolation(
+                            f"{p}.{link}", "must be empty or a memory id (a lower-case hyphenated UUID)"
+                        )
+                    )
+            if m.external_id and m.delete_time_ns is None:
+                if m.external_id in named:
+                    violations.append(
+                        FieldViolation(f"{p}.external_id", "repeats another live entry of this message")
+                    )
+                named.add(m.external_id)
+            draft = MemoryDraft(
+                content=m.content,
+                scope=m.scope,
+                type=m.type,
+                category=m.category,
+                external_id=m.external_id,
+                importance=m.importance,
+                confidence=m.confidence,
+                metadata=m.metadata,
+                source=m.source,
+            )
+            violations.extend(self.validator.draft(draft, p))
+        return violations
 
     @staticmethod
     def _held_elsewhere(

@@ -12,6 +12,7 @@ from mnemo.v1 import memory_service_pb2_grpc as pb_grpc
 from mnemo_server import __version__
 from mnemo_server.api import convert, session_convert
 from mnemo_server.api.interceptor import current_principal
+from mnemo_server.api.server import MAX_MESSAGE_BYTES
 from mnemo_server.diagnostics import DataDirSize, peak_rss_bytes, rss_bytes
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.index.residency import ResidencyStats
@@ -102,6 +103,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             key=convert.idempotency_key("BatchCreateMemories", request, request.request_id),
             wait_for_index=request.wait_for_index,
             wait_timeout_s=_wait_budget(context),
+            answer_bytes=MAX_MESSAGE_BYTES,
         )
         return pb.BatchCreateMemoriesResponse(
             results=[

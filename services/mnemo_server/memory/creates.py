@@ -19,10 +19,11 @@ from typing import Any
 import duckdb
 
 from mnemo_server.config import CapsConfig
-from mnemo_server.errors import AlreadyExists, NotFound
+from mnemo_server.errors import AlreadyExists, InvalidArgument, NotFound
 from mnemo_server.memory.live_counts import LiveCounts
 from mnemo_server.memory.model import CreateResult, IdempotencyKey, Memory, MemoryDraft, MemoryType, Scope
 from mnemo_server.memory.normalize import normalize_content
+from mnemo_server.memory.paging import memory_bytes
 from mnemo_server.store import idempotency_repo, memory_repo
 from mnemo_server.store.database import Cursor, Database, WriteDomain
 from mnemo_server.store.group_commit import GroupCommit, GroupStats
@@ -47,6 +48,9 @@ class CreateRequest:
     drafts: Sequence[MemoryDraft]
     prefixes: Sequence[str]  # each draft's field path, for errors
     key: IdempotencyKey | None
+    # The largest answer the caller can be sent (its memories, estimated), 0 for any: one
+    # past it is refused before COMMIT, not written and then unsendable (answer_fits).
+    answer_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,26 @@ def counted_write(
         for t in set(tenant_ids):
             live_counts.forget(t)
         raise
+
+
+def answer_fits(request: CreateRequest, results: Sequence[CreateResult]) -> None:
+    """Refuse (INVALID_ARGUMENT) a request whose answer, the memories it created or found,
+    would pass what the caller can be sent. Within every limit a batch of 500 memories
+    can be ~40 MB; one of 419 emoji-filled memories (33.5 MB) was written and its answer
+    refused by gRPC (RESOURCE_EXHAUSTED), and the retry replayed the same answer (probe).
+    Raised inside the transaction, it rolls the write back (a group's other requests are
+    written again without it). A duplicate answers with the stored memory, whose metadata
+    may be larger than the request's, so the answer is measured here, not from the request."""
+    if not request.answer_bytes:
+        return
+    size = sum(memory_bytes(r.memory) for r in results)
+    if size > request.answer_bytes:
+        raise InvalidArgument(
+            "requests",
+            f"the answer would carry ~{size:,} bytes of memories, over the {request.answer_bytes:,} "
+            "a message may hold: send these memories in smaller batches",
+            reason="ANSWER_TOO_LARGE",
+        )
 
 
 class CreateWriter:
@@ -171,6 +195,7 @@ class CreateWriter:
                 r = requests[i]
                 mine = results[at : at + len(r.drafts)]
                 at += len(r.drafts)
+                answer_fits(r, mine)
                 ids = [c.memory.id for c in mine]
                 outcomes.append((r.key, {"ids": ids, "dedup": [c.deduplicated for c in mine]}))
                 new_ids = [c.memory.id for c in mine if not c.deduplicated]

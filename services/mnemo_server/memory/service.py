@@ -164,7 +164,10 @@ class MemoryService:
         wait_for_index: bool = False,
         wait_timeout_s: float = 0.0,
         field_prefixes: Sequence[str] | None = None,
+        answer_bytes: int = 0,
     ) -> list[CreateResult]:
+        """Write the drafts atomically. answer_bytes: the largest answer the caller can be
+        sent (0 for any); a batch whose memories would pass it is refused, not written."""
         prefixes = list(field_prefixes or [f"requests[{i}].memory" for i in range(len(drafts))])
         if not drafts:
             raise InvalidArgument("requests", "must hold at least one memory")
@@ -187,7 +190,9 @@ class MemoryService:
                 seen_external[d.external_id] = p
         raise_if(violations)
 
-        written = self.creates.write(CreateRequest(tenant_id, prepared, prefixes, key))
+        if answer_bytes and len(prepared) * self._largest <= answer_bytes:
+            answer_bytes = 0  # cannot pass it: not measured
+        written = self.creates.write(CreateRequest(tenant_id, prepared, prefixes, key, answer_bytes))
         results = written.results
         if written.new_ids or written.pruned:
             self.indexer.submit(tenant_id, [*written.new_ids, *written.pruned])

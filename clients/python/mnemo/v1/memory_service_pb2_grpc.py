@@ -129,7 +129,10 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def BatchCreateMemories(self, request, context):
-        """Stores up to 500 memories atomically: all are validated before any is written.
+        """Stores up to 500 memories atomically: all are validated before any is written. The
+        request, and the answer that carries every memory back, must each fit the server's 32 MiB
+        a message: a batch whose answer would not is INVALID_ARGUMENT (reason
+        ANSWER_TOO_LARGE, field requests) and writes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -42,7 +42,11 @@ class MemoryServiceStub:
     memory is named by an external_id: named memories may share content.
     """
     BatchCreateMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.BatchCreateMemoriesRequest, _memory_service_pb2.BatchCreateMemoriesResponse]
-    """Stores up to 500 memories atomically: all are validated before any is written."""
+    """Stores up to 500 memories atomically: all are validated before any is written. The
+    request, and the answer that carries every memory back, must each fit the server's 32 MiB
+    a message: a batch whose answer would not is INVALID_ARGUMENT (reason
+    ANSWER_TOO_LARGE, field requests) and writes nothing.
+    """
     GetMemory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryRequest, _memory_service_pb2.GetMemoryResponse]
     GetMemoryHistory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryHistoryRequest, _memory_service_pb2.GetMemoryHistoryResponse]
     """What happened to a memory, oldest first: its creation (by whom, why), updates (which
@@ -114,7 +118,11 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     memory is named by an external_id: named memories may share content.
     """
     BatchCreateMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.BatchCreateMemoriesRequest, _memory_service_pb2.BatchCreateMemoriesResponse]  # type: ignore[assignment]
-    """Stores up to 500 memories atomically: all are validated before any is written."""
+    """Stores up to 500 memories atomically: all are validated before any is written. The
+    request, and the answer that carries every memory back, must each fit the server's 32 MiB
+    a message: a batch whose answer would not is INVALID_ARGUMENT (reason
+    ANSWER_TOO_LARGE, field requests) and writes nothing.
+    """
     GetMemory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryRequest, _memory_service_pb2.GetMemoryResponse]  # type: ignore[assignment]
     GetMemoryHistory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryHistoryRequest, _memory_service_pb2.GetMemoryHistoryResponse]  # type: ignore[assignment]
     """What happened to a memory, oldest first: its creation (by whom, why), updates (which
@@ -195,7 +203,11 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.BatchCreateMemoriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_memory_service_pb2.BatchCreateMemoriesResponse, _abc.Awaitable[_memory_service_pb2.BatchCreateMemoriesResponse]]:
-        """Stores up to 500 memories atomically: all are validated before any is written."""
+        """Stores up to 500 memories atomically: all are validated before any is written. The
+        request, and the answer that carries every memory back, must each fit the server's 32 MiB
+        a message: a batch whose answer would not is INVALID_ARGUMENT (reason
+        ANSWER_TOO_LARGE, field requests) and writes nothing.
+        """
 
     @_abc_1.abstractmethod
     def GetMemory(

@@ -7809,7 +7809,12 @@ export const MemoryServiceService = {
       Buffer.from(CreateMemoryResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): CreateMemoryResponse => CreateMemoryResponse.decode(value),
   },
-  /** Stores up to 500 memories atomically: all are validated before any is written. */
+  /**
+   * Stores up to 500 memories atomically: all are validated before any is written. The
+   * request, and the answer that carries every memory back, must each fit the server's 32 MiB
+   * a message: a batch whose answer would not is INVALID_ARGUMENT (reason
+   * ANSWER_TOO_LARGE, field requests) and writes nothing.
+   */
   batchCreateMemories: {
     path: "/mnemo.v1.MemoryService/BatchCreateMemories" as const,
     requestStream: false as const,
@@ -8010,7 +8015,12 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * memory is named by an external_id: named memories may share content.
    */
   createMemory: handleUnaryCall<CreateMemoryRequest, CreateMemoryResponse>;
-  /** Stores up to 500 memories atomically: all are validated before any is written. */
+  /**
+   * Stores up to 500 memories atomically: all are validated before any is written. The
+   * request, and the answer that carries every memory back, must each fit the server's 32 MiB
+   * a message: a batch whose answer would not is INVALID_ARGUMENT (reason
+   * ANSWER_TOO_LARGE, field requests) and writes nothing.
+   */
   batchCreateMemories: handleUnaryCall<BatchCreateMemoriesRequest, BatchCreateMemoriesResponse>;
   getMemory: handleUnaryCall<GetMemoryRequest, GetMemoryResponse>;
   /**
@@ -8100,7 +8110,12 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: CreateMemoryResponse) => void,
   ): ClientUnaryCall;
-  /** Stores up to 500 memories atomically: all are validated before any is written. */
+  /**
+   * Stores up to 500 memories atomically: all are validated before any is written. The
+   * request, and the answer that carries every memory back, must each fit the server's 32 MiB
+   * a message: a batch whose answer would not is INVALID_ARGUMENT (reason
+   * ANSWER_TOO_LARGE, field requests) and writes nothing.
+   */
   batchCreateMemories(
     request: BatchCreateMemoriesRequest,
     callback: (error: ServiceError | null, response: BatchCreateMemoriesResponse) => void,

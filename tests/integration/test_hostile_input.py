@@ -241,6 +241,45 @@ def test_a_masked_field_left_unset_takes_the_create_default(tenant_a: TenantClie
     assert (updated.importance, updated.confidence) == (0.5, 1.0)
 
 
+def test_fields_the_update_mask_does_not_name_are_ignored_not_checked(tenant_a: TenantClient) -> None:
+    """A NaN in the metadata, a 65-character category or an event time out of range refused
+    an update of `pinned` alone, though the mask says they are not part of it."""
+    stub = tenant_a.memory()
+    made = stub.CreateMemory(
+        pb.CreateMemoryRequest(memory=M(content="keep me", category="notes")),
+        metadata=tenant_a.md,
+        timeout=10,
+    ).memory
+    nan = struct_pb2.Struct()
+    nan.update({"x": float("nan")})
+    unmasked = M(
+        id=made.id,
+        pinned=True,
+        metadata=nan,
+        category="c" * 65,
+        importance=float("nan"),
+        event_time=timestamp_pb2.Timestamp(seconds=10**11),
+    )
+    mask = field_mask_pb2.FieldMask(paths=["pinned"])
+    updated = stub.UpdateMemory(
+        pb.UpdateMemoryRequest(memory=unmasked, update_mask=mask), metadata=tenant_a.md, timeout=10
+    ).memory
+    assert updated.pinned and updated.category == "notes" and updated.importance == made.importance
+    assert updated.event_time == made.event_time and not updated.metadata.fields
+    # Named by the mask, each is still checked.
+    for path, field in (("metadata", "memory.metadata"), ("category", "memory.category")):
+        err = _refused(
+            lambda path=path: stub.UpdateMemory(  # type: ignore[misc]
+                pb.UpdateMemoryRequest(memory=unmasked, update_mask=field_mask_pb2.FieldMask(paths=[path])),
+                metadata=tenant_a.md,
+                timeout=10,
+            )
+        )
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(err)[1][0].startswith(field), (
+            path
+        )
+
+
 def test_admin_checks_request_ids_and_page_sizes(server: LiveServer) -> None:
     admin = admin_grpc.AdminServiceStub(server.channel())
     md = bearer(ADMIN_KEY)

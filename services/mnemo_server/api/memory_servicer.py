@@ -155,22 +155,23 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.UpdateMemoryResponse:
         tenant = _tenant()
         self.memories.validator.request_id(request.request_id)
-        m = request.memory
-        # A masked field left unset takes the value CreateMemory gives it (as AIP-134 asks).
+        m, paths = request.memory, list(request.update_mask.paths)
+        # A masked field left unset takes the value CreateMemory gives it (as AIP-134 asks);
+        # a field the mask does not name is ignored, not read (its NaN refused an update).
         patch = MemoryPatch(
             importance=m.importance if m.HasField("importance") else DEFAULT_IMPORTANCE,
             confidence=m.confidence if m.HasField("confidence") else DEFAULT_CONFIDENCE,
             pinned=m.pinned,
             category=m.category,
-            metadata=convert.struct_to_dict(m.metadata, "memory.metadata"),
-            event_time_ns=convert.opt_ts(m, "event_time", "memory"),
+            metadata=convert.struct_to_dict(m.metadata, "memory.metadata") if "metadata" in paths else None,
+            event_time_ns=convert.opt_ts(m, "event_time", "memory") if "event_time" in paths else None,
             content=m.content,
         )
         updated = self.memories.update(
             tenant,
             m.id,
             patch,
-            list(request.update_mask.paths),
+            paths,
             key=convert.idempotency_key("UpdateMemory", request, request.request_id),
             wait_for_index=request.wait_for_index,
             wait_timeout_s=_wait_budget(context),

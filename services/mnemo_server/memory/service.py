@@ -379,7 +379,7 @@ class MemoryService:
             )
         probe = MemoryDraft(
             content=patch.content if "content" in paths else "x",
-            category=patch.category,
+            category=patch.category if "category" in paths else "general",  # unmasked: ignored
             importance=patch.importance if "importance" in paths else DEFAULT_IMPORTANCE,
             confidence=patch.confidence if "confidence" in paths else DEFAULT_CONFIDENCE,
             metadata=(patch.metadata or {}) if "metadata" in paths else {},

@@ -92,16 +92,18 @@ class Launcher:
         timeout_s: float = 180.0,
         *,
         replace_env: bool = False,
+        append_log: bool = False,
     ) -> LaunchedProcess:
         """Run `python -m <argv> --port-file F` and wait for F. env adds to this process's
-        environment, or replaces it entirely with replace_env."""
+        environment, or replaces it entirely with replace_env. append_log: add to the log
+        (a start after the process ended: its log says why it ended)."""
         port_file = self.root / f"{name}.port"
         # One left by an earlier run (kept directories: `mnemo up`) would be taken for this
         # process's answer, naming the old port or a process that failed to start.
         port_file.unlink(missing_ok=True)
         log = self.root / f"{name}.log"
         full_env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
-        with log.open("wb") as out:
+        with log.open("ab" if append_log else "wb") as out:
             popen = subprocess.Popen(
                 [
                     sys.executable,
@@ -123,6 +125,8 @@ class Launcher:
                 raise LaunchFailed(f"{name} failed to start (log: {log}):\n{log.read_text()[-4000:]}")
             time.sleep(0.05)
         proc = LaunchedProcess(name, popen, int(port_file.read_text()), log)
+        # One of this name that ended is replaced by this one (supervisor.py).
+        self.processes = [p for p in self.processes if p.name != name or p.popen.poll() is None]
         self.processes.append(proc)
         return proc
 
@@ -132,6 +136,7 @@ class Launcher:
         data_dir: Path | None = None,
         port: int = 0,
         cross_encoder: Path | None = None,
+        append_log: bool = False,
     ) -> LaunchedProcess:
         """The ranking sidecar, in its own process and data directory."""
         argv = [
@@ -144,7 +149,7 @@ class Launcher:
         ]
         if cross_encoder is not None:
             argv += ["--cross-encoder", str(cross_encoder)]
-        return self.start("sidecar", argv, extra_env)
+        return self.start("sidecar", argv, extra_env, append_log=append_log)
 
     def start_server(self, extra_env: dict[str, str] | None = None) -> LaunchedProcess:
         """A local-mode server (loopback, no keys) with its data under this launcher's root."""

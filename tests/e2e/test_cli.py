@@ -576,3 +576,79 @@ def test_import_names_the_line_a_server_refuses_and_takes_a_batch_size(
     dump.write_text("\n".join(lines) + "\n")
     rest = run(["memory", "import", "--batch-size", "20", str(dump)], client_env)
     assert rest.returncode == 0 and "imported 9 memories, skipped 40" in rest.stdout + rest.stderr, rest
+
+
+def _live_children(pid: int, marker: str) -> list[int]:
+    """The processes pid started whose command line holds marker, not yet ended (zombies
+    left out)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z" and marker in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_up_starts_its_sidecar_again_on_the_same_port_after_it_is_killed(
+    spawn: Callable[..., Proc], tmp_path: Path, model_cache: Path
+) -> None:
+    """A sidecar that died stayed dead (a defunct child of `mnemo up`): every session was
+    ordered by the baseline until `mnemo up` was restarted."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    data = tmp_path / "mnemo-data"
+    proc = spawn(
+        ["up", "--data-dir", str(data), "--port", "0", "--sidecar-port", "0"],
+        env=base_env(
+            model_cache,
+            MNEMO_RANKING__START_SESSION_DEADLINE_MS="5000",
+            MNEMO_RANKING__BREAKER_COOLDOWN_S="0.5",
+        ),
+    )
+    port = int((data / "sidecar.port").read_text())
+    [first] = _live_children(proc.pid, "mnemo_sidecar.cli")
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, proc.log.read_text()[-3000:]
+        again = _live_children(proc.pid, "mnemo_sidecar.cli")
+        if again and again != [first] and "the sidecar serves again" in proc.log.read_text():
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                try:
+                    status = (
+                        health_pb2_grpc.HealthStub(ch)
+                        .Check(health_pb2.HealthCheckRequest(), timeout=2)
+                        .status
+                    )
+                except grpc.RpcError:
+                    status = None
+            if status == health_pb2.HealthCheckResponse.SERVING:
+                break
+        time.sleep(0.2)
+    log = proc.log.read_text()
+    assert "the sidecar stopped (killed by SIGKILL); starting it again in 1 s" in log
+    assert f"the sidecar serves again on 127.0.0.1:{port}" in log
+    # The server orders sessions through it again: answered by the sidecar (a cold start, no
+    # model yet), not a fallback for want of one.
+    reasons = []
+    with MnemoClient(proc.address) as client:
+        client.create_memory(client.new_memory("the sidecar is back"), wait_for_index=True)
+        while time.monotonic() < deadline:
+            started = client.call(
+                client.memory.StartSession,
+                pb.StartSessionRequest(session_id=f"s{len(reasons)}", context="sidecar"),
+            )
+            reasons.append(started.ranking.fallback_reason)
+            if reasons[-1] == "cold_start":
+                break
+            time.sleep(0.5)
+    assert reasons[-1] == "cold_start", reasons
+    assert proc.terminate() == 0
+    assert not Path(f"/proc/{again[0]}").exists()  # stopped with it, and reaped

@@ -197,10 +197,12 @@ def up(
 ) -> None:
     """Run Mnemo locally: the memory server on loopback (127.0.0.1 unless server.host names
     another) and the ranking sidecar as its own process, data in a local directory,
-    unauthenticated (local mode). Ctrl-C stops both."""
+    unauthenticated (local mode). A sidecar that stops on its own is started again, on the
+    same port. Ctrl-C stops both."""
     from mnemo_server.app import DataPaths
     from mnemo_server.launcher import Launcher, LaunchFailed
     from mnemo_server.store.database import make_data_dir, refuse_if_in_use
+    from mnemo_server.supervisor import Supervisor
 
     # Without --data-dir, as `serve` takes it (the --data-dir default wrote over both).
     cfg = local_config(config_file, data_dir, port)
@@ -209,6 +211,7 @@ def up(
     make_data_dir(data_dir)
     refuse_if_in_use(DataPaths(data_dir).duckdb)  # before a sidecar starts on its files
     launcher = Launcher(root=data_dir, keep=True)
+    supervisor: Supervisor | None = None
     try:
         if not no_sidecar:
             try:
@@ -219,7 +222,21 @@ def up(
                 raise click.ClickException(str(exc)) from None
             cfg = cfg.replace(ranking={"sidecar_address": sidecar.address})
             click.echo(f"mnemo up: sidecar on {sidecar.address} (log: {sidecar.log})", err=True)
+            supervisor = Supervisor(
+                sidecar,
+                # On the port it had: the one the server calls.
+                lambda: launcher.start_sidecar(
+                    data_dir=data_dir / "sidecar",
+                    port=sidecar.port,
+                    cross_encoder=cross_encoder,
+                    append_log=True,
+                ),
+                lambda message: click.echo(message, err=True),
+            )
+            supervisor.start()
         click.echo(f"mnemo up: data in {data_dir.resolve()}, local mode (no API key needed)", err=True)
         run_until_signalled(MnemoServer(cfg), port_file, parent_pid)
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         launcher.stop()

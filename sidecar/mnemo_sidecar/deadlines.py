@@ -77,6 +77,15 @@ def step_size(costs: Sequence[float], seconds_per_unit: float, deadline: Deadlin
     return n
 
 
+def refuse_if_late(deadline: Deadline, expected_s: float, stage: str) -> None:
+    """Refuse a step of work whose time at the best pace seen (expected_s, 0 when no pace is
+    known yet) passes what the deadline leaves: step_size runs at least one unit, and one
+    text that could not fit was embedded all the same, answering 20-85 ms after the caller's
+    deadline (sidecar probe). Run, it gives only a late answer and burns CPU others need."""
+    if expected_s > deadline.remaining():
+        raise DeadlineExceeded(f"the deadline leaves too little time for {stage}", reason="SIDECAR_DEADLINE")
+
+
 # How often a request waiting for an inference slot looks whether its caller cancelled.
 _QUEUED_CHECK_S = 0.05
 

@@ -4,10 +4,14 @@ Text embeddings are cached (the same memories come back across calls), and embed
 stops at the deadline: texts are cut to what the model reads (readable.py) and embedded in
 steps sized to the time left, the deadline checked between them. A step of 16 texts near
 inference.max_text_chars took ~0.9 s, which expired Reranks spent holding an inference
-slot that live ones waited for."""
+slot that live ones waited for. A step the time left cannot hold at the best pace seen is
+refused, not run (deadlines.refuse_if_late). The cache is keyed by a digest of the text:
+keyed by the text itself it held every text whole, ~80 KB for one of 20,000 four-byte
+characters beside its 1.5 KB vector, ~1.6 GB at its 20,000 entries (sidecar probe)."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -20,7 +24,7 @@ import numpy.typing as npt
 from mnemo_server.config import EmbeddingConfig
 from mnemo_server.embed.embedder import Embedder
 from mnemo_server.embed.factory import build_embedder
-from mnemo_sidecar.deadlines import Deadline, step_size
+from mnemo_sidecar.deadlines import Deadline, refuse_if_late, step_size
 from mnemo_sidecar.readable import readable_prefix
 
 FIRST_STAGE_WEIGHT = 0.7
@@ -39,7 +43,7 @@ class EmbeddingBlend:
         self._capacity = capacity
         self._threads = threads
         self._embedder: Embedder | None = None
-        self._vectors: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
+        self._vectors: OrderedDict[bytes, npt.NDArray[np.float32]] = OrderedDict()  # by text_key
         self._lock = threading.Lock()
         # The best pace seen, in seconds per unit of _cost (0: none yet), to size steps.
         self._seconds_per_unit = 0.0
@@ -62,11 +66,18 @@ class EmbeddingBlend:
     ) -> npt.NDArray[np.float32]:
         model = self._model()
         deadline.check("embedding the query")
-        q = model.embed([readable_prefix(query, MAX_TOKENS)])[0]
+        query_part = readable_prefix(query, MAX_TOKENS)
         with self._lock:
-            missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+            pace = self._seconds_per_unit
+        refuse_if_late(deadline, pace * _cost(query_part), "embedding the query")
+        q = model.embed([query_part])[0]
+        keys = [text_key(t) for t in texts]
+        with self._lock:
+            missing = [
+                (k, t) for k, t in dict(zip(keys, texts, strict=True)).items() if k not in self._vectors
+            ]
         # Keyed by the whole text, embedded as the part the model reads (the same vector).
-        readable = [readable_prefix(t, MAX_TOKENS) for t in missing]
+        readable = [readable_prefix(t, MAX_TOKENS) for _, t in missing]
         costs = [_cost(t) for t in readable]
         start = 0
         while start < len(missing):
@@ -74,19 +85,20 @@ class EmbeddingBlend:
             with self._lock:
                 pace = self._seconds_per_unit
             end = start + step_size(costs[start : start + BATCH], pace, deadline)
+            refuse_if_late(deadline, pace * sum(costs[start:end]), "embedding candidates")
             began = time.perf_counter()
             vectors = model.embed(readable[start:end])
             self._observe((time.perf_counter() - began) / sum(costs[start:end]))
             with self._lock:
-                for t, v in zip(missing[start:end], vectors, strict=True):
-                    self._vectors[t] = v
+                for (k, _), v in zip(missing[start:end], vectors, strict=True):
+                    self._vectors[k] = v
                 while len(self._vectors) > self._capacity:
                     self._vectors.popitem(last=False)
             start = end
         deadline.check("embedding candidates")  # done, but too late to be of use
         with self._lock:
             cos = np.array(
-                [float(self._vectors[t] @ q) if t in self._vectors else 0.0 for t in texts], dtype=np.float32
+                [float(self._vectors[k] @ q) if k in self._vectors else 0.0 for k in keys], dtype=np.float32
             )
         first = np.asarray(first_stage, dtype=np.float32)
         out: npt.NDArray[np.float32] = FIRST_STAGE_WEIGHT * first + (1 - FIRST_STAGE_WEIGHT) * cos
@@ -98,6 +110,11 @@ class EmbeddingBlend:
             # good, and step_size leaves room for running at half this pace.
             previous = self._seconds_per_unit
             self._seconds_per_unit = seconds_per_unit if previous == 0 else min(previous, seconds_per_unit)
+
+
+def text_key(text: str) -> bytes:
+    """The cache's key for a text: 16 bytes, whatever the text's length."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _cost(readable: str) -> float:

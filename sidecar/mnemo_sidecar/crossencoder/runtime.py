@@ -31,7 +31,7 @@ from mnemo_server.embed.batching import MAX_PADDING, length_buckets
 from mnemo_server.errors import DeadlineExceeded
 from mnemo_server.store.durable import rename_tree
 from mnemo_sidecar.crossencoder.finetune import CARD_NAME, quiet_transformers, read_card
-from mnemo_sidecar.deadlines import Deadline, step_size
+from mnemo_sidecar.deadlines import Deadline, refuse_if_late, step_size
 from mnemo_sidecar.readable import readable_prefix
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,10 +44,6 @@ PRECISIONS = ("fp32", "int8")
 _EXPORT_INFO = "export.json"
 # Files that never change what the model computes; editing them must not force a re-export.
 _NOT_HASHED = {CARD_NAME, "README.md"}
-# A batch is refused up front only if even half its best-case cost would overrun the deadline:
-# the per-token estimate is rough (fixed overheads, quadratic attention), and refusing work
-# that would have finished in time is worse than starting work that will not.
-_REFUSE_MARGIN = 0.5
 
 
 def model_version(model_dir: Path) -> str:
@@ -340,13 +336,7 @@ class CrossEncoderRuntime:
                 size = step_size([len(encodings[i].ids) for i in todo], pace, deadline)
                 idx, todo = todo[:size], todo[size:]
                 width = max(len(encodings[i].ids) for i in idx)
-                expected = pace * width * len(idx)
-                if expected * _REFUSE_MARGIN > deadline.remaining():
-                    # Running it would only produce a late answer and burn CPU others need.
-                    raise DeadlineExceeded(
-                        f"the deadline leaves too little time for rerank batch {n + 1} of {len(batches)}",
-                        reason="SIDECAR_DEADLINE",
-                    )
+                refuse_if_late(deadline, pace * width * len(idx), f"rerank batch {n + 1} of {len(batches)}")
                 feed = self._feed(encodings, idx, width)
                 t0 = time.perf_counter()
                 logits = self._session.run(None, feed)[0]

@@ -10,7 +10,7 @@ import pytest
 from mnemo_server.errors import DeadlineExceeded
 from mnemo_sidecar.deadlines import Deadline
 from mnemo_sidecar.learning.model import Candidate
-from mnemo_sidecar.ranker.text_features import TEXT_FEATURES, _markers_and_words
+from mnemo_sidecar.ranker.text_features import _DERIVED, TEXT_FEATURES
 from tests.integration.test_sidecar_deadlines import long_texts
 from tests.integration.test_sidecar_models import _promote_a_ranker
 from tests.unit.test_sidecar_learning import NAMES, ranker_engine
@@ -26,10 +26,10 @@ def test_score_looks_at_its_deadline_while_it_derives_text_features(tmp_path: Pa
     assert promoted is not None and set(TEXT_FEATURES) <= set(promoted.model.feature_names)
     texts = long_texts(100, seed=11)
     candidates = [Candidate(f"c{i}", t, 0.5, (0.5, 0.0, 0.1)) for i, t in enumerate(texts)]
-    derived = _markers_and_words.cache_info().currsize
+    derived = len(_DERIVED)
     with pytest.raises(DeadlineExceeded):
         engine.score("acme", "when did she move?", NAMES, candidates, Deadline(0.005))
-    assert _markers_and_words.cache_info().currsize - derived < len(texts)  # stopped part-way
+    assert len(_DERIVED) - derived < len(texts)  # stopped part-way
     # With time enough, the same call answers.
     scored = engine.score("acme", "when did she move?", NAMES, candidates, Deadline(60.0))
     assert scored.scores is not None and len(scored.scores) == len(texts)

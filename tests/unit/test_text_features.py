@@ -4,6 +4,7 @@ learns from them what the server's features do not carry."""
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from mnemo_sidecar.learning.trainer import baseline_ndcg, ranker_ndcg
 from mnemo_sidecar.ranker.model import session_matrix, train_ranker
 from mnemo_sidecar.ranker.text_features import (
     TEXT_FEATURES,
+    _DerivedCache,
     memory_markers,
     question_kinds,
     text_feature_matrix,
@@ -117,3 +119,24 @@ def test_a_ranker_learns_from_the_text_columns_what_the_servers_features_lack(tm
     without, _ = train_ranker(train, None, replace(cfg, text_features=False), tmp_path / "p", "v2")
     assert ranker_ndcg(with_text, held, None) > 0.95
     assert ranker_ndcg(without, held, None) < baseline_ndcg(held) + 0.2 < 0.8
+
+
+def test_the_derived_cache_is_bounded_in_bytes_and_keeps_no_text() -> None:
+    """An lru_cache keyed by each text and holding its words kept ~200 KB for a text of
+    20,000 characters, ~0.8 GB at its 4,096 entries (sidecar probe)."""
+    texts = [" ".join(f"w{n}x{i}" for i in range(3_000)) for n in range(10)]  # ~20 KB each
+    one = sys.getsizeof(frozenset(range(2_999))) + 32 * 2_999  # a text's bigrams, held
+    cache = _DerivedCache(entries=100, max_bytes=2 * one + 1_000)
+    for text in texts:
+        markers, bigrams = cache.get(text)
+        assert len(bigrams) == 2_999 and markers == memory_markers(text)
+    assert len(cache) == 2  # older ones went
+    assert all(isinstance(key, bytes) and len(key) == 16 for key in cache._items)  # no text held
+    # One too large for the whole budget is derived, not kept.
+    assert cache.get(" ".join(f"z{i}" for i in range(9_000)))[1] and len(cache) == 0
+    # Short texts are kept by the entry bound, and answered the same from the cache.
+    small = _DerivedCache(entries=3, max_bytes=1 << 20)
+    for n in range(5):
+        small.get(f"Caroline moved to Paris in {2000 + n}")
+    assert len(small) == 3
+    assert small.get("Caroline moved to Paris in 2004") == small.get("Caroline moved to Paris in 2004")

@@ -23,10 +23,13 @@ fire and the columns stay 0.
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import itertools
 import math
 import re
+import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -122,19 +125,63 @@ def question_kinds(query: str) -> dict[str, float]:
     return kinds
 
 
-def _bigrams(words: Sequence[str]) -> frozenset[tuple[str, str]]:
-    return frozenset(itertools.pairwise(words))
-
-
 def _capitalised(token: str) -> bool:
     """A word like "Paris" or "Max" ("I", "I'm" and "OK" are not names)."""
     return len(token) > 1 and token[0].isupper() and token[1].islower()
 
 
-@functools.lru_cache(maxsize=4096)
-def _markers_and_words(text: str) -> tuple[Markers, tuple[str, ...]]:
-    """The markers of memory_markers, and the text's words in lower case. Cached: the same
-    memories come back session after session, and a text's markers are ~30 us of Python."""
+Bigrams = frozenset[int]  # the text's word bigrams, hashed
+
+
+def _bigram_hashes(words: Sequence[str]) -> Bigrams:
+    return frozenset(map(hash, itertools.pairwise(words)))
+
+
+def _size(bigrams: Bigrams) -> int:
+    """Bytes a text's bigrams hold: the set's table and an int object for each."""
+    return sys.getsizeof(bigrams) + 32 * len(bigrams)
+
+
+class _DerivedCache:
+    """A text's markers and bigrams, for the texts seen lately: the same memories come back
+    session after session, and deriving them is ~30 us of Python a text. Keyed by a 16-byte
+    digest and holding hashed bigrams, bounded in entries and in bytes: an lru_cache keyed
+    by the text and holding its words kept ~200 KB for one of 20,000 characters, ~0.8 GB
+    at its 4,096 entries (sidecar probe). Python's hash of a bigram differs between
+    processes, which is why only the process that hashed a query compares it."""
+
+    def __init__(self, entries: int, max_bytes: int):
+        self._entries, self._max_bytes = entries, max_bytes
+        self._items: OrderedDict[bytes, tuple[Markers, Bigrams]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, text: str) -> tuple[Markers, Bigrams]:
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                return found
+        derived = _derive(text)
+        with self._lock:
+            if key not in self._items:
+                self._items[key] = derived
+                self._bytes += _size(derived[1])
+                while len(self._items) > self._entries or self._bytes > self._max_bytes:
+                    self._bytes -= _size(self._items.popitem(last=False)[1][1])
+        return derived
+
+
+_DERIVED = _DerivedCache(entries=4096, max_bytes=32 << 20)
+
+
+def _derive(text: str) -> tuple[Markers, Bigrams]:
+    """The markers of memory_markers, and the hashes of the text's word bigrams (in lower
+    case)."""
     time_ = number = place = quoted = 0.0
     capitalised = 0
     words: list[str] = []
@@ -170,12 +217,12 @@ def _markers_and_words(text: str) -> tuple[Markers, tuple[str, ...]]:
         prev2, prev = prev, low
         sentence_start = False
     markers = (time_, number, place, float(min(capitalised, _CAPS_CAP)), quoted, math.log1p(len(words)))
-    return markers, tuple(words)
+    return markers, _bigram_hashes(words)
 
 
 def memory_markers(text: str) -> Markers:
     """(time, number, place, capitalised words (capped), quoted, log word count) of a text."""
-    return _markers_and_words(text)[0]
+    return _DERIVED.get(text)[0]
 
 
 def derive_in_steps(texts: Sequence[str], check: Callable[[], None]) -> None:
@@ -187,7 +234,7 @@ def derive_in_steps(texts: Sequence[str], check: Callable[[], None]) -> None:
         if done >= STEP_CHARS:
             check()
             done = 0
-        _markers_and_words(text)
+        _DERIVED.get(text)
         done += len(text)
 
 
@@ -195,7 +242,7 @@ def text_feature_matrix(query: str, texts: Sequence[str]) -> Matrix:
     """One row per text, columns in TEXT_FEATURES' order."""
     kinds = question_kinds(query)
     q = [kinds[name] for name in QUESTION_FEATURES]
-    query_bigrams = _bigrams(
+    query_bigrams = _bigram_hashes(
         [t.lower() for t in _TOKEN.findall(query) if t not in _SENTENCE_END and t not in _QUOTES]
     )
     when, where, who = kinds["txt_q_when"], kinds["txt_q_where"], kinds["txt_q_who"]
@@ -203,12 +250,8 @@ def text_feature_matrix(query: str, texts: Sequence[str]) -> Matrix:
     what = kinds["txt_q_what"] + kinds["txt_q_which"]
     out = np.zeros((len(texts), len(TEXT_FEATURES)), dtype=np.float32)
     for row, text in enumerate(texts):
-        (time_, number, place, capitalised, quoted, words_log), words = _markers_and_words(text)
-        overlap = (
-            len(query_bigrams.intersection(itertools.pairwise(words))) / len(query_bigrams)
-            if query_bigrams
-            else 0.0
-        )
+        (time_, number, place, capitalised, quoted, words_log), bigrams = _DERIVED.get(text)
+        overlap = len(query_bigrams & bigrams) / len(query_bigrams) if query_bigrams else 0.0
         named = 1.0 if capitalised or quoted else 0.0
         out[row] = (
             *q,

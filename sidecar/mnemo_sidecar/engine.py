@@ -269,9 +269,11 @@ class RankingEngine:
         did not serve): past it the session is stored unjudged, never dropped."""
         if not session.candidates:
             # Nothing to learn from or judge by (a session whose pool was empty): neither
-            # stored nor counted towards health and the training trigger.
+            # stored nor counted towards health and the training trigger. Still a duplicate
+            # when its id was stored before (with candidates), as the answer says.
             snapshot = self.health.snapshot(tenant, self.ranker(tenant) is not None)
-            return SubmitResult(False, self.store.counts(tenant)[1], snapshot, False)
+            stored = self.store.has_session(tenant, session.session_id)
+            return SubmitResult(stored, self.store.counts(tenant)[1], snapshot, False)
         relevance = {c.candidate.id: c.relevance for c in session.candidates}
         baseline = [
             c.candidate.id for c in sorted(session.candidates, key=lambda c: c.baseline_rank or 10**9)

@@ -802,3 +802,15 @@ def test_health_updates_made_at_once_are_all_kept(tmp_path: Path) -> None:
     assert (since_promotion, since_training) == (60, 60)
     health.on_training("t", seen=60)
     assert health.store.health_state("t")[1:] == (60, 0)
+
+
+def test_a_stored_session_sent_again_without_candidates_is_a_duplicate(tmp_path: Path) -> None:
+    """An empty session is not stored, but one whose id is stored already was answered
+    duplicate=false, though the contract says true when the session was submitted before."""
+    engine = ranker_engine(tmp_path)
+    session = synthetic_session(1, random.Random(9))
+    assert not engine.submit("t", session).duplicate
+    assert engine.submit("t", replace(session, candidates=())).duplicate
+    assert not engine.submit("t", replace(session, session_id="never-stored", candidates=())).duplicate
+    assert not engine.submit("other", replace(session, candidates=())).duplicate
+    assert engine.store.counts("t")[0] == 1 and engine.store.counts("other")[0] == 0  # nothing more stored

@@ -170,6 +170,13 @@ class PairStore:
                 )
             return True
 
+    def has_session(self, tenant: str, session_id: str) -> bool:
+        with self._lock:
+            found = self._conn.execute(
+                "SELECT 1 FROM sessions WHERE tenant = ? AND session_id = ?", (tenant, session_id)
+            ).fetchone()
+        return found is not None
+
     def sessions(self, tenant: str) -> list[FeedbackSession]:
         """All stored sessions, oldest first."""
         with self._lock:

@@ -4,6 +4,7 @@ SidecarConfig. Nothing is shared with the server process but the wire contract."
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 
 from mnemo.ranking.v1 import ranking_service_pb2_grpc as rpb_grpc
@@ -16,6 +17,7 @@ from mnemo_server.tenancy.tenants import Principal
 from mnemo_sidecar.api.ranking_servicer import RankingServicer
 from mnemo_sidecar.api.stats import LatencyStats
 from mnemo_sidecar.config import SidecarConfig
+from mnemo_sidecar.data_lock import hold_data_dir
 from mnemo_sidecar.deadlines import AdmissionGate
 from mnemo_sidecar.engine import RankingEngine
 from mnemo_sidecar.learning.model import ModelKind
@@ -55,6 +57,7 @@ class SidecarServer:
         )
         data = cfg.data_path
         make_data_dir(data)
+        self._data_lock = hold_data_dir(data)  # before anything there is opened or removed
         self.store = PairStore(data / "pairs.sqlite", cfg.training.max_stored_sessions)
         self.engine = RankingEngine.over(
             cfg, self.store, data / "models", {ModelKind.CROSS_ENCODER: cfg.cross_encoder.max_resident}
@@ -103,3 +106,6 @@ class SidecarServer:
         self.runner.stop()
         self.grpc.stop(self.cfg.server.shutdown_grace_s if grace_s is None else grace_s)
         self.store.close()
+        if self._data_lock >= 0:
+            os.close(self._data_lock)
+            self._data_lock = -1

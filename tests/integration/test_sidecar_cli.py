@@ -9,13 +9,16 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 TOKEN = "sidecar-token-for-the-cli-test"
 
 
-def _sidecar_cli(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MNEMO_")}
+def _sidecar_cli(
+    *args: str, token: str | None = None, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MNEMO_")} | (env_extra or {})
     if token:
         env["MNEMO_SIDECAR_SERVER__AUTH_TOKEN"] = token
     return subprocess.run(
@@ -51,3 +54,32 @@ def test_status_and_train_send_the_token_and_fail_in_one_line(start_sidecar: Cal
     down = _sidecar_cli("status", "--sidecar", f"127.0.0.1:{_free_port()}", "--timeout", "2")
     assert down.returncode == 1 and "Traceback" not in down.stderr
     assert down.stderr.strip().splitlines()[-1].startswith("Error: ")
+
+
+def test_a_second_sidecar_on_a_data_directory_in_use_is_refused_and_changes_nothing(
+    start_sidecar: Callable[..., Any], tmp_path: Path, model_cache: Path
+) -> None:
+    """It started serving beside the first, sharing its pair store and model registry, and
+    at start-up deleted the first one's training candidate in the middle of its run."""
+    data = tmp_path / "shared-sidecar"
+    first = start_sidecar(data_dir=data)
+    # A training run's candidate, as the first sidecar's trainer leaves it while it works.
+    candidate = data / "models" / "acme" / "ranker" / "candidate-20261208T000000-1"
+    candidate.mkdir(parents=True)
+    (candidate / "candidate.mark").write_text("")
+    refused = _sidecar_cli(
+        "serve", "--data-dir", str(data), "--port", str(_free_port()), env_extra=_embedder_env(model_cache)
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert f"error: {data} is in use by another sidecar (process {os.getpid()})" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert (candidate / "candidate.mark").exists()
+    assert first.engine.store.counts("acme") == (0, 0)  # still serving its store
+    # Once the first has stopped, its data directory is free again.
+    first.stop(0.2)
+    second = start_sidecar(data_dir=data)
+    assert second.port > 0
+
+
+def _embedder_env(model_cache: Path) -> dict[str, str]:
+    return {"MNEMO_SIDECAR_INFERENCE__EMBEDDER_CACHE_DIR": str(model_cache), "HF_HUB_OFFLINE": "1"}

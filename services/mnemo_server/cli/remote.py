@@ -303,10 +303,25 @@ def _memories(path: Path) -> Iterator[tuple[int, memory_pb2.Memory]]:
     """The file's memories with their line numbers; a line that is not one is a one-line
     error naming it."""
     for lineno, value in json_lines(path, click.ClickException):
+        if not isinstance(value, dict):
+            # ParseDict takes any JSON value: a number, null or true ended in a traceback.
+            raise click.ClickException(
+                f"{path}:{lineno}: not an exported memory (a JSON {_json_kind(value)}, not an object)"
+            )
         try:
             yield lineno, json_format.ParseDict(value, memory_pb2.Memory())
         except json_format.ParseError as exc:
             raise click.ClickException(f"{path}:{lineno}: not an exported memory ({exc})") from None
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "string" if isinstance(value, str) else "array"
 
 
 def _batches(

@@ -464,6 +464,10 @@ _INT_RANGES = {
 }
 # Every other number is a size, a count, a time or a weight: 0 or more. These may be less.
 _MAY_BE_NEGATIVE = frozenset({"promote_margin"})
+# Text keys of any section that name something and cannot be empty: an empty data_dir put
+# the store in the working directory, an empty host bound every address and was refused
+# only after warm-up, as a port that could not be bound (CLI probe).
+_NOT_EMPTY = frozenset({"data_dir", "host"})
 
 
 def _number(value: Any, typ: Any, where: str) -> int | float:
@@ -514,6 +518,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         # (probe: data_dir ["a", "b"] made a directory named "['a', 'b']", true an admin key "True").
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise FailedPrecondition(f"config {where}: expected str, got {value!r}", reason="BAD_CONFIG")
+        if where.rsplit(".", 1)[-1] in _NOT_EMPTY and not str(value).strip():
+            raise FailedPrecondition(f"config {where}: must not be empty", reason="BAD_CONFIG")
         return str(value)
     raise FailedPrecondition(f"config {where}: unsupported type", reason="BAD_CONFIG")
 

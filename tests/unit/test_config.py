@@ -58,6 +58,11 @@ def test_config_file_from_env_var(tmp_path: Path) -> None:
             r"server\.shutdown_grace_s: 'nan' is not a finite number",
         ),
         ({"MNEMO_RANKING__DEADLINE_MARGIN_MS": "-5"}, r"ranking\.deadline_margin_ms: '-5' is not a finite"),
+        # Empty, a data_dir put the store in the working directory; a host bound every
+        # address, refused after warm-up as a port that could not be bound (CLI probe).
+        ({"MNEMO_STORAGE__DATA_DIR": ""}, r"storage\.data_dir: must not be empty"),
+        ({"MNEMO_STORAGE__DATA_DIR": "  "}, r"storage\.data_dir: must not be empty"),
+        ({"MNEMO_SERVER__HOST": ""}, r"server\.host: must not be empty"),
     ],
 )
 def test_bad_values_are_clear_errors(env: dict[str, str], message: str) -> None:
@@ -110,6 +115,17 @@ def test_a_list_a_table_or_a_boolean_is_no_text_setting(tmp_path: Path, toml: st
     file.write_text(f"[storage]\n{toml}\n")
     with pytest.raises(FailedPrecondition, match=r"storage\.data_dir: expected str"):
         load_config(file, env={})
+
+
+def test_the_sidecar_refuses_an_empty_data_dir_or_host(tmp_path: Path) -> None:
+    from mnemo_sidecar.config import load_sidecar_config
+
+    with pytest.raises(FailedPrecondition, match=r"storage\.data_dir: must not be empty"):
+        load_sidecar_config(env={"MNEMO_SIDECAR_STORAGE__DATA_DIR": ""})
+    f = tmp_path / "sidecar.toml"
+    f.write_text('[server]\nhost = ""\n')
+    with pytest.raises(FailedPrecondition, match=r"server\.host: must not be empty"):
+        load_sidecar_config(f, env={})
 
 
 def test_the_sidecar_refuses_an_inference_pool_of_no_slots() -> None:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from mnemo_server.api.server import announce_listening
+from mnemo_server.api.server import announce_listening, withdraw_port_file
 from mnemo_server.cli.common import Seconds
 from mnemo_server.errors import MnemoError
 from mnemo_server.launcher import wait_for_stop, watch_parent
@@ -95,6 +95,7 @@ def serve(
     try:
         wait_for_stop(stop)
     finally:
+        withdraw_port_file(port_file, bound)
         app.stop()
 
 

@@ -650,5 +650,9 @@ def test_up_starts_its_sidecar_again_on_the_same_port_after_it_is_killed(
                 break
             time.sleep(0.5)
     assert reasons[-1] == "cold_start", reasons
+    port_file = tmp_path / "procs" / "mnemo1.port"
+    assert port_file.read_text() == str(proc.port)
     assert proc.terminate() == 0
     assert not Path(f"/proc/{again[0]}").exists()  # stopped with it, and reaped
+    # An orderly stop takes back its port file: left, it named a port nothing served.
+    assert not port_file.exists()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,3 +85,38 @@ def test_a_second_sidecar_on_a_data_directory_in_use_is_refused_and_changes_noth
 
 def _embedder_env(model_cache: Path) -> dict[str, str]:
     return {"MNEMO_SIDECAR_INFERENCE__EMBEDDER_CACHE_DIR": str(model_cache), "HF_HUB_OFFLINE": "1"}
+
+
+def test_an_orderly_stop_takes_back_the_port_file(tmp_path: Path, model_cache: Path) -> None:
+    """Left behind, it named a port nothing served, and a supervisor waiting for the file
+    took it for the next start's."""
+    port_file = tmp_path / "sidecar.port"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MNEMO_")} | _embedder_env(model_cache)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mnemo_sidecar.cli",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "sc"),
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        assert int(port_file.read_text()) > 0
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        assert not port_file.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -55,6 +55,19 @@ def announce_listening(name: str, host: str, port: int, port_file: Path | None) 
     print(f"{name} listening on {listen_address(host, port)}", file=sys.stderr, flush=True)
 
 
+def withdraw_port_file(port_file: Path | None, port: int) -> None:
+    """At an orderly stop: remove the port file if it still names this process's port (a
+    later start may have written its own). Left behind, it named a port nothing served, and
+    a supervisor waiting for the file took it for the next start's (CLI probe)."""
+    if port_file is None:
+        return
+    try:
+        if port_file.read_text().strip() == str(port):
+            port_file.unlink()
+    except OSError:
+        pass  # gone already, or unreadable: not this process's to fix at exit
+
+
 def why_not_bound(host: str, port: int) -> str:
     """Why the address cannot be listened on, asked of the OS: grpc says only that it
     failed, and a port in use, a port below 1024 without the privilege and a host that is

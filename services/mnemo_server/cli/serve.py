@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import click
 
-from mnemo_server.api.server import announce_listening, is_loopback
+from mnemo_server.api.server import announce_listening, is_loopback, withdraw_port_file
 from mnemo_server.app import MnemoServer
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
@@ -74,6 +74,7 @@ def run_until_signalled(
     try:
         wait_for_stop(stop, on_wake=refreezer.freeze_if_due if refreezer else None)
     finally:
+        withdraw_port_file(port_file, port)  # first: it says this port is served
         if failed.is_set():
             abandon(server)
         server.stop()

@@ -62,8 +62,10 @@ class Histogram:
     bucket_counts: tuple[int, ...]
 
     def quantile(self, q: float) -> float:
-        """0.0 while nothing is counted."""
-        return quantile(self.bucket_counts, q)
+        """0.0 while nothing is counted; never above the largest time counted. Interpolated
+        in its bucket, a p99 was reported above the max (CreateMemory p99 289.6 ms, max
+        257.0: CLI probe)."""
+        return min(quantile(self.bucket_counts, q), self.max_ms)
 
 
 class LatencyHistogram:

@@ -656,3 +656,17 @@ def test_up_starts_its_sidecar_again_on_the_same_port_after_it_is_killed(
     assert not Path(f"/proc/{again[0]}").exists()  # stopped with it, and reaped
     # An orderly stop takes back its port file: left, it named a port nothing served.
     assert not port_file.exists()
+
+
+def test_up_refuses_one_port_for_the_server_and_its_sidecar_before_starting_either(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """It warmed up for ~24 s, then said the port was in use, its own sidecar holding it."""
+    data = tmp_path / "d"
+    started = time.monotonic()
+    out = run(
+        ["up", "--data-dir", str(data), "--port", "50999", "--sidecar-port", "50999"], base_env(model_cache)
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "Invalid value for --sidecar-port: 50999 is the server's port too" in out.stderr, out.stderr
+    assert not data.exists() and time.monotonic() - started < 20

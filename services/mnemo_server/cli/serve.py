@@ -207,6 +207,12 @@ def up(
 
     # Without --data-dir, as `serve` takes it (the --data-dir default wrote over both).
     cfg = local_config(config_file, data_dir, port)
+    if not no_sidecar and sidecar_port != 0 and cfg.server.port == sidecar_port:
+        # Found only after the server's warm-up (~24 s) as "the port is in use", its own
+        # sidecar holding it (CLI probe).
+        raise click.BadParameter(
+            f"{sidecar_port} is the server's port too (--port or server.port)", param_hint="--sidecar-port"
+        )
     _check_port_file(port_file, cfg.storage.data_dir)
     data_dir = Path(cfg.storage.data_dir)
     make_data_dir(data_dir)

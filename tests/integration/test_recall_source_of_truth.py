@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mnemo_server.app import Core
 from mnemo_server.memory.model import MemoryDraft
+from mnemo_server.memory.service import MemoryPatch
 from mnemo_server.retrieval.recall import RecallQuery
 from tests.conftest import make_config
 
@@ -41,6 +42,49 @@ def test_memories_deleted_behind_the_index_are_skipped_and_replaced(
         assert after[:4] == before[6:]
         live = {r.memory.id for r in created} - gone
         assert set(after) <= live
+    finally:
+        core.close()
+
+
+def test_a_memory_whose_content_changed_behind_the_index_is_not_found_by_its_old_words(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """Its hit was found by the old text and scored on it, and came back holding the new
+    text, without the words it was found by, marked PENDING. A change of something else
+    (importance) keeps it found while the index catches up."""
+    core = Core(make_config(tmp_path / "data", model_cache))
+    try:
+        core.tenants.ensure_tenant("t")
+        made = core.memories.batch_create(
+            "t",
+            [
+                MemoryDraft("the marmots on the ridge were counted in june"),
+                MemoryDraft("the heron nest by the river was empty"),
+                MemoryDraft("the beavers rebuilt their dam in the creek"),
+            ],
+        )
+        marmots, heron = made[0].memory.id, made[1].memory.id
+        core.indexer.start()
+        assert core.indexer.wait_idle(60)
+        core.indexer.stop()
+
+        core.memories.update(
+            "t", marmots, MemoryPatch(content="the otters in the bay were counted in july"), ["content"]
+        )
+        core.memories.update("t", heron, MemoryPatch(importance=0.9), ["importance"])
+        found = {
+            h.memory.id: h.memory for h in core.recall.recall("t", RecallQuery("marmots ridge", top_k=3)).hits
+        }
+        assert marmots not in found
+        assert all("marmots" not in m.content for m in found.values())
+        assert heron in {
+            h.memory.id for h in core.recall.recall("t", RecallQuery("heron nest river", top_k=3)).hits
+        }
+
+        core.indexer.start()
+        assert core.indexer.wait_idle(60)
+        hits = core.recall.recall("t", RecallQuery("otters bay", top_k=1)).hits
+        assert [h.memory.id for h in hits] == [marmots] and hits[0].memory.content.startswith("the otters")
     finally:
         core.close()
 

@@ -261,9 +261,11 @@ class RecallPipeline:
         return links
 
     def _hydrate(self, tenant_id: str, ranked: list[tuple[str, _Candidate]], q: RecallQuery) -> list[Hit]:
-        """Read the best candidates from DuckDB, the source of truth: a memory deleted or
-        changed since it was indexed (or outside the filter) is dropped, and the next one
-        is read instead."""
+        """Read the best candidates from DuckDB, the source of truth: a memory deleted, or
+        whose content changed since it was indexed (or outside the filter) is dropped, and
+        the next one is read instead. A changed content is PENDING, not yet searchable: its
+        hit was found by the old text and scored on it, and came back holding the new text,
+        without the words it was found by (recall probe). Other changes keep it."""
         hits: list[Hit] = []
         # Nearly every candidate is live (the index trails DuckDB by well under a second),
         # and each row read costs ~0.035 ms at 100k: read a small margin, not twice top_k.
@@ -275,7 +277,7 @@ class RecallPipeline:
             )
             for mid, c in part:
                 m = memories.get(mid)
-                if m is not None and not m.deleted and q.filter.matches(m):
+                if m is not None and not m.deleted and m.content == c.attrs.text and q.filter.matches(m):
                     hits.append(Hit(m, c.score, c.scores))
                     if len(hits) == q.top_k:
                         return hits

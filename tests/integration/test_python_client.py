@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,6 +15,7 @@ import pytest
 from google.protobuf import struct_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from mnemo.v1 import memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client import MemoryTools, MnemoClient, MnemoError, RetryPolicy
 from mnemo_client.client import scope
@@ -444,3 +446,46 @@ def test_a_page_of_memories_with_list_heavy_metadata_fits_a_clients_default_limi
     ]
     assert len(set(exported)) == 100
     plain.close()
+
+
+def test_a_failed_purges_request_id_can_be_sent_again_and_finishes_it_once(client: MnemoClient) -> None:
+    """The MnemoError of a failed purge carries its request_id, as for any write, but
+    purge_memories took none: it could not be sent again."""
+    for i in range(3):
+        client.create_memory(client.new_memory(f"to purge {i}", category="old"))
+    old = memory_pb2.MemoryFilter(categories=["old"])
+    assert client.purge_memories(old, force=True, request_id="purge-once") == 3
+    client.create_memory(client.new_memory("stored after the purge", category="old"))
+    # The same request again is answered from its record and deletes nothing more.
+    assert client.purge_memories(old, force=True, request_id="purge-once") == 3
+    assert [m.content for m in client.list_memories()] == ["stored after the purge"]
+
+
+def test_a_client_made_before_a_server_restart_reaches_it_soon_after_it_is_back(
+    start_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    """gRPC's reconnect backoff grows to 120 s: a client made before a restart failed every
+    call for 6-21 s while the server was back (client probe)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    first = start_server(tmp_path / "d", server={"port": port}, auth={"enabled": False})
+    with MnemoClient(first.address, timeout_s=2, retry=RetryPolicy(attempts=1)) as c:
+        c.status()
+        first.close()
+        # 1, 1.6, 2.6, 4.1, 6.6, 10.5 s between connection attempts (±20 %): after 20 s
+        # down, the next came ~6 s after the server was back.
+        down_until = time.monotonic() + 20
+        while time.monotonic() < down_until:  # calls fail meanwhile, and the backoff grows
+            with pytest.raises(MnemoError):
+                c.status()
+            time.sleep(0.5)
+        start_server(tmp_path / "d", server={"port": port}, auth={"enabled": False})
+        back = time.monotonic()
+        while True:
+            try:
+                c.status()
+                break
+            except MnemoError:
+                assert time.monotonic() - back < 3.0, "still failing 3 s after the server was back"
+                time.sleep(0.1)

@@ -47,7 +47,7 @@ _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED})
 # on it (the sidecar's admission gate, the server's compute queue). The others do not pass in
 # a retry's second: Mnemo's STORAGE_FULL lasts until space is freed, and gRPC's own (a message
 # or trailers past a limit, which carry no reason) come back the same on every attempt.
-_SHED_REASONS = frozenset({"SIDECAR_OVERLOADED", "COMPUTE_QUEUE_FULL"})
+_SHED_REASONS = frozenset({"SIDECAR_OVERLOADED", "COMPUTE_QUEUE_FULL", "TOO_MANY_STREAMS"})
 
 
 class MnemoError(Exception):
@@ -62,6 +62,11 @@ class MnemoError(Exception):
         self.reason = reason
         self.fields = list(fields)
         self.request_id = ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own pickling calls __init__ with self.args (the one formatted string):
+        # unpickling failed, and a ProcessPoolExecutor whose worker raised one broke.
+        return (_rebuilt_error, (self.code, self.message, self.reason, tuple(self.fields), self.request_id))
 
     @classmethod
     def from_rpc(cls, err: grpc.RpcError) -> MnemoError:
@@ -93,6 +98,14 @@ class MnemoError(Exception):
         if self.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return self.reason in _SHED_REASONS
         return self.code in _RETRYABLE
+
+
+def _rebuilt_error(
+    code: grpc.StatusCode, message: str, reason: str, fields: Sequence[str], request_id: str
+) -> MnemoError:
+    error = MnemoError(code, message, reason, fields)
+    error.request_id = request_id
+    return error
 
 
 @dataclass(frozen=True)
@@ -140,7 +153,15 @@ class MnemoClient:
     ):
         # Answers as large as the server sends (32 MiB): a batch of 500 memories of 20,000
         # characters is answered with them, past gRPC's default 4 MiB a message.
-        options = [("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
+        options = [
+            ("grpc.max_receive_message_length", MAX_ANSWER_BYTES),
+            # gRPC's reconnect backoff grows to 120 s: after a server restart, a client made
+            # before it failed every call for 6-21 s while the server was back (client
+            # probe), past what its retries wait. Capped at 1 s, it finds the server by then.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1_000),
+        ]
         if tls or root_certificates:
             credentials = grpc.ssl_channel_credentials(root_certificates)
             self.channel = grpc.secure_channel(address, credentials, options=options)
@@ -328,23 +349,34 @@ class MnemoClient:
         force: bool = False,
         all_memories: bool = False,
         snapshot_token: str = "",
+        request_id: str | None = None,
     ) -> int:
         """How many memories were deleted (without force: how many would be). With a
-        snapshot_token from count_purge, only memories stored by that count are deleted."""
-        return self._purge(filter, force, all_memories, snapshot_token).purge_count
+        snapshot_token from count_purge, only memories stored by that count are deleted.
+        request_id: the one a failed purge's MnemoError carries, to finish it and get its
+        whole count (a new one is made when none is given)."""
+        return self._purge(filter, force, all_memories, snapshot_token, request_id).purge_count
 
     def count_purge(
         self, filter: memory_pb2.MemoryFilter | None = None, *, all_memories: bool = False
     ) -> pb.PurgeMemoriesResponse:
         """A dry run: purge_count, and the snapshot_token that bounds a forced purge to the
         memories counted here (what arrives while a user confirms is then kept)."""
-        return self._purge(filter, False, all_memories, "")
+        return self._purge(filter, False, all_memories, "", None)
 
     def _purge(
-        self, filter: memory_pb2.MemoryFilter | None, force: bool, all_memories: bool, snapshot_token: str
+        self,
+        filter: memory_pb2.MemoryFilter | None,
+        force: bool,
+        all_memories: bool,
+        snapshot_token: str,
+        request_id: str | None,
     ) -> pb.PurgeMemoriesResponse:
         req = pb.PurgeMemoriesRequest(
-            force=force, all_memories=all_memories, snapshot_token=snapshot_token, request_id=uuid.uuid4().hex
+            force=force,
+            all_memories=all_memories,
+            snapshot_token=snapshot_token,
+            request_id=request_id or uuid.uuid4().hex,
         )
         if filter is not None:
             req.filter.CopyFrom(filter)
@@ -418,9 +450,13 @@ class MnemoClient:
 
     # --- admin -----------------------------------------------------------------------
 
-    def create_tenant(self, tenant_id: str, display_name: str = "") -> admin_pb.Tenant:
+    def create_tenant(
+        self, tenant_id: str, display_name: str = "", *, request_id: str | None = None
+    ) -> admin_pb.Tenant:
+        """request_id: the one a failed call's MnemoError carries, to send it again."""
         req = admin_pb.CreateTenantRequest(
-            tenant=admin_pb.Tenant(id=tenant_id, display_name=display_name), request_id=uuid.uuid4().hex
+            tenant=admin_pb.Tenant(id=tenant_id, display_name=display_name),
+            request_id=request_id or uuid.uuid4().hex,
         )
         return self.call(self.admin.CreateTenant, req).tenant
 

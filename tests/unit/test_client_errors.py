@@ -1,0 +1,45 @@
+"""The Python client's MnemoError crosses process boundaries, and says which refusals pass
+if the call is sent again shortly (clients/python/mnemo_client/client.py)."""
+
+from __future__ import annotations
+
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+
+import grpc
+import pytest
+
+from mnemo_client import MnemoError
+
+
+def _refused_in_a_worker() -> None:
+    error = MnemoError(grpc.StatusCode.NOT_FOUND, "memory 'x' not found", "MEMORY_NOT_FOUND", ["id"])
+    error.request_id = "r-1"
+    raise error
+
+
+def test_an_error_survives_pickling_and_a_process_pool() -> None:
+    """Unpickling called __init__ with the one formatted string and failed, so a
+    ProcessPoolExecutor whose worker raised one broke (BrokenProcessPool)."""
+    with ProcessPoolExecutor(1) as pool, pytest.raises(MnemoError) as err:
+        pool.submit(_refused_in_a_worker).result(timeout=60)
+    e = err.value
+    assert (e.code, e.message, e.reason, e.fields, e.request_id) == (
+        grpc.StatusCode.NOT_FOUND,
+        "memory 'x' not found",
+        "MEMORY_NOT_FOUND",
+        ["id"],
+        "r-1",
+    )
+    again = pickle.loads(pickle.dumps(e))
+    assert str(again) == str(e) == "NOT_FOUND: memory 'x' not found"
+
+
+@pytest.mark.parametrize(
+    ("reason", "transient"),
+    [("TOO_MANY_STREAMS", True), ("COMPUTE_QUEUE_FULL", True), ("STORAGE_FULL", False), ("", False)],
+)
+def test_load_shedding_refusals_are_transient_and_others_are_not(reason: str, transient: bool) -> None:
+    """A stream refused while others of the tenant run passes once one ends, yet was not
+    transient (an export sent again 0.3 s later succeeded: client probe)."""
+    assert MnemoError(grpc.StatusCode.RESOURCE_EXHAUSTED, "refused", reason).transient is transient

@@ -3,6 +3,7 @@ if the call is sent again shortly (clients/python/mnemo_client/client.py)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 from concurrent.futures import ProcessPoolExecutor
 
@@ -21,7 +22,9 @@ def _refused_in_a_worker() -> None:
 def test_an_error_survives_pickling_and_a_process_pool() -> None:
     """Unpickling called __init__ with the one formatted string and failed, so a
     ProcessPoolExecutor whose worker raised one broke (BrokenProcessPool)."""
-    with ProcessPoolExecutor(1) as pool, pytest.raises(MnemoError) as err:
+    # Spawned: LanceDB, loaded by other tests in this process, is not fork-safe.
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool, pytest.raises(MnemoError) as err:
         pool.submit(_refused_in_a_worker).result(timeout=60)
     e = err.value
     assert (e.code, e.message, e.reason, e.fields, e.request_id) == (

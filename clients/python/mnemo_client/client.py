@@ -158,8 +158,9 @@ class MnemoClient:
             # gRPC's reconnect backoff grows to 120 s: after a server restart, a client made
             # before it failed every call for 6-21 s while the server was back (client
             # probe), past what its retries wait. Capped at 1 s, it finds the server by then.
+            # (Not min_reconnect_backoff_ms: gRPC also takes it as the time a connection
+            # attempt may take, and at 100 ms a busy server's handshake failed UNAVAILABLE.)
             ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1_000),
         ]
         if tls or root_certificates:

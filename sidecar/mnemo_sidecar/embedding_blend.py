@@ -5,13 +5,11 @@ stops at the deadline: texts are cut to what the model reads (readable.py) and e
 steps sized to the time left, the deadline checked between them. A step of 16 texts near
 inference.max_text_chars took ~0.9 s, which expired Reranks spent holding an inference
 slot that live ones waited for. A step the time left cannot hold at the best pace seen is
-refused, not run (deadlines.refuse_if_late). The cache is keyed by a digest of the text:
-keyed by the text itself it held every text whole, ~80 KB for one of 20,000 four-byte
-characters beside its 1.5 KB vector, ~1.6 GB at its 20,000 entries (sidecar probe)."""
+refused, not run (deadlines.refuse_if_late). The cache is keyed by a digest of the text
+(text_key.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -26,6 +24,7 @@ from mnemo_server.embed.embedder import Embedder
 from mnemo_server.embed.factory import build_embedder
 from mnemo_sidecar.deadlines import Deadline, refuse_if_late, step_size
 from mnemo_sidecar.readable import readable_prefix
+from mnemo_sidecar.text_key import text_key
 
 FIRST_STAGE_WEIGHT = 0.7
 BATCH = 16
@@ -110,11 +109,6 @@ class EmbeddingBlend:
             # good, and step_size leaves room for running at half this pace.
             previous = self._seconds_per_unit
             self._seconds_per_unit = seconds_per_unit if previous == 0 else min(previous, seconds_per_unit)
-
-
-def text_key(text: str) -> bytes:
-    """The cache's key for a text: 16 bytes, whatever the text's length."""
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _cost(readable: str) -> float:

@@ -13,8 +13,9 @@ import pytest
 
 from mnemo_server.errors import DeadlineExceeded
 from mnemo_sidecar.deadlines import Deadline
-from mnemo_sidecar.embedding_blend import MAX_TOKENS, EmbeddingBlend, text_key
+from mnemo_sidecar.embedding_blend import MAX_TOKENS, EmbeddingBlend
 from mnemo_sidecar.readable import readable_prefix
+from mnemo_sidecar.text_key import text_key
 
 
 def _long(seed: int, words: int = 2_400) -> str:

@@ -3,6 +3,7 @@ and server reflection. SERVING only once everything is open; NOT_SERVING before 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import socket
@@ -61,11 +62,10 @@ def withdraw_port_file(port_file: Path | None, port: int) -> None:
     a supervisor waiting for the file took it for the next start's (CLI probe)."""
     if port_file is None:
         return
-    try:
+    # Gone already, or unreadable: not this process's to put right as it exits.
+    with contextlib.suppress(OSError):
         if port_file.read_text().strip() == str(port):
             port_file.unlink()
-    except OSError:
-        pass  # gone already, or unreadable: not this process's to fix at exit
 
 
 def why_not_bound(host: str, port: int) -> str:

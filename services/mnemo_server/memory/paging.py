@@ -122,7 +122,7 @@ def row_bytes(row: Any) -> int:
     dataclass, or lists and mappings of them), for listings whose rows have no estimate of
     their own. Cheap enough for a page: a field walk, no serialization but of mappings."""
     if isinstance(row, str):
-        return len(row) if row.isascii() else len(row.encode())
+        return _text_bytes(row)
     if isinstance(row, bytes):
         return len(row)
     if isinstance(row, (list, tuple, set, frozenset)):

@@ -593,10 +593,13 @@ class MemoryService:
                         f"{p}.id", "must be the memory's id from an export (a lower-case hyphenated UUID)"
                     )
                 )
-            for link in ("supersedes_id", "superseded_by_id"):
+            for link, linked in (
+                ("supersedes_id", m.supersedes_id),
+                ("superseded_by_id", m.superseded_by_id),
+            ):
                 # Stored as given, they were any text: a million characters or a NUL made
                 # every listing of the scope too large for a client to read (memory probe).
-                if getattr(m, link) and not _is_canonical_uuid(getattr(m, link)):
+                if linked and not _is_canonical_uuid(linked):
                     violations.append(
                         FieldViolation(
                             f"{p}.{link}", "must be empty or a memory id (a lower-case hyphenated UUID)"

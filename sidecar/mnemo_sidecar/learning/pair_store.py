@@ -55,6 +55,9 @@ CREATE TABLE IF NOT EXISTS fine_tunes (
 FORMAT = 1
 
 
+_STORED = "SELECT 1 FROM sessions WHERE tenant = ? AND session_id = ?"
+
+
 class PairStore:
     def __init__(self, path: Path, max_sessions: int = 0):
         """max_sessions > 0: a tenant keeps its newest that many sessions (and their pairs).
@@ -103,9 +106,7 @@ class PairStore:
             cur = self._conn.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                exists = cur.execute(
-                    "SELECT 1 FROM sessions WHERE tenant = ? AND session_id = ?", (tenant, s.session_id)
-                ).fetchone()
+                exists = cur.execute(_STORED, (tenant, s.session_id)).fetchone()
                 if exists:
                     cur.execute("ROLLBACK")
                     return False
@@ -172,9 +173,7 @@ class PairStore:
 
     def has_session(self, tenant: str, session_id: str) -> bool:
         with self._lock:
-            found = self._conn.execute(
-                "SELECT 1 FROM sessions WHERE tenant = ? AND session_id = ?", (tenant, session_id)
-            ).fetchone()
+            found = self._conn.execute(_STORED, (tenant, session_id)).fetchone()
         return found is not None
 
     def sessions(self, tenant: str) -> list[FeedbackSession]:

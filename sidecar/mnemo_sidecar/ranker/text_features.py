@@ -23,7 +23,6 @@ fire and the columns stay 0.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import re
@@ -36,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo_server.retrieval.query_analysis import body_of
+from mnemo_sidecar.text_key import text_key
 
 
 def _words(text: str) -> frozenset[str]:
@@ -144,8 +144,8 @@ def _size(bigrams: Bigrams) -> int:
 
 class _DerivedCache:
     """A text's markers and bigrams, for the texts seen lately: the same memories come back
-    session after session, and deriving them is ~30 us of Python a text. Keyed by a 16-byte
-    digest and holding hashed bigrams, bounded in entries and in bytes: an lru_cache keyed
+    session after session, and deriving them is ~30 us of Python a text. Keyed by text_key
+    and holding hashed bigrams, bounded in entries and in bytes: an lru_cache keyed
     by the text and holding its words kept ~200 KB for one of 20,000 characters, ~0.8 GB
     at its 4,096 entries (sidecar probe). Python's hash of a bigram differs between
     processes, which is why only the process that hashed a query compares it."""
@@ -160,7 +160,7 @@ class _DerivedCache:
         return len(self._items)
 
     def get(self, text: str) -> tuple[Markers, Bigrams]:
-        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        key = text_key(text)
         with self._lock:
             found = self._items.get(key)
             if found is not None:

@@ -239,6 +239,51 @@ def test_idempotent_retries(tenant_a: TenantClient) -> None:
     )
 
 
+def test_a_create_retry_sending_back_the_first_answer_is_the_same_request(tenant_a: TenantClient) -> None:
+    """The candidate's id, state and times are output only: a retry that carries what the
+    first answer filled in gets that answer (probe: REQUEST_ID_REUSED), and nothing more is
+    stored."""
+    api = Learnings(tenant_a)
+    # Scope and confidence given, so that the answer differs only in output-only fields.
+    first = api.create(
+        "Releases are cut on Tuesdays.",
+        request_id="create-2",
+        scope=common_pb2.Scope(kind=common_pb2.SCOPE_KIND_WORKSPACE, id="default"),
+        confidence=0.5,
+    )
+    resent = pb.CreateLearningCandidateRequest(candidate=first, request_id="create-2")
+    assert api.CreateLearningCandidate(resent).candidate == first
+    assert len(api.ListLearningCandidates(pb.ListLearningCandidatesRequest()).candidates) == 1
+
+
+def test_reject_and_revoke_retries_return_the_first_result(tenant_a: TenantClient) -> None:
+    """A review retried after its answer was lost: with its request_id it gets the first
+    answer, not CANDIDATE_NOT_PENDING / LEARNING_NOT_ACTIVE, which it could not tell from
+    another reviewer's change (probe: the requests had no request_id)."""
+    api = Learnings(tenant_a)
+    doomed = api.create("The staging cluster is in eu-west-2.")
+    reject = pb.RejectLearningCandidateRequest(id=doomed.id, reason="wrong region", request_id="reject-1")
+    rejected = api.RejectLearningCandidate(reject).candidate
+    assert rejected.state == pb.CANDIDATE_STATE_REJECTED
+    assert api.RejectLearningCandidate(reject).candidate == rejected
+    other = pb.RejectLearningCandidateRequest(id=doomed.id, reason="another reason", request_id="reject-1")
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    assert fails(lambda: api.RejectLearningCandidate(other), invalid) == ("REQUEST_ID_REUSED", ["request_id"])
+    bad_id = pb.RejectLearningCandidateRequest(id=doomed.id, reason="x", request_id="has space")
+    assert fails(lambda: api.RejectLearningCandidate(bad_id), invalid)[1] == ["request_id"]
+
+    learning = api.publish(api.create("Deploys need two approvals.").id).learning
+    revoke = pb.RevokeLearningRequest(id=learning.id, reason="policy changed", request_id="revoke-1")
+    revoked = api.RevokeLearning(revoke).learning
+    assert revoked.state == pb.LEARNING_STATE_REVOKED
+    assert api.RevokeLearning(revoke).learning == revoked
+    # Without the request_id a second revoke is a second review.
+    again = pb.RevokeLearningRequest(id=learning.id, reason="policy changed")
+    assert fails(lambda: api.RevokeLearning(again), grpc.StatusCode.FAILED_PRECONDITION)[0] == (
+        "LEARNING_NOT_ACTIVE"
+    )
+
+
 def test_lists_page_newest_first_and_filter(tenant_a: TenantClient) -> None:
     api = Learnings(tenant_a)
     made = [api.create(f"Fact number {i}.").id for i in range(7)]

@@ -253,6 +253,11 @@ def test_rollout_errors_name_the_field_and_change_nothing(tenant_a: TenantClient
         ["request_id"],
     )
     assert len(api.results(skill.id).results) == 1
+    # A retry that sends back what the first answer filled in (all output only) is the same
+    # request (probe: it was refused as REQUEST_ID_REUSED).
+    resent = pb.RecordRolloutResultRequest(result=once, request_id="result-1")
+    assert api.skills.RecordRolloutResult(resent, metadata=api.md, timeout=10).result == once
+    assert len(api.results(skill.id).results) == 1
 
     api.revoke_skill(skill.id)
     assert fails(lambda: api.revoke_skill(skill.id), PRECONDITION)[0] == "SKILL_REVOKED"

@@ -10,7 +10,9 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from mnemo.v1 import common_pb2, memory_pb2
+from mnemo.v1 import learning_service_pb2 as lpb
 from mnemo.v1 import memory_service_pb2 as mpb
+from mnemo.v1 import skill_service_pb2 as spb
 from mnemo_server.errors import InvalidArgument
 from mnemo_server.memory.model import (
     DEFAULT_CONFIDENCE,
@@ -103,10 +105,10 @@ _OUTPUT_ONLY = (
 def idempotency_key(method: str, request: Message, request_id: str) -> IdempotencyKey | None:
     """The request's fingerprint covers what the write is, not how it is delivered nor
     what the server ignores: the request_id itself and wait_for_index are left out (a retry
-    may change the latter), and so are a create's output-only fields and a batch entry's own
-    request_id and wait_for_index. A retry that differs only there was refused as another
-    request: a client that re-sends what a first answer filled in, a batch rebuilt with
-    fresh per-entry ids (probe)."""
+    may change the latter), and so are a create's output-only fields (of a memory, a learning
+    candidate or a rollout result) and a batch entry's own request_id and wait_for_index. A
+    retry that differs only there was refused as another request: a client that re-sends
+    what a first answer filled in, a batch rebuilt with fresh per-entry ids (probes)."""
     if not request_id:
         return None
     clone = type(request)()
@@ -116,13 +118,35 @@ def idempotency_key(method: str, request: Message, request_id: str) -> Idempoten
     return IdempotencyKey(method, request_id, digest)
 
 
+# Per request type: the message it carries and that message's output-only fields (as the
+# proto marks them), which a create ignores and so its fingerprint must too.
+_OUTPUT_ONLY_BY_REQUEST: dict[type[Message], tuple[str, tuple[str, ...]]] = {
+    mpb.CreateMemoryRequest: ("memory", _OUTPUT_ONLY),
+    lpb.CreateLearningCandidateRequest: (
+        "candidate",
+        ("id", "state", "review_reason", "learning_id", "create_time", "review_time"),
+    ),
+    spb.RecordRolloutResultRequest: ("result", ("id", "definition_fingerprint", "create_time")),
+}
+
+
+# Sub-messages whose presence the server does not read: empty is the same as unset.
+_PRESENCE_IGNORED = ("source", "metadata")
+
+
 def _clear_ignored(request: Message) -> None:
     for name in _DELIVERY_FIELDS:
         if name in request.DESCRIPTOR.fields_by_name:
             request.ClearField(name)
-    if isinstance(request, mpb.CreateMemoryRequest) and request.HasField("memory"):
-        for name in _OUTPUT_ONLY:
-            request.memory.ClearField(name)
+    carried = _OUTPUT_ONLY_BY_REQUEST.get(type(request))
+    if carried is not None and request.HasField(carried[0]):
+        inner = getattr(request, carried[0])
+        for name in carried[1]:
+            inner.ClearField(name)
+        # Read the same set or not, and an answer echoes them set when empty ("source {}").
+        for name in _PRESENCE_IGNORED:
+            if name in inner.DESCRIPTOR.fields_by_name and not getattr(inner, name).ByteSize():
+                inner.ClearField(name)
     elif isinstance(request, mpb.BatchCreateMemoriesRequest):
         for entry in request.requests:
             _clear_ignored(entry)

@@ -163,7 +163,13 @@ class LearningServicer(pb_grpc.LearningServiceServicer):
     def RejectLearningCandidate(
         self, request: pb.RejectLearningCandidateRequest, context: grpc.ServicerContext
     ) -> pb.RejectLearningCandidateResponse:
-        rejected = self.learnings.reject_candidate(_tenant(), request.id, request.reason)
+        self.learnings.validator.request_id(request.request_id)
+        rejected = self.learnings.reject_candidate(
+            _tenant(),
+            request.id,
+            request.reason,
+            key=convert.idempotency_key("RejectLearningCandidate", request, request.request_id),
+        )
         return pb.RejectLearningCandidateResponse(candidate=_candidate_pb(rejected))
 
     def GetLearning(
@@ -186,5 +192,11 @@ class LearningServicer(pb_grpc.LearningServiceServicer):
     def RevokeLearning(
         self, request: pb.RevokeLearningRequest, context: grpc.ServicerContext
     ) -> pb.RevokeLearningResponse:
-        revoked = self.learnings.revoke_learning(_tenant(), request.id, request.reason)
+        self.learnings.validator.request_id(request.request_id)
+        revoked = self.learnings.revoke_learning(
+            _tenant(),
+            request.id,
+            request.reason,
+            key=convert.idempotency_key("RevokeLearning", request, request.request_id),
+        )
         return pb.RevokeLearningResponse(learning=_learning_pb(revoked))

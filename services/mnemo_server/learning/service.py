@@ -384,11 +384,16 @@ class LearningService:
                 metadata={"learning_id": learning_id},
             )
 
-    def reject_candidate(self, tenant_id: str, candidate_id: str, reason: str) -> LearningCandidate:
+    def reject_candidate(
+        self, tenant_id: str, candidate_id: str, reason: str, *, key: IdempotencyKey | None = None
+    ) -> LearningCandidate:
         require_id(candidate_id, "id")
         check_reason(reason, required=True)
         with self.db.transaction() as cur:
             now = self.clock()  # under the write lock: lifecycle events stay in the order written
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
+            if replay is not None:
+                return snapshots.load(LearningCandidate, replay["rejected"])
             candidate = self._pending(cur, tenant_id, candidate_id)
             learning_repo.review_candidate(
                 cur,
@@ -413,7 +418,10 @@ class LearningService:
                     )
                 ],
             )
-            return self._candidate(cur, tenant_id, candidate.id)
+            rejected = self._candidate(cur, tenant_id, candidate.id)
+            outcome = {"rejected": snapshots.dump(rejected)}
+            idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, outcome, now)
+            return rejected
 
     def _candidate(self, cur: Cursor, tenant_id: str, candidate_id: str) -> LearningCandidate:
         found = learning_repo.get_candidate(cur, tenant_id, candidate_id)
@@ -458,11 +466,16 @@ class LearningService:
             query_fingerprint("learnings", tenant_id, state, kind),
         )
 
-    def revoke_learning(self, tenant_id: str, learning_id: str, reason: str) -> Learning:
+    def revoke_learning(
+        self, tenant_id: str, learning_id: str, reason: str, *, key: IdempotencyKey | None = None
+    ) -> Learning:
         require_id(learning_id, "id")
         check_reason(reason, required=True)
         with self.db.transaction() as cur:
             now = self.clock()  # under the write lock: lifecycle events stay in the order written
+            replay = idempotency_repo.lookup(cur, self.db.stored.requests, tenant_id, key)
+            if replay is not None:
+                return snapshots.load(Learning, replay["revoked"])
             current = self._learning(cur, tenant_id, learning_id)
             if current.state is not LearningState.ACTIVE:
                 raise FailedPrecondition(
@@ -488,7 +501,10 @@ class LearningService:
                     ),
                 ],
             )
-            return self._learning(cur, tenant_id, learning_id)
+            revoked = self._learning(cur, tenant_id, learning_id)
+            outcome = {"revoked": snapshots.dump(revoked)}
+            idempotency_repo.record(cur, self.db.stored.requests, tenant_id, key, outcome, now)
+            return revoked
 
     def _learning(self, cur: Cursor, tenant_id: str, learning_id: str) -> Learning:
         found = learning_repo.get_learning(cur, tenant_id, learning_id)

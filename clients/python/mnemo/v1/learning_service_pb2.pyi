@@ -169,12 +169,14 @@ class PublishLearningCandidateResponse(_message.Message):
     def __init__(self, candidate: _Optional[_Union[LearningCandidate, _Mapping]] = ..., learning: _Optional[_Union[Learning, _Mapping]] = ...) -> None: ...
 
 class RejectLearningCandidateRequest(_message.Message):
-    __slots__ = ("id", "reason")
+    __slots__ = ("id", "reason", "request_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     reason: str
-    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class RejectLearningCandidateResponse(_message.Message):
     __slots__ = ("candidate",)
@@ -215,12 +217,14 @@ class ListLearningsResponse(_message.Message):
     def __init__(self, learnings: _Optional[_Iterable[_Union[Learning, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RevokeLearningRequest(_message.Message):
-    __slots__ = ("id", "reason")
+    __slots__ = ("id", "reason", "request_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     reason: str
-    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class RevokeLearningResponse(_message.Message):
     __slots__ = ("learning",)

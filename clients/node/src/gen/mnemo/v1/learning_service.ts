@@ -260,6 +260,8 @@ export interface RejectLearningCandidateRequest {
   id: string;
   /** Required. */
   reason: string;
+  /** A retry with the same id returns the first result instead of failing as already reviewed. */
+  requestId: string;
 }
 
 export interface RejectLearningCandidateResponse {
@@ -292,6 +294,8 @@ export interface RevokeLearningRequest {
   id: string;
   /** Required. */
   reason: string;
+  /** A retry with the same id returns the first result instead of failing as already reviewed. */
+  requestId: string;
 }
 
 export interface RevokeLearningResponse {
@@ -1593,7 +1597,7 @@ export const PublishLearningCandidateResponse: MessageFns<PublishLearningCandida
 };
 
 function createBaseRejectLearningCandidateRequest(): RejectLearningCandidateRequest {
-  return { id: "", reason: "" };
+  return { id: "", reason: "", requestId: "" };
 }
 
 export const RejectLearningCandidateRequest: MessageFns<RejectLearningCandidateRequest> = {
@@ -1603,6 +1607,9 @@ export const RejectLearningCandidateRequest: MessageFns<RejectLearningCandidateR
     }
     if (message.reason !== "") {
       writer.uint32(18).string(message.reason);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(26).string(message.requestId);
     }
     return writer;
   },
@@ -1636,6 +1643,14 @@ export const RejectLearningCandidateRequest: MessageFns<RejectLearningCandidateR
             message.reason = reader.string();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1652,6 +1667,11 @@ export const RejectLearningCandidateRequest: MessageFns<RejectLearningCandidateR
     return {
       id: isSet(object.id) ? globalThis.String(object.id) : "",
       reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
     };
   },
 
@@ -1662,6 +1682,9 @@ export const RejectLearningCandidateRequest: MessageFns<RejectLearningCandidateR
     }
     if (message.reason !== "") {
       obj.reason = message.reason;
+    }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
     }
     return obj;
   },
@@ -1675,6 +1698,7 @@ export const RejectLearningCandidateRequest: MessageFns<RejectLearningCandidateR
     const message = createBaseRejectLearningCandidateRequest();
     message.id = object.id ?? "";
     message.reason = object.reason ?? "";
+    message.requestId = object.requestId ?? "";
     return message;
   },
 };
@@ -2103,7 +2127,7 @@ export const ListLearningsResponse: MessageFns<ListLearningsResponse> = {
 };
 
 function createBaseRevokeLearningRequest(): RevokeLearningRequest {
-  return { id: "", reason: "" };
+  return { id: "", reason: "", requestId: "" };
 }
 
 export const RevokeLearningRequest: MessageFns<RevokeLearningRequest> = {
@@ -2113,6 +2137,9 @@ export const RevokeLearningRequest: MessageFns<RevokeLearningRequest> = {
     }
     if (message.reason !== "") {
       writer.uint32(18).string(message.reason);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(26).string(message.requestId);
     }
     return writer;
   },
@@ -2146,6 +2173,14 @@ export const RevokeLearningRequest: MessageFns<RevokeLearningRequest> = {
             message.reason = reader.string();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2162,6 +2197,11 @@ export const RevokeLearningRequest: MessageFns<RevokeLearningRequest> = {
     return {
       id: isSet(object.id) ? globalThis.String(object.id) : "",
       reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
     };
   },
 
@@ -2173,6 +2213,9 @@ export const RevokeLearningRequest: MessageFns<RevokeLearningRequest> = {
     if (message.reason !== "") {
       obj.reason = message.reason;
     }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
     return obj;
   },
 
@@ -2183,6 +2226,7 @@ export const RevokeLearningRequest: MessageFns<RevokeLearningRequest> = {
     const message = createBaseRevokeLearningRequest();
     message.id = object.id ?? "";
     message.reason = object.reason ?? "";
+    message.requestId = object.requestId ?? "";
     return message;
   },
 };

@@ -181,6 +181,19 @@ SECRETS = [
     "db password=hunter2",
     "The admin Password: hunter2",
     "Use my personal access token for the registry",
+    # Forms a probe got stored.
+    "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF0\n-----END PGP PRIVATE KEY BLOCK-----",
+    "Stripe live key sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+    "bot token xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy",
+    "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "Authorization: Bearer 9f8e7d6c5b4a39281706",
+    "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "aws_secret_access_key: wJalrXUtnFEMI",
+    "SECRET_KEY=django-insecure-abc",
+    "GITHUB_TOKEN=abc123",
+    "token=abc123",
+    "pass\u200bword: hunter2",
+    "password\uff1a hunter2",
 ]
 
 
@@ -207,14 +220,20 @@ def test_procedures_may_describe_credentials(svc: LearningService) -> None:
 
 
 # The secrets themselves (not mentions of where one goes): a procedure becomes a skill.
-LITERAL_SECRETS = [s for s in SECRETS if s.startswith(("The OpenAI", "ci uses", "AWS id", "-----"))]
+LITERAL_SECRETS = [
+    s
+    for s in SECRETS
+    if s.startswith(
+        ("The OpenAI", "ci uses", "AWS id", "-----", "Stripe", "bot token", "jwt", "Authorization")
+    )
+]
 
 
 @pytest.mark.parametrize("content", LITERAL_SECRETS)
 def test_procedures_holding_a_secret_itself_are_refused(
     db: Database, svc: LearningService, content: str
 ) -> None:
-    assert len(LITERAL_SECRETS) == 5
+    assert len(LITERAL_SECRETS) == 10
     with pytest.raises(InvalidArgument) as err:
         svc.create_candidate(A, fact(f"export TOKEN; then: {content}", kind=LearningKind.PROCEDURE))
     assert err.value.reason == "SECRET_MATERIAL"
@@ -258,6 +277,11 @@ def test_secrets_are_refused_in_every_text_shown_with_a_learning_or_skill(
         "API keys are kept in Vault under secret/ci; never paste them.",
         "Password rotation happens every 90 days.",
         "The skeleton key metaphor is overused.",
+        # Placeholders and prose, not credentials.
+        "Send Authorization: Bearer $TOKEN with each call.",
+        "Tokens expire after an hour; refresh them before the batch starts.",
+        "The secret to fast builds is a warm cache.",
+        "Tests pass: 95% of the suite is green.",
     ],
 )
 def test_ordinary_facts_pass_the_secret_guard(content: str) -> None:

@@ -433,24 +433,23 @@ class MnemoServer:
             log.warning("auth.admin_key is empty: admin calls (tenants, API keys) are refused")
         call_times = CallTimes()
         self.lock_wait = LockWaitProbe(config.server.lock_wait_probe_ms)
-        # Before the core opens the stores: its TLS settings are checked here.
-        self.grpc = GrpcServer(
-            config.server,
-            ApiInterceptor(
-                self._authenticate,
-                ComputeGate(
-                    config.server.compute_slots,
-                    config.server.compute_reserved_slots,
-                    config.server.compute_max_waiters,
-                    config.server.compute_waiters_per_tenant,
-                ),
-                config.server.slow_call_ms,
-                call_times,
-                config.server.max_streams,
-                config.server.max_streams_per_tenant,
+        interceptor = ApiInterceptor(
+            self._authenticate,
+            ComputeGate(
+                config.server.compute_slots,
+                config.server.compute_reserved_slots,
+                config.server.compute_max_waiters,
+                config.server.compute_waiters_per_tenant,
             ),
+            config.server.slow_call_ms,
+            call_times,
+            config.server.max_streams,
+            config.server.max_streams_per_tenant,
         )
+        # Before the core opens the stores: its TLS settings are checked here.
+        self.grpc = GrpcServer(config.server, interceptor)
         self.core = Core(config)
+        self.core.tenants.on_revocation(interceptor.end_streams_of_key)
         self.scheduler = Scheduler()
         self.grpc.add(
             memory_service_pb2_grpc.add_MemoryServiceServicer_to_server,

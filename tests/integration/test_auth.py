@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import queue
+import time
+import uuid
+from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
@@ -65,6 +68,59 @@ def test_revoked_key_stops_working_at_once(server: LiveServer, tenant_a: TenantC
     assert _code_and_reason(
         lambda: mem.ListMemories(pb.ListMemoriesRequest(), metadata=tenant_a.md, timeout=5)
     ) == (grpc.StatusCode.UNAUTHENTICATED, "API_KEY_REVOKED")
+
+
+def _fed(requests: queue.Queue[pb.ImportMemoriesRequest | None]) -> Iterator[pb.ImportMemoriesRequest]:
+    while (request := requests.get()) is not None:
+        yield request
+
+
+def _one_memory(text: str) -> pb.ImportMemoriesRequest:
+    memory = memory_pb2.Memory(id=str(uuid.uuid4()), content=text)
+    memory.create_time.GetCurrentTime()
+    return pb.ImportMemoriesRequest(memories=[memory])
+
+
+def test_revoking_a_key_ends_the_streams_it_opened(server: LiveServer, tenant_a: TenantClient) -> None:
+    """Each message of a stream is checked against its key, and the streams a revoked key
+    holds open are ended, freeing their slots (probe: an import opened before the
+    revocation went on importing, and four idle ones locked the tenant's new key out of
+    exports and imports until a restart)."""
+    admin = admin_grpc.AdminServiceStub(server.channel())
+    fresh = admin.CreateApiKey(
+        admin_pb.CreateApiKeyRequest(tenant_id="tenant-a"), metadata=bearer(ADMIN_KEY), timeout=5
+    ).secret
+    leaked_id = tenant_a.token.removeprefix("mnemo_").split(".")[0]
+    mem = pb_grpc.MemoryServiceStub(server.channel())
+    feeds: list[queue.Queue[pb.ImportMemoriesRequest | None]] = [queue.Queue() for _ in range(4)]
+    streams = [mem.ImportMemories(_fed(f), metadata=tenant_a.md, timeout=30) for f in feeds]
+    feeds[0].put(_one_memory("imported before the revocation"))
+    assert next(streams[0]).imported_count == 1
+    # The tenant's four stream slots are all held: its other key is turned away.
+    busy = lambda: list(mem.ExportMemories(pb.ExportMemoriesRequest(), metadata=bearer(fresh), timeout=5))  # noqa: E731
+    assert _code_and_reason(busy) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS")
+
+    admin.RevokeApiKey(admin_pb.RevokeApiKeyRequest(id=leaked_id), metadata=bearer(ADMIN_KEY), timeout=5)
+    feeds[0].put(_one_memory("sent after the revocation"))
+    for stream in streams:
+        with pytest.raises(grpc.RpcError) as ended:
+            list(stream)
+        assert ended.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.CANCELLED)
+    deadline = time.monotonic() + 10
+    codes = []
+    while True:  # the slots are given back as each cancelled handler returns
+        try:
+            exported = busy()
+            break
+        except grpc.RpcError as err:
+            codes.append(err.code())
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    assert set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert [m.content for part in exported for m in part.memories] == ["imported before the revocation"]
+    for f in feeds:
+        f.put(None)
 
 
 def test_admin_and_tenant_keys_are_not_interchangeable(server: LiveServer, tenant_a: TenantClient) -> None:

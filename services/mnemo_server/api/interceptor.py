@@ -91,6 +91,12 @@ def _parsed(request: Any) -> Any:
     return request
 
 
+def _checked_each(requests: Iterator[Any], check: Callable[[], object]) -> Iterator[Any]:
+    for request in requests:
+        check()
+        yield request
+
+
 def _fail(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
     if isinstance(exc, MnemoError):
         context.abort_with_status(to_rpc_status(exc))
@@ -120,6 +126,8 @@ class ApiInterceptor(grpc.ServerInterceptor):
         self._max_streams_per_tenant = max_streams_per_tenant
         self._streams_lock = threading.Lock()
         self._streams_of: Counter[str] = Counter()  # tenant -> its streamed calls running
+        # API key id -> its streamed calls running, ended when the key is revoked.
+        self._streams_by_key: dict[str, set[grpc.ServicerContext]] = {}
         self._gate = gate or ComputeGate(0)
         self._slow_call_ms = slow_call_ms
         self.call_times = call_times or CallTimes()
@@ -166,6 +174,31 @@ class ApiInterceptor(grpc.ServerInterceptor):
                 if not self._streams_of[tenant_id]:
                     del self._streams_of[tenant_id]
 
+    @contextmanager
+    def _key_stream(self, context: grpc.ServicerContext, key_id: str) -> Iterator[None]:
+        if not key_id:  # the admin key or local mode: nothing to revoke
+            yield
+            return
+        with self._streams_lock:
+            self._streams_by_key.setdefault(key_id, set()).add(context)
+        try:
+            yield
+        finally:
+            with self._streams_lock:
+                running = self._streams_by_key.get(key_id, set())
+                running.discard(context)
+                if not running:
+                    self._streams_by_key.pop(key_id, None)
+
+    def end_streams_of_key(self, key_id: str) -> None:
+        """Cancel the streamed calls a revoked key opened. Each message is checked against the
+        key too, but an import waiting for its client's next message, or an export its client
+        does not read, would keep its stream slot until the server restarted (probe)."""
+        with self._streams_lock:
+            running = list(self._streams_by_key.pop(key_id, ()))
+        for context in running:
+            context.cancel()
+
     def wait_idle(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._idle:
@@ -183,6 +216,51 @@ class ApiInterceptor(grpc.ServerInterceptor):
         if self._slow_call_ms > 0 and took_ms >= self._slow_call_ms:
             log.warning("slow call %s (%s): %.0f ms: %s", method, trace.outcome, took_ms, trace.summary())
 
+    def _streaming(self, handler: Any, method: str, principal: Callable[[], Principal]) -> Any:
+        behavior = handler.unary_stream or handler.stream_stream
+
+        def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                caller = principal()  # before a stream slot: slots are shared out by tenant
+            except Exception as exc:
+                _fail(context, exc, method)
+                raise  # unreachable: abort raises
+            with (
+                self._stream_slot(context, caller.tenant_id),
+                self._key_stream(context, caller.key_id),
+                self._in_flight(),
+            ):
+                yield from guarded(request, context, caller)
+
+        def guarded(request: Any, context: grpc.ServicerContext, caller: Principal) -> Iterator[Any]:
+            try:
+                token = _PRINCIPAL.set(caller)
+                try:
+                    # The key is checked again at every message in and out, so a stream
+                    # outlives its key's revocation by one message at most (probe: an
+                    # import went on importing, an export on reading).
+                    requests = _parsed(request)
+                    if isinstance(requests, Iterator):
+                        requests = _checked_each(requests, principal)
+                    for response in behavior(requests, context):
+                        principal()
+                        yield response
+                finally:
+                    _PRINCIPAL.reset(token)
+            except Exception as exc:
+                _fail(context, exc, method)
+
+        factory = (
+            grpc.unary_stream_rpc_method_handler
+            if handler.unary_stream
+            else grpc.stream_stream_rpc_method_handler
+        )
+        return factory(
+            streaming,
+            request_deserializer=_tolerant(handler.request_deserializer),
+            response_serializer=handler.response_serializer,
+        )
+
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
         method: str = details.method
@@ -194,37 +272,7 @@ class ApiInterceptor(grpc.ServerInterceptor):
             return self._authenticate(bearer_token(metadata))
 
         if handler.response_streaming:
-            behavior = handler.unary_stream or handler.stream_stream
-
-            def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                try:
-                    caller = principal()  # before a stream slot: slots are shared out by tenant
-                except Exception as exc:
-                    _fail(context, exc, method)
-                    raise  # unreachable: abort raises
-                with self._stream_slot(context, caller.tenant_id), self._in_flight():
-                    yield from guarded(request, context, caller)
-
-            def guarded(request: Any, context: grpc.ServicerContext, caller: Principal) -> Iterator[Any]:
-                try:
-                    token = _PRINCIPAL.set(caller)
-                    try:
-                        yield from behavior(_parsed(request), context)
-                    finally:
-                        _PRINCIPAL.reset(token)
-                except Exception as exc:
-                    _fail(context, exc, method)
-
-            factory = (
-                grpc.unary_stream_rpc_method_handler
-                if handler.unary_stream
-                else grpc.stream_stream_rpc_method_handler
-            )
-            return factory(
-                streaming,
-                request_deserializer=_tolerant(handler.request_deserializer),
-                response_serializer=handler.response_serializer,
-            )
+            return self._streaming(handler, method, principal)
 
         behavior = handler.unary_unary or handler.stream_unary
         priority = COMPUTE_PRIORITY.get(method)

@@ -55,6 +55,11 @@ class TenantService:
         # read, or a check that read the row just before a revocation committed would put
         # the revoked key back into the cache after the revocation cleared it.
         self._revocations = 0
+        # Told the id of each key revoked, once it no longer authenticates.
+        self._revocation_listeners: list[Callable[[str], None]] = []
+
+    def on_revocation(self, listener: Callable[[str], None]) -> None:
+        self._revocation_listeners.append(listener)
 
     # --- tenants ---------------------------------------------------------------------
 
@@ -138,6 +143,8 @@ class TenantService:
         with self._cache_lock:
             self._revocations += 1
             self._verified = {t: v for t, v in self._verified.items() if v[0] != key_id}
+        for listener in self._revocation_listeners:
+            listener(key_id)
         row = tenant_repo.get_key(self.db.reader(), key_id)
         assert row is not None
         return row

@@ -470,6 +470,23 @@ _MAY_BE_NEGATIVE = frozenset({"promote_margin"})
 _NOT_EMPTY = frozenset({"data_dir", "host"})
 
 
+# Keys clients send as 'authorization: Bearer <key>'.
+_BEARER_KEYS = frozenset({"admin_key"})
+
+
+def _bearer_key(value: str, where: str) -> str:
+    """Surrounding whitespace dropped, as the server drops it from what callers send: a key
+    from a secret file or an env file ends in a newline, and no call could ever match it.
+    A key gRPC metadata cannot carry (non-ASCII, control characters) is refused, never
+    echoed: the server started with one and refused every admin call (probe)."""
+    key = value.strip()
+    if any(not " " <= ch <= "~" for ch in key):
+        raise FailedPrecondition(
+            f"config {where}: must be printable ASCII (it is sent as gRPC metadata)", reason="BAD_CONFIG"
+        )
+    return key
+
+
 def _number(value: Any, typ: Any, where: str) -> int | float:
     """An int or float setting, within its range (see _INT_RANGES, _MAY_BE_NEGATIVE)."""
     name = where.rsplit(".", 1)[-1]
@@ -518,9 +535,10 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         # (probe: data_dir ["a", "b"] made a directory named "['a', 'b']", true an admin key "True").
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise FailedPrecondition(f"config {where}: expected str, got {value!r}", reason="BAD_CONFIG")
-        if where.rsplit(".", 1)[-1] in _NOT_EMPTY and not str(value).strip():
+        name = where.rsplit(".", 1)[-1]
+        if name in _NOT_EMPTY and not str(value).strip():
             raise FailedPrecondition(f"config {where}: must not be empty", reason="BAD_CONFIG")
-        return str(value)
+        return _bearer_key(str(value), where) if name in _BEARER_KEYS else str(value)
     raise FailedPrecondition(f"config {where}: unsupported type", reason="BAD_CONFIG")
 
 

@@ -489,3 +489,15 @@ def test_a_client_made_before_a_server_restart_reaches_it_soon_after_it_is_back(
             except MnemoError:
                 assert time.monotonic() - back < 3.0, "still failing 3 s after the server was back"
                 time.sleep(0.1)
+
+
+def test_a_key_read_from_a_file_works_and_an_unsendable_one_is_named(
+    server: LiveServer, tenant_a: TenantClient
+) -> None:
+    """The trailing newline a key file ends in is dropped, as the server drops it; before,
+    every call failed INTERNAL "Invalid metadata" (auth probe). A key metadata cannot carry
+    is refused at once, naming api_key."""
+    with MnemoClient(server.address, tenant_a.token + "\n", timeout_s=30) as c:
+        assert c.status().memory_count == 0
+    with pytest.raises(ValueError, match="api_key"):
+        MnemoClient(server.address, tenant_a.token + "é")

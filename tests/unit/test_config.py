@@ -63,6 +63,9 @@ def test_config_file_from_env_var(tmp_path: Path) -> None:
         ({"MNEMO_STORAGE__DATA_DIR": ""}, r"storage\.data_dir: must not be empty"),
         ({"MNEMO_STORAGE__DATA_DIR": "  "}, r"storage\.data_dir: must not be empty"),
         ({"MNEMO_SERVER__HOST": ""}, r"server\.host: must not be empty"),
+        # gRPC metadata cannot carry it: every admin call was refused (auth probe).
+        ({"MNEMO_AUTH__ADMIN_KEY": "clé-admin"}, r"auth\.admin_key: must be printable ASCII"),
+        ({"MNEMO_AUTH__ADMIN_KEY": "admin\tkey"}, r"auth\.admin_key: must be printable ASCII"),
     ],
 )
 def test_bad_values_are_clear_errors(env: dict[str, str], message: str) -> None:
@@ -152,3 +155,18 @@ def test_a_setting_named_with_one_underscore_where_two_belong_is_refused_not_ign
         load_config(env={**cli, **sidecar, "MNEMO_STORAGE__DATA_DIR": "/srv/m"}).storage.data_dir == "/srv/m"
     )
     assert load_sidecar_config(env={**cli, **sidecar}).server.port == load_sidecar_config(env={}).server.port
+
+
+def test_an_admin_key_from_a_secret_file_loses_its_newline(tmp_path: Path) -> None:
+    """Callers' bearer tokens are stripped, so a configured key ending in a newline (a
+    Kubernetes secret, an env file) matched no call, and the server started without a word
+    (auth probe)."""
+    assert load_config(env={"MNEMO_AUTH__ADMIN_KEY": "adminkey-0123456789\n"}).auth.admin_key == (
+        "adminkey-0123456789"
+    )
+    f = tmp_path / "mnemo.toml"
+    f.write_text('[auth]\nadmin_key = "  adminkey-0123456789 "\n')
+    assert load_config(f, env={}).auth.admin_key == "adminkey-0123456789"
+    with pytest.raises(FailedPrecondition) as err:
+        load_config(env={"MNEMO_AUTH__ADMIN_KEY": "s3cr\u00e9t-never-echoed"})
+    assert "never-echoed" not in str(err.value)

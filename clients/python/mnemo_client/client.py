@@ -138,6 +138,18 @@ def timestamp(when: datetime | None) -> timestamp_pb2.Timestamp | None:
     return ts
 
 
+def _sendable(api_key: str) -> str:
+    """The key as it can travel in gRPC metadata: surrounding whitespace dropped, as the
+    server does (a key read from a file ends in a newline, and every call failed INTERNAL
+    "Invalid metadata"); any other character metadata cannot carry is the caller's error."""
+    key = api_key.strip()
+    if not key or any(not " " <= ch <= "~" for ch in key):
+        raise ValueError(
+            "api_key: must be printable ASCII (as the server issued it); check it for stray characters"
+        )
+    return key
+
+
 class MnemoClient:
     """Use as a context manager, or call close()."""
 
@@ -170,7 +182,7 @@ class MnemoClient:
             self.channel = grpc.insecure_channel(address, options=options)
         self.timeout_s = timeout_s
         self.retry = retry or RetryPolicy()
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._metadata = (("authorization", f"Bearer {_sendable(api_key)}"),) if api_key else ()
         self.memory = pb_grpc.MemoryServiceStub(self.channel)
         self.admin = admin_grpc.AdminServiceStub(self.channel)
 

@@ -34,7 +34,10 @@ def _connect(ctx: click.Context) -> MnemoClient:
 def _client(server: str, key: str | None, timeout: float) -> MnemoClient:
     """A client of the server, over TLS when --tls-ca named its certificate authority."""
     ca = click.get_current_context().meta.get(_TLS_CA)
-    return MnemoClient(server, key, timeout_s=timeout, root_certificates=ca)
+    try:
+        return MnemoClient(server, key, timeout_s=timeout, root_certificates=ca)
+    except ValueError as exc:  # a key that cannot be sent
+        raise click.UsageError(str(exc)) from None
 
 
 def _read_ca(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:

@@ -59,7 +59,7 @@ def test_an_unread_result_blocks_the_checkpoint(db: Database) -> None:
         lambda cur: memory_repo.get(cur, "t", "m1"),
         lambda cur: memory_repo.get(cur, "t", "absent"),
         lambda cur: memory_repo.get_by_external_id(cur, "t", "x"),
-        lambda cur: memory_repo.count(cur, "t", MemoryFilter(), include_deleted=False),
+        lambda cur: memory_repo.count_through(cur, "t", MemoryFilter(), include_deleted=False)[0],
         lambda cur: memory_repo.count_live_in(cur, "t", Scope.workspace(), MemoryType.SEMANTIC),
         lambda cur: memory_repo.tenant_stats(cur, "t", "m"),
         lambda cur: session_repo.get_session_and_memories(cur, "t", "s"),

@@ -56,5 +56,5 @@ def test_tombstones_index_marks_and_access_counts_touch_exactly_their_rows(tmp_p
         assert (deleted == 99) == (i < n), i
         assert accesses == (2 if n <= i < 2 * n else 0), i
         assert (indexed is None) == (2 * n <= i < 3 * n), (i, indexed)
-    live = memory_repo.count(cur, "t", MemoryFilter(), include_deleted=False)
+    live = memory_repo.count_through(cur, "t", MemoryFilter(), include_deleted=False)[0]
     assert live == total - n

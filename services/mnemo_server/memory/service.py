@@ -470,10 +470,14 @@ class MemoryService:
         include_deleted: bool,
         batch_size: int = 500,
     ) -> Iterator[tuple[list[Memory], int, int]]:
-        """Batches in insertion order with (exported so far, total)."""
+        """Batches in insertion order with (exported so far, total): the memories stored when
+        the export starts. Read up to no bound, a memory an import restored meanwhile (a
+        tombstone given a new number) was exported twice, and the file could not be
+        imported again (probe)."""
         raise_if(self.validator.filter(f))
-        cur = self.db.reader()
-        total = memory_repo.count(cur, tenant_id, f, include_deleted=include_deleted)
+        total, through = memory_repo.count_through(
+            self.db.reader(), tenant_id, f, include_deleted=include_deleted
+        )
         done, after = 0, 0
         while True:
             rows = memory_repo.scan(
@@ -482,6 +486,7 @@ class MemoryService:
                 f,
                 include_deleted=include_deleted,
                 after_seq=after,
+                through_seq=through,
                 limit=batch_size,
             )
             if not rows:
@@ -547,7 +552,10 @@ class MemoryService:
                             content=norm.storage,
                             content_hash=norm.hash,
                             category=sanitize_category(m.category),
-                            revision=1,
+                            # Past the tombstone's: the index worker marks a row indexed
+                            # by (id, revision), and a restored revision 1 took the mark of
+                            # the deleted text being indexed, for good (probe).
+                            revision=existing[m.id].revision + 1 if m.id in existing else 1,
                             embedding_model=self.embedding_model,
                             update_time_ns=m.update_time_ns or m.create_time_ns,
                             event_time_ns=m.event_time_ns,

@@ -534,11 +534,19 @@ def newest_in_scopes(
 
 
 def scan(
-    cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool, after_seq: int, limit: int
+    cur: Cursor,
+    tenant_id: str,
+    f: MemoryFilter,
+    *,
+    include_deleted: bool,
+    after_seq: int,
+    through_seq: int,
+    limit: int,
 ) -> list[Memory]:
-    """Oldest first, strictly newer than after_seq (exports)."""
+    """Oldest first, numbered after after_seq and up to through_seq (exports)."""
     where = _filter_where(tenant_id, f, include_deleted=include_deleted)
     where.add("seq > ?", after_seq)
+    where.add("seq <= ?", through_seq)
     rows = cur.execute(
         f"SELECT {SELECT_COLUMNS} FROM memories WHERE {where.sql()} ORDER BY seq LIMIT ?",
         [*where.params, limit],
@@ -546,13 +554,13 @@ def scan(
     return [_decode(r) for r in rows]
 
 
-def count(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool) -> int:
-    where = _filter_where(tenant_id, f, include_deleted=include_deleted)
-    row = fetch_one(cur, f"SELECT count(*) FROM memories WHERE {where.sql()}", where.params)
-    return int(row[0]) if row else 0
-
-
 _LARGEST_SEQ = "SELECT coalesce(max(seq), 0) FROM memories WHERE tenant_id = ?"
+
+
+def count_through(cur: Cursor, tenant_id: str, f: MemoryFilter, *, include_deleted: bool) -> tuple[int, int]:
+    """(memories matching f; the tenant's largest sequence number), read in one statement
+    so both describe the same snapshot."""
+    return _count_and_largest(cur, tenant_id, _filter_where(tenant_id, f, include_deleted=include_deleted))
 
 
 def _live_through(tenant_id: str, f: MemoryFilter, through_seq: int | None) -> _Where:
@@ -567,7 +575,10 @@ def count_live_through(
 ) -> tuple[int, int]:
     """(live memories matching f, numbered up to through_seq when given; the tenant's
     largest sequence number), read in one statement so both describe the same snapshot."""
-    where = _live_through(tenant_id, f, through_seq)
+    return _count_and_largest(cur, tenant_id, _live_through(tenant_id, f, through_seq))
+
+
+def _count_and_largest(cur: Cursor, tenant_id: str, where: _Where) -> tuple[int, int]:
     row = fetch_one(
         cur,
         f"SELECT (SELECT count(*) FROM memories WHERE {where.sql()}), ({_LARGEST_SEQ})",

@@ -202,7 +202,8 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ExportMemories(self, request, context):
-        """Streams every matching memory in insertion order, in batches, with progress.
+        """Streams every matching memory stored when the export starts, in insertion order, in
+        batches, with progress.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -213,7 +214,8 @@ class MemoryServiceServicer:
         tenant are skipped, so an import can be retried, and so are live memories whose
         content is already live in their scope under another id. A memory whose id is a
         tombstone (deleted or purged, within the retention window) is restored as the import
-        has it, undoing the deletion: that is how an export restores what a purge removed.
+        has it, undoing the deletion: that is how an export restores what a purge removed. A
+        restored memory counts as newly stored: ListMemories lists it first.
         Type caps apply as on CreateMemory. Progress is streamed back after each batch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -81,13 +81,16 @@ class MemoryServiceStub:
     Recall: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.RecallRequest, _memory_service_pb2.RecallResponse]
     """Hybrid (vector + full-text) search with per-hit scores."""
     ExportMemories: _grpc.UnaryStreamMultiCallable[_memory_service_pb2.ExportMemoriesRequest, _memory_service_pb2.ExportMemoriesResponse]
-    """Streams every matching memory in insertion order, in batches, with progress."""
+    """Streams every matching memory stored when the export starts, in insertion order, in
+    batches, with progress.
+    """
     ImportMemories: _grpc.StreamStreamMultiCallable[_memory_service_pb2.ImportMemoriesRequest, _memory_service_pb2.ImportMemoriesResponse]
     """Restores exported memories (ids, timestamps and all). Memories whose id is live in the
     tenant are skipped, so an import can be retried, and so are live memories whose
     content is already live in their scope under another id. A memory whose id is a
     tombstone (deleted or purged, within the retention window) is restored as the import
-    has it, undoing the deletion: that is how an export restores what a purge removed.
+    has it, undoing the deletion: that is how an export restores what a purge removed. A
+    restored memory counts as newly stored: ListMemories lists it first.
     Type caps apply as on CreateMemory. Progress is streamed back after each batch.
     """
     GetStatus: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetStatusRequest, _memory_service_pb2.GetStatusResponse]
@@ -157,13 +160,16 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     Recall: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.RecallRequest, _memory_service_pb2.RecallResponse]  # type: ignore[assignment]
     """Hybrid (vector + full-text) search with per-hit scores."""
     ExportMemories: _aio.UnaryStreamMultiCallable[_memory_service_pb2.ExportMemoriesRequest, _memory_service_pb2.ExportMemoriesResponse]  # type: ignore[assignment]
-    """Streams every matching memory in insertion order, in batches, with progress."""
+    """Streams every matching memory stored when the export starts, in insertion order, in
+    batches, with progress.
+    """
     ImportMemories: _aio.StreamStreamMultiCallable[_memory_service_pb2.ImportMemoriesRequest, _memory_service_pb2.ImportMemoriesResponse]  # type: ignore[assignment]
     """Restores exported memories (ids, timestamps and all). Memories whose id is live in the
     tenant are skipped, so an import can be retried, and so are live memories whose
     content is already live in their scope under another id. A memory whose id is a
     tombstone (deleted or purged, within the retention window) is restored as the import
-    has it, undoing the deletion: that is how an export restores what a purge removed.
+    has it, undoing the deletion: that is how an export restores what a purge removed. A
+    restored memory counts as newly stored: ListMemories lists it first.
     Type caps apply as on CreateMemory. Progress is streamed back after each batch.
     """
     GetStatus: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetStatusRequest, _memory_service_pb2.GetStatusResponse]  # type: ignore[assignment]
@@ -290,7 +296,9 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _memory_service_pb2.ExportMemoriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_memory_service_pb2.ExportMemoriesResponse], _abc.AsyncIterator[_memory_service_pb2.ExportMemoriesResponse]]:
-        """Streams every matching memory in insertion order, in batches, with progress."""
+        """Streams every matching memory stored when the export starts, in insertion order, in
+        batches, with progress.
+        """
 
     @_abc_1.abstractmethod
     def ImportMemories(
@@ -302,7 +310,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
         tenant are skipped, so an import can be retried, and so are live memories whose
         content is already live in their scope under another id. A memory whose id is a
         tombstone (deleted or purged, within the retention window) is restored as the import
-        has it, undoing the deletion: that is how an export restores what a purge removed.
+        has it, undoing the deletion: that is how an export restores what a purge removed. A
+        restored memory counts as newly stored: ListMemories lists it first.
         Type caps apply as on CreateMemory. Progress is streamed back after each batch.
         """
 

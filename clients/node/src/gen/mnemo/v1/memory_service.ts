@@ -7926,7 +7926,10 @@ export const MemoryServiceService = {
     responseSerialize: (value: RecallResponse): Buffer => Buffer.from(RecallResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): RecallResponse => RecallResponse.decode(value),
   },
-  /** Streams every matching memory in insertion order, in batches, with progress. */
+  /**
+   * Streams every matching memory stored when the export starts, in insertion order, in
+   * batches, with progress.
+   */
   exportMemories: {
     path: "/mnemo.v1.MemoryService/ExportMemories" as const,
     requestStream: false as const,
@@ -7943,7 +7946,8 @@ export const MemoryServiceService = {
    * tenant are skipped, so an import can be retried, and so are live memories whose
    * content is already live in their scope under another id. A memory whose id is a
    * tombstone (deleted or purged, within the retention window) is restored as the import
-   * has it, undoing the deletion: that is how an export restores what a purge removed.
+   * has it, undoing the deletion: that is how an export restores what a purge removed. A
+   * restored memory counts as newly stored: ListMemories lists it first.
    * Type caps apply as on CreateMemory. Progress is streamed back after each batch.
    */
   importMemories: {
@@ -8060,14 +8064,18 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   purgeMemories: handleUnaryCall<PurgeMemoriesRequest, PurgeMemoriesResponse>;
   /** Hybrid (vector + full-text) search with per-hit scores. */
   recall: handleUnaryCall<RecallRequest, RecallResponse>;
-  /** Streams every matching memory in insertion order, in batches, with progress. */
+  /**
+   * Streams every matching memory stored when the export starts, in insertion order, in
+   * batches, with progress.
+   */
   exportMemories: handleServerStreamingCall<ExportMemoriesRequest, ExportMemoriesResponse>;
   /**
    * Restores exported memories (ids, timestamps and all). Memories whose id is live in the
    * tenant are skipped, so an import can be retried, and so are live memories whose
    * content is already live in their scope under another id. A memory whose id is a
    * tombstone (deleted or purged, within the retention window) is restored as the import
-   * has it, undoing the deletion: that is how an export restores what a purge removed.
+   * has it, undoing the deletion: that is how an export restores what a purge removed. A
+   * restored memory counts as newly stored: ListMemories lists it first.
    * Type caps apply as on CreateMemory. Progress is streamed back after each batch.
    */
   importMemories: handleBidiStreamingCall<ImportMemoriesRequest, ImportMemoriesResponse>;
@@ -8267,7 +8275,10 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: RecallResponse) => void,
   ): ClientUnaryCall;
-  /** Streams every matching memory in insertion order, in batches, with progress. */
+  /**
+   * Streams every matching memory stored when the export starts, in insertion order, in
+   * batches, with progress.
+   */
   exportMemories(
     request: ExportMemoriesRequest,
     options?: Partial<CallOptions>,
@@ -8282,7 +8293,8 @@ export interface MemoryServiceClient extends Client {
    * tenant are skipped, so an import can be retried, and so are live memories whose
    * content is already live in their scope under another id. A memory whose id is a
    * tombstone (deleted or purged, within the retention window) is restored as the import
-   * has it, undoing the deletion: that is how an export restores what a purge removed.
+   * has it, undoing the deletion: that is how an export restores what a purge removed. A
+   * restored memory counts as newly stored: ListMemories lists it first.
    * Type caps apply as on CreateMemory. Progress is streamed back after each batch.
    */
   importMemories(): ClientDuplexStream<ImportMemoriesRequest, ImportMemoriesResponse>;

@@ -814,3 +814,36 @@ def test_a_stored_session_sent_again_without_candidates_is_a_duplicate(tmp_path:
     assert not engine.submit("t", replace(session, session_id="never-stored", candidates=())).duplicate
     assert not engine.submit("other", replace(session, candidates=())).duplicate
     assert engine.store.counts("t")[0] == 1 and engine.store.counts("other")[0] == 0  # nothing more stored
+
+
+def test_each_models_outcome_is_recorded_and_told_as_soon_as_it_is_decided(tmp_path: Path) -> None:
+    """A run that decided the cross-encoder and then died in the ranker's turn (a kill, the
+    watchdog, an error) lost that outcome, and the serving process, which swaps a model in
+    when told of its promotion, kept the old one (probe)."""
+    cfg = SidecarConfig().replace(
+        storage={"data_dir": str(tmp_path)}, training={"min_sessions": 20, "heldout_fraction": 0.25}
+    )
+    store = PairStore(tmp_path / "p.sqlite")
+    engine = RankingEngine.over(cfg, store, tmp_path / "models")
+    rng = random.Random(4)
+    for i in range(12):  # every candidate used: the fine-tune is decided at once (no pairs)
+        s = synthetic_session(i, rng)
+        used = tuple(FeedbackCandidate(c.candidate, 1.0, c.baseline_rank) for c in s.candidates)
+        store.add_session("t", replace(s, candidates=used), None, None, None)
+    told: list[ModelKind] = []
+
+    def ranker_dies(model: ModelKind, stage: str, fraction: float, message: str) -> None:
+        if model is ModelKind.RANKER:
+            raise RuntimeError("killed in the ranker's turn")
+
+    with pytest.raises(RuntimeError, match="ranker's turn"):
+        Trainer(engine).train(
+            "t",
+            {ModelKind.CROSS_ENCODER, ModelKind.RANKER},
+            force=True,
+            progress=ranker_dies,
+            should_stop=lambda: False,
+            on_outcome=lambda o: told.append(o.model),
+        )
+    assert told == [ModelKind.CROSS_ENCODER]
+    assert [o.model for o in store.outcomes("t")] == [ModelKind.CROSS_ENCODER]

@@ -184,9 +184,21 @@ class Trainer:
         progress: Progress,
         should_stop: ShouldStop,
         scheduled: bool = False,
+        on_outcome: Callable[[TrainingOutcome], None] | None = None,
     ) -> list[TrainingOutcome]:
         """`scheduled`: a background run, which fine-tunes the cross-encoder only when it is
-        due (sessions_until_fine_tune); a Train call trains what it asks for."""
+        due (sessions_until_fine_tune); a Train call trains what it asks for. Each model's
+        outcome is recorded, and passed to `on_outcome`, as soon as it is decided: a run
+        that promoted the cross-encoder and then died in the ranker's turn (a kill, the
+        watchdog) lost it, and the serving process, which swaps models in on outcomes,
+        went on serving the old one (probe)."""
+
+        def concluded(outcome: TrainingOutcome) -> None:
+            store.add_outcome(tenant, outcome)
+            outcomes.append(outcome)
+            if on_outcome is not None:
+                on_outcome(outcome)
+
         t = self.cfg.training
         store = self.engine.store
         fine_tune = ModelKind.CROSS_ENCODER in kinds and t.cross_encoder
@@ -232,12 +244,10 @@ class Trainer:
                 outcome = self._train_cross_encoder(run)
                 if outcome.train_pairs:  # a fine-tune ran (promoted or not)
                     store.record_fine_tune(tenant, mark)
-                outcomes.append(outcome)
+                concluded(outcome)
         if ModelKind.RANKER in kinds and t.ranker:
-            outcomes.append(self._train_ranker(run))
+            concluded(self._train_ranker(run))
         health.on_training(tenant, seen)
-        for o in outcomes:
-            store.add_outcome(tenant, o)
         return outcomes
 
     def _scratch(self) -> Path:

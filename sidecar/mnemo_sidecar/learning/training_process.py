@@ -29,7 +29,7 @@ from typing import Any
 from mnemo_server.errors import FailedPrecondition, MnemoError
 from mnemo_server.launcher import watch_parent
 from mnemo_sidecar.config import SidecarConfig
-from mnemo_sidecar.learning.model import ModelKind, ProgressEvent
+from mnemo_sidecar.learning.model import ModelKind, ProgressEvent, TrainingOutcome
 from mnemo_sidecar.learning.priority import ThreadPriority, lower_this_thread
 
 log = logging.getLogger(__name__)
@@ -153,15 +153,18 @@ def _child_main(job: TrainingJob, events: Any, stop: EventType, parent_pid: int)
         def should_stop() -> bool:
             return stop.is_set()
 
-        for outcome in Trainer(engine).train(
+        def concluded(outcome: TrainingOutcome) -> None:
+            events.put(ProgressEvent(outcome.model, "outcome", 1.0, outcome.reason, outcome))
+
+        Trainer(engine).train(
             job.tenant,
             set(job.kinds),
             force=job.force,
             progress=progress,
             should_stop=should_stop,
             scheduled=job.scheduled,
-        ):
-            events.put(ProgressEvent(outcome.model, "outcome", 1.0, outcome.reason, outcome))
+            on_outcome=concluded,
+        )
         events.put(ChildFinished())
     except MnemoError as exc:
         events.put(ChildFinished(refused=(type(exc).__name__, exc.message, exc.reason)))

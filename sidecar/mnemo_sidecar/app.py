@@ -90,6 +90,8 @@ class SidecarServer:
         # No training process runs yet: what is here was left by one killed mid-run.
         shutil.rmtree(self.cfg.training_scratch, ignore_errors=True)
         self.engine.registry.remove_abandoned()
+        for stale in self.engine.prune_onnx_cache():
+            log.info("removed %s from the ONNX cache: no model served here uses it", stale)
         try:
             port = self.grpc.start()
         except BaseException:

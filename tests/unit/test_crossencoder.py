@@ -14,6 +14,7 @@ import re
 import shutil
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mnemo_server.errors import Cancelled, DeadlineExceeded
+from mnemo_server.errors import Cancelled, DeadlineExceeded, FailedPrecondition
 from mnemo_sidecar.crossencoder.command import finetune_cross_encoder
 from mnemo_sidecar.crossencoder.data import (
     PairsError,
@@ -613,6 +614,78 @@ def test_command_trains_exports_and_reports(tiny_base: Path, tmp_path: Path) -> 
     assert "Validation: rank of the positive" in result.output and "NDCG" in result.output
 
 
+def _write_pairs(pairs_dir: Path, rows: list[Any]) -> None:
+    pairs_dir.mkdir(parents=True, exist_ok=True)
+    lines = [
+        json.dumps(
+            {
+                "source": r.source,
+                "query": r.query,
+                "positive": r.positive,
+                "negatives": list(r.negatives),
+                "group": r.group,
+            }
+        )
+        for r in rows
+    ]
+    (pairs_dir / "rows.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_the_command_refuses_inputs_it_cannot_use_in_one_line_before_loading_a_model(tmp_path: Path) -> None:
+    """Each of these ended in a traceback (sidecar probe), one only after the whole run."""
+    rows = toy_rows(30, 11, "selqa_sent")
+    _write_pairs(tmp_path / "good", rows)
+    _write_pairs(tmp_path / "no-negatives", [replace(r, negatives=()) for r in rows])
+    _write_pairs(tmp_path / "one-row", rows[:1])
+    # Every training row shares its query with a validation row, and is dropped for it.
+    _write_pairs(tmp_path / "overlap", [replace(r, query="which one?") for r in rows])
+    (tmp_path / "not-a-model").mkdir()
+    (tmp_path / "not-a-model" / "notes.txt").write_text("mine")
+    out = str(tmp_path / "model")
+    cases = [
+        (["--pairs", str(tmp_path / "no-negatives"), "--out", out], "no validation row has a negative"),
+        (["--pairs", str(tmp_path / "one-row"), "--out", out], "no rows are held out for validation"),
+        (["--pairs", str(tmp_path / "overlap"), "--out", out], "no training pairs are left"),
+        (
+            ["--pairs", str(tmp_path / "good"), "--out", str(tmp_path / "not-a-model")],
+            "does not hold a cross-encoder",
+        ),
+        (["--pairs", str(tmp_path / "good"), "--out", out, "--epochs", "0"], "--epochs"),
+        (["--pairs", str(tmp_path / "good"), "--out", out, "--batch-size", "0"], "--batch-size"),
+        (["--pairs", str(tmp_path / "good"), "--out", out, "--max-length", "4"], "--max-length"),
+        (
+            ["--pairs", str(tmp_path / "good"), "--out", out, "--validation-fraction", "1"],
+            "--validation-fraction",
+        ),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(finetune_cross_encoder, args)
+        assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.exception
+        assert message in result.output, (args, result.output)
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "model").exists()
+
+
+def test_a_configured_cross_encoder_whose_weights_are_cut_short_is_one_line_at_start(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """A truncated model.safetensors raised the loader's own error type, which start-up did
+    not catch: a 30-line traceback (sidecar probe)."""
+    from mnemo_sidecar.config import SidecarConfig
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    cfg = SidecarConfig().replace(
+        storage={"data_dir": str(tmp_path / "data")}, cross_encoder={"path": str(broken)}
+    )
+    engine = _engine_over(cfg, tmp_path)
+    with pytest.raises(FailedPrecondition, match="holds no cross-encoder that loads") as err:
+        engine.warm_up()
+    assert err.value.reason == "BAD_CONFIG"
+
+
 # ---------------------------------------------------------------- learning from sessions
 
 
@@ -878,6 +951,17 @@ def test_a_cross_encoder_promoted_by_a_training_process_is_served_here_and_after
     restarted = _engine_over(engine.cfg, tmp_path)
     restarted.warm_up()
     assert served_by(restarted) == model_dir
+    # Its export sits in its version, pruned with it; the shared cache holds the configured
+    # model's alone once a start-up has pruned what an older sidecar or a cut export left
+    # (probe: every fine-tune, kept or not, left ~144 MB there).
+    ce, _ = restarted.cross_encoder("t")
+    assert ce is not None and ce.export_dir.parent == model_dir.parent / "onnx"
+    (restarted.onnx_cache / "ce-0123456789abcdef").mkdir()
+    (restarted.onnx_cache / "ce-0123456789abcdef.tmp-1-2").mkdir()
+    configured = restarted.base_cross_encoder()
+    assert configured is not None
+    assert len(restarted.prune_onnx_cache()) == 2
+    assert list(restarted.onnx_cache.iterdir()) == [configured.export_dir]
 
 
 def test_a_fine_tune_judged_alone_is_judged_on_the_newest_held_back_sessions_up_to_the_cap(

@@ -98,6 +98,16 @@ def test_pair_store_records_its_format_and_refuses_a_newer_ones_file(tmp_path: P
     PairStore(path).close()
 
 
+def test_a_pair_store_that_is_no_database_is_one_clear_error(tmp_path: Path) -> None:
+    """`serve` stopped with sqlite's traceback (sidecar probe); the file is left as it was."""
+    path = tmp_path / "p.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(FailedPrecondition, match="cannot be opened as the sidecar's pair store") as err:
+        PairStore(path)
+    assert err.value.reason == "BAD_DATA_DIR"
+    assert path.read_bytes() == b"this is not a database" * 100
+
+
 def test_pair_store_keeps_a_tenants_newest_sessions_up_to_its_cap(tmp_path: Path) -> None:
     rng = random.Random(2)
     store = PairStore(tmp_path / "p.sqlite", max_sessions=5)

@@ -12,6 +12,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from mnemo_sidecar.crossencoder.data import (
     DEFAULT_VALIDATION_FRACTION,
     PairsError,
     RerankRow,
+    Split,
     cap_per_source,
     limit_pairs,
     load_rows,
@@ -33,7 +35,13 @@ from mnemo_sidecar.crossencoder.data import (
     to_pairs,
 )
 from mnemo_sidecar.crossencoder.evaluate import EvaluationReport, bi_encoder_scorer, compare, evaluate
-from mnemo_sidecar.crossencoder.finetune import bundled_base, configure_torch, finetune, update_card
+from mnemo_sidecar.crossencoder.finetune import (
+    bundled_base,
+    check_replaceable,
+    configure_torch,
+    finetune,
+    update_card,
+)
 from mnemo_sidecar.crossencoder.runtime import CrossEncoderRuntime
 
 LATENCY_SIZES = (20, 50)
@@ -98,6 +106,31 @@ def _cost_table(latency: dict[str, dict[str, float]], pairs_per_second: dict[str
     return table
 
 
+def _refuse_unusable(
+    pairs_dir: Path, out_dir: Path, split: Split, pairs: Sequence[object], validation: Sequence[RerankRow]
+) -> None:
+    """Said before a model loads: each of these failed with a traceback, one after the run."""
+    try:
+        check_replaceable(out_dir)
+    except FileExistsError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not pairs:
+        raise click.ClickException(
+            f"{pairs_dir}: no training pairs are left once {len(split.validation)} rows are held out for "
+            f"validation and {split.dropped_for_overlap} dropped for text they share with it; "
+            "give more rows (or groups), or a smaller --validation-fraction"
+        )
+    if not validation:
+        raise click.ClickException(
+            f"{pairs_dir}: no rows are held out for validation; give rows of more groups"
+        )
+    if not any(r.negatives for r in validation):
+        raise click.ClickException(
+            f"{pairs_dir}: no validation row has a negative to rank its positive against; "
+            "the rows need negatives to measure the model"
+        )
+
+
 @click.command("finetune-cross-encoder")
 @click.option(
     "--pairs",
@@ -120,13 +153,25 @@ def _cost_table(latency: dict[str, dict[str, float]], pairs_per_second: dict[str
     help="Sentence-transformers model or cross-encoder to start from [default: bundled MiniLM].",
 )
 @click.option(
-    "--per-source-cap", default=DEFAULT_PER_SOURCE_CAP, show_default=True, help="Training queries per source."
+    "--per-source-cap",
+    type=click.IntRange(min=1),
+    default=DEFAULT_PER_SOURCE_CAP,
+    show_default=True,
+    help="Training queries per source.",
 )
-@click.option("--negatives", default=2, show_default=True, help="Negatives per positive.")
-@click.option("--epochs", default=1, show_default=True)
+@click.option(
+    "--negatives", type=click.IntRange(min=0), default=2, show_default=True, help="Negatives per positive."
+)
+@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--lr", default=5e-5, show_default=True)
-@click.option("--batch-size", default=32, show_default=True)
-@click.option("--max-length", default=160, show_default=True, help="Tokens per (query, passage) pair.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option(
+    "--max-length",
+    type=click.IntRange(min=8),
+    default=160,
+    show_default=True,
+    help="Tokens per (query, passage) pair.",
+)
 @click.option("--pos-weight", default=1.0, show_default=True, help="BCE weight of positive pairs.")
 @click.option(
     "--precision",
@@ -135,7 +180,7 @@ def _cost_table(latency: dict[str, dict[str, float]], pairs_per_second: dict[str
     show_default=True,
     help="ONNX precision recorded in the card for serving (both are exported and measured).",
 )
-@click.option("--max-pairs", type=int, default=None, help="Upper bound on training pairs.")
+@click.option("--max-pairs", type=click.IntRange(min=1), default=None, help="Upper bound on training pairs.")
 @click.option(
     "--max-minutes",
     type=click.FloatRange(min=0.0, min_open=True),
@@ -145,14 +190,24 @@ def _cost_table(latency: dict[str, dict[str, float]], pairs_per_second: dict[str
 @click.option("--seed", default=0, show_default=True)
 @click.option(
     "--validation-fraction",
+    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
     default=DEFAULT_VALIDATION_FRACTION,
     show_default=True,
     help="Share of groups held out.",
 )
-@click.option("--validation-cap", default=150, show_default=True, help="Validation queries per source.")
-@click.option("--threads", default=2, show_default=True, help="torch threads for training.")
+@click.option(
+    "--validation-cap",
+    type=click.IntRange(min=1),
+    default=150,
+    show_default=True,
+    help="Validation queries per source.",
+)
+@click.option(
+    "--threads", type=click.IntRange(min=1), default=2, show_default=True, help="torch threads for training."
+)
 @click.option(
     "--serve-threads",
+    type=click.IntRange(min=1),
     default=2,
     show_default=True,
     help="onnxruntime threads for the latency figures (what the sidecar would use).",
@@ -163,7 +218,13 @@ def _cost_table(latency: dict[str, dict[str, float]], pairs_per_second: dict[str
     default=None,
     help="ONNX export cache [default: OUT/onnx].",
 )
-@click.option("--latency-runs", default=9, show_default=True, help="Timed calls per latency figure.")
+@click.option(
+    "--latency-runs",
+    type=click.IntRange(min=1),
+    default=9,
+    show_default=True,
+    help="Timed calls per latency figure.",
+)
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def finetune_cross_encoder(
     pairs_dir: Path,
@@ -198,14 +259,15 @@ def finetune_cross_encoder(
         raise click.ClickException(str(exc)) from None
     if not rows:
         raise click.ClickException(f"{pairs_dir}: no rows with a query and a positive to train on")
-    configure_torch(threads)
-    base = base or bundled_base()
     split = split_by_group(rows, validation_fraction=validation_fraction)
     train_rows = cap_per_source(split.train, max_queries=per_source_cap, seed=seed)
     validation = cap_per_source(split.validation, max_queries=validation_cap, rows_per_query=None, seed=seed)
     pairs = to_pairs(train_rows, negatives=negatives, seed=seed)
     if max_pairs is not None:
         pairs = limit_pairs(pairs, max_pairs, seed=seed)
+    _refuse_unusable(pairs_dir, out_dir, split, pairs, validation)
+    configure_torch(threads)
+    base = base or bundled_base()
     console.print(
         f"{len(rows)} rows → {len(split.train)} train / {len(split.validation)} validation rows "
         f"({split.dropped_for_overlap} train rows dropped for text shared with validation); "

@@ -239,7 +239,7 @@ def torch_scorer(model: Any, tokenizer: Any, max_length: int, batch_size: int = 
     return score
 
 
-def _check_replaceable(out_dir: Path) -> None:
+def check_replaceable(out_dir: Path) -> None:
     """out_dir is replaced wholesale, so it must be absent, empty or an earlier model."""
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD_NAME).exists():
         raise FileExistsError(f"{out_dir} exists and does not hold a cross-encoder written here")
@@ -248,7 +248,7 @@ def _check_replaceable(out_dir: Path) -> None:
 def _write_atomically(out_dir: Path, model: Any, tokenizer: Any, card: dict[str, Any]) -> None:
     """Write into a sibling temp dir, then swap it in: a crash leaves either the old model or
     the new one, never half of one. Only an earlier model (or an empty dir) is replaced."""
-    _check_replaceable(out_dir)
+    check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
@@ -333,7 +333,7 @@ def finetune(
     Raises FinetuneStopped if should_stop() turns true; out_dir is then untouched."""
     if not pairs:
         raise ValueError("no training pairs")
-    _check_replaceable(out_dir)  # up front too: a long run must not fail only when saving
+    check_replaceable(out_dir)  # up front too: a long run must not fail only when saving
     if epochs < 1 or batch_size < 1 or max_length < 8:
         raise ValueError("epochs and batch_size must be positive and max_length at least 8")
     if (max_seconds is not None and max_seconds <= 0) or not 0.0 < step_fraction <= 1.0:

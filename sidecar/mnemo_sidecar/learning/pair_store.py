@@ -67,6 +67,20 @@ class PairStore:
         self._path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        try:
+            self._open(path)
+        except sqlite3.DatabaseError as exc:  # not a database, damaged: one line, not a traceback
+            self._conn.close()
+            raise FailedPrecondition(
+                f"{path} cannot be opened as the sidecar's pair store: {exc}; move it aside to "
+                "start with no sessions (the server sends none again)",
+                reason="BAD_DATA_DIR",
+            ) from None
+        self._lock = threading.Lock()
+        # Per tenant (stored sessions, stored pairs): counted once, then kept by add_session.
+        self._counts: dict[str, tuple[int, int]] = {}
+
+    def _open(self, path: Path) -> None:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
         found = self._conn.execute("PRAGMA user_version").fetchall()[0][0]
@@ -79,9 +93,6 @@ class PairStore:
             )
         self._conn.executescript(_SCHEMA)
         self._conn.execute(f"PRAGMA user_version = {FORMAT}")
-        self._lock = threading.Lock()
-        # Per tenant (stored sessions, stored pairs): counted once, then kept by add_session.
-        self._counts: dict[str, tuple[int, int]] = {}
 
     @property
     def path(self) -> Path:

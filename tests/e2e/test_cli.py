@@ -20,9 +20,10 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client import MnemoClient
-from tests.conftest import ADMIN_KEY, LiveServer, provision
+from tests.conftest import ADMIN_KEY, LiveServer, TenantClient, provision
 from tests.e2e.conftest import MNEMO, Proc, base_env
 
 
@@ -670,3 +671,31 @@ def test_up_refuses_one_port_for_the_server_and_its_sidecar_before_starting_eith
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "Invalid value for --sidecar-port: 50999 is the server's port too" in out.stderr, out.stderr
     assert not data.exists() and time.monotonic() - started < 20
+
+
+def test_listings_print_memories_and_history_as_stored_not_as_markup(
+    server: LiveServer, tenant_a: TenantClient, model_cache: Path
+) -> None:
+    """The table took text as rich markup: "use [/] to close a tag" crashed `memory list`
+    with a traceback, "[red]x[/red]" lost its brackets, and an actor "[/]" crashed
+    `memory history` (maintenance probe)."""
+    stub = tenant_a.memory()
+    texts = ["use [/] to close a tag", "[red]x[/red] and [t_a] stay"]
+    for text in texts:
+        stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=text)), metadata=tenant_a.md, timeout=10
+        )
+    odd = stub.CreateMemory(
+        pb.CreateMemoryRequest(
+            memory=memory_pb2.Memory(content="plain", source=common_pb2.Source(who="[/]"))
+        ),
+        metadata=tenant_a.md,
+        timeout=10,
+    ).memory
+    env = base_env(model_cache, MNEMO_SERVER=server.address, MNEMO_API_KEY=tenant_a.token, COLUMNS="200")
+    listed = run(["memory", "list"], env)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert all(text in listed.stdout for text in texts), listed.stdout
+    history = run(["memory", "history", odd.id], env)
+    assert history.returncode == 0 and "Traceback" not in history.stderr, history.stderr
+    assert "[/]" in history.stdout

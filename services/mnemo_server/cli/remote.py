@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from mnemo.v1 import memory_pb2
 from mnemo_client.client import MEMORY_TYPES, TYPE_NAMES, MnemoClient, MnemoError
@@ -200,12 +201,14 @@ def memory_list(
         return
     table = Table("id", "type", "category", "created", "content")
     for m in rows:
+        # Text, not markup: "use [/] to close" crashed the listing, "[red]x[/red]" lost its
+        # brackets (probe).
         table.add_row(
             m.id[:8],
             TYPE_NAMES[m.type],
-            m.category,
+            Text(m.category),
             m.create_time.ToDatetime().isoformat(" ", "seconds"),
-            m.content if len(m.content) < 80 else m.content[:77] + "...",
+            Text(m.content if len(m.content) < 80 else m.content[:77] + "..."),
         )
     Console().print(table)
 
@@ -247,9 +250,9 @@ def memory_history(ctx: click.Context, memory_id: str, as_json: bool) -> None:
         table.add_row(
             e.time.ToDatetime().isoformat(" ", "seconds"),
             e.action,
-            e.actor,
-            e.reason,
-            json.dumps(details, sort_keys=True) if details else "",
+            Text(e.actor),
+            Text(e.reason),
+            Text(json.dumps(details, sort_keys=True) if details else ""),
         )
     Console().print(table)
 

@@ -133,3 +133,19 @@ def test_a_duckdb_memory_limit_that_cannot_serve_is_one_config_error(
     db = Database(tmp_path / "m.duckdb", memory_limit="16MiB")  # the file was left usable
     assert db.reader().execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == "16.0 MiB"
     db.close()
+
+
+def test_a_store_file_cut_short_past_its_header_is_one_clear_error(tmp_path: Path) -> None:
+    """A partial copy opens, then fails its first reads: serve, reindex and reembed ended in
+    DuckDB's traceback (maintenance probe) instead of the error a file cut shorter gets."""
+    from mnemo_server.errors import FailedPrecondition
+
+    path = tmp_path / "d.duckdb"
+    database = database_with_memories(path, count=20_000)
+    database.checkpoint()
+    database.close()
+    with path.open("r+b") as fh:
+        fh.truncate(path.stat().st_size // 3)
+    with pytest.raises(FailedPrecondition, match="d.duckdb cannot be") as err:
+        Database(path)
+    assert err.value.reason == "BAD_DATA_DIR"

@@ -387,17 +387,25 @@ class Database:
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._cursors_lock = threading.Lock()
         self._closed = False
-        if not read_only:
-            try:
+        try:
+            if not read_only:
                 self._migrate()
-            except BaseException:  # a failed migration leaves the file at its version, unlocked
-                self._conn.close()
-                raise
-        # Read-only: nothing takes numbers or stores hashes (and the file may predate the table).
-        self.memory_seqs = (
-            StoredSequence(1) if read_only else StoredSequence.after_largest(self._conn, "memories", "seq")
-        )
-        self.stored = StoredSummary.saturated() if read_only else StoredSummary.of_table(self._conn)
+            # Read-only: nothing takes numbers or stores hashes (the file may predate the table).
+            self.memory_seqs = (
+                StoredSequence(1)
+                if read_only
+                else StoredSequence.after_largest(self._conn, "memories", "seq")
+            )
+            self.stored = StoredSummary.saturated() if read_only else StoredSummary.of_table(self._conn)
+        except duckdb.Error as exc:
+            # A file cut short past its header opens, then fails its first reads (probe: a
+            # traceback from serve, reindex and reembed).
+            self._conn.close()
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise FailedPrecondition(f"{path} cannot be read: {first_line}", reason="BAD_DATA_DIR") from None
+        except BaseException:  # a failed migration leaves the file at its version, unlocked
+            self._conn.close()
+            raise
 
     def _migrate(self) -> None:
         con = self._conn

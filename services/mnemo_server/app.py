@@ -172,9 +172,12 @@ class Core:
                 concurrent_runs=config.embedding.index_concurrent_runs,
             )
             model = ModelIdentity.of(config, self.embedder, models)
-            if accept_model_change:
-                record_model_identity(self.db, model)
-            check_model_identity(self.db, model)
+            # Adopted (recorded) once rebuild_index has re-embedded everything with it: a
+            # reembed that failed before (an index it could not write) left the store
+            # naming a model none of its vectors came from (probe).
+            self._adopting = model if accept_model_change else None
+            if not accept_model_change:
+                check_model_identity(self.db, model)
             self.index = LanceIndex(
                 self.paths.lance,
                 self.embedder.dimension,
@@ -345,6 +348,8 @@ class Core:
             for tenant_id in self.index.tenants():
                 self.index.optimize(tenant_id)
             self._start_check_made = True  # every table written afresh from the store
+            if self._adopting is not None:
+                record_model_identity(self.db, self._adopting)
         finally:
             self.indexer.stop()
         if progress:

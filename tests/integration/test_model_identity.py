@@ -50,6 +50,13 @@ def test_changed_model_refuses_to_start_until_reembedded(
         "EMBEDDING_MODEL_MISMATCH"
     )
 
+    # A reembed that ends before its rebuild (here: opened, then closed) adopts nothing: it
+    # recorded the new model at once, and the store refused its original one (probe).
+    Core(make_config(data, model_cache, **other), accept_model_change=True).close()
+    start_server(data_dir=data).close()
+    with pytest.raises(EmbeddingModelMismatch):
+        start_server(data_dir=data, **other)
+
     core = Core(make_config(data, model_cache, **other), accept_model_change=True)
     try:
         assert core.rebuild_index() == 1

@@ -146,6 +146,6 @@ def test_a_store_file_cut_short_past_its_header_is_one_clear_error(tmp_path: Pat
     database.close()
     with path.open("r+b") as fh:
         fh.truncate(path.stat().st_size // 3)
-    with pytest.raises(FailedPrecondition, match="d.duckdb cannot be") as err:
+    with pytest.raises(FailedPrecondition, match=r"d\.duckdb cannot be") as err:
         Database(path)
     assert err.value.reason == "BAD_DATA_DIR"

@@ -63,6 +63,10 @@ META_MODEL = "embedding_model"
 META_DIMENSION = "embedding_dimension"
 # What the model's files held (embed/fingerprint.py); absent in stores from before it.
 META_MODEL_FINGERPRINT = "embedding_model_fingerprint"
+# The tokens a text is cut to before embedding: another limit gives long texts other
+# vectors (probe: a long memory's own text scored 0.815 against it, not 1.0, once
+# embedding.max_seq_length was 16). Absent in stores from before it was recorded.
+META_MAX_SEQ_LENGTH = "embedding_max_seq_length"
 
 
 @dataclass(frozen=True)
@@ -107,11 +111,18 @@ class ModelIdentity:
     dimension: int
     fingerprint: str
     source: Path
+    max_seq_length: int
 
     @classmethod
     def of(cls, config: Config, embedder: Embedder, memo_dir: Path) -> ModelIdentity:
         source = model_dir(config.embedding)
-        return cls(embedder.model_id, embedder.dimension, model_fingerprint(source, memo_dir), source)
+        return cls(
+            embedder.model_id,
+            embedder.dimension,
+            model_fingerprint(source, memo_dir),
+            source,
+            config.embedding.max_seq_length,
+        )
 
 
 def record_model_identity(db: Database, model: ModelIdentity) -> None:
@@ -120,6 +131,7 @@ def record_model_identity(db: Database, model: ModelIdentity) -> None:
         db.set_meta(cur, META_MODEL, model.model_id)
         db.set_meta(cur, META_DIMENSION, str(model.dimension))
         db.set_meta(cur, META_MODEL_FINGERPRINT, model.fingerprint)
+        db.set_meta(cur, META_MAX_SEQ_LENGTH, str(model.max_seq_length))
 
 
 def check_model_identity(db: Database, model: ModelIdentity) -> None:
@@ -146,6 +158,15 @@ def check_model_identity(db: Database, model: ModelIdentity) -> None:
             f"the store was embedded with other files of {recorded!r} (fingerprint {fingerprint}) than "
             f"the configured ones in {model.source} (fingerprint {model.fingerprint}); {reembed} "
             "the original files"
+        )
+    cut_at = db.get_meta(META_MAX_SEQ_LENGTH)
+    if cut_at is None:  # as with the fingerprint: taken to be the configured one, recorded
+        with db.transaction() as cur:
+            db.set_meta(cur, META_MAX_SEQ_LENGTH, str(model.max_seq_length))
+    elif int(cut_at) != model.max_seq_length:
+        raise EmbeddingModelMismatch(
+            f"the store was embedded with embedding.max_seq_length {cut_at}, and {model.max_seq_length} "
+            f"is configured: long texts would get other vectors; {reembed} {cut_at}"
         )
 
 

@@ -83,6 +83,18 @@ def test_precision_is_part_of_the_identity(start_server: Callable[..., LiveServe
         start_server(data_dir=data, embedding={"precision": "fp32"})
 
 
+def test_the_length_texts_are_cut_to_is_part_of_the_identity(
+    start_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    """embedding.max_seq_length gives long texts other vectors: changed, the server served
+    old and new vectors side by side (maintenance probe)."""
+    data = tmp_path / "store"
+    start_server(data_dir=data).close()
+    with pytest.raises(EmbeddingModelMismatch, match="max_seq_length 256, and 16 is configured"):
+        start_server(data_dir=data, embedding={"max_seq_length": 16})
+    start_server(data_dir=data).close()
+
+
 @pytest.fixture
 def other_weights(tmp_path: Path) -> Path:
     """Another 384-dimension model, to be configured under the bundled one's name: its token

@@ -421,7 +421,7 @@ class LanceIndex:
             else:
                 if h is None:
                     continue
-                self._drop_unused_indices(tenant_id, h)
+                self._fit_indices(tenant_id, h)
                 outdated = h.reader.schema.names != self.schema.names or not self._ann_reads(tenant_id, h)
             if outdated:
                 self.drop(tenant_id)
@@ -438,20 +438,32 @@ class LanceIndex:
         if self.graph_dir is not None:
             graph_files.discard(self.graph_dir, name)
 
-    def _drop_unused_indices(self, tenant_id: str, h: TableHandle) -> None:
+    def _fit_indices(self, tenant_id: str, h: TableHandle) -> None:
+        """Drop the indices this configuration does not use, and make the full-text index it
+        needs and the table lacks (index.memory_text_search switched off since the table was
+        written): left to the first optimize, the full-text leg found nothing until then,
+        and Recalls failed INTERNAL while it was being made (probe)."""
         present = reader_index_names(h)
         wanted = {"vector_idx": self._wants_ann_index, "text_idx": self._wants_text_index}
         unused = [name for name, wants in wanted.items() if name in present and not wants]
-        if not unused:
+        missing_text = self._wants_text_index and "text_idx" not in present and h.table.count_rows() > 0
+        if not unused and not missing_text:
             return
         with h.lock:
             for name in unused:
                 h.table.drop_index(name)
+            if missing_text:
+                from lancedb.index import FTS
+
+                h.table.create_index("text", config=FTS(with_position=False), name="text_idx")
             h.table.checkout_latest()
             h.refresh()
             h.pending = None if "vector_idx" in unused else h.pending
-            h.has_text_index = h.has_text_index and "text_idx" not in unused
-        log.info("tenant %s: unused LanceDB indices dropped: %s", tenant_id, ", ".join(unused))
+            h.has_text_index = (h.has_text_index and "text_idx" not in unused) or missing_text
+        if unused:
+            log.info("tenant %s: unused LanceDB indices dropped: %s", tenant_id, ", ".join(unused))
+        if missing_text:
+            log.info("tenant %s: full-text index made for index.memory_text_search = false", tenant_id)
 
     def _ann_reads(self, tenant_id: str, h: TableHandle) -> bool:
         """Whether a search probing every partition of the ANN index succeeds. Compaction
@@ -520,8 +532,10 @@ class LanceIndex:
                 from lancedb.index import FTS
 
                 h.table.create_index("text", config=FTS(with_position=False), name="text_idx")
-                h.has_text_index = True
-            h.refresh()
+                h.refresh()
+                h.has_text_index = True  # once the reader holds it (see lance_maintenance)
+            else:
+                h.refresh()
 
     @staticmethod
     def _scopes_of(h: TableHandle, ids: list[str]) -> dict[str, str]:

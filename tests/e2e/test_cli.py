@@ -289,6 +289,10 @@ def test_memory_clear_deletes_what_it_counted_not_what_came_while_it_asked(
         assert proc.returncode == 0 and "deleted 5 memories" in out, (out, err)
         left = sorted(m.content for m in client.list_memories(limit=100))
     assert left == ["late import, dated a day back", *[f"late note {i}" for i in range(3)]]
+    declined = run(["memory", "clear"], tenant_env, stdin="n\n")
+    assert declined.returncode == 1 and "not confirmed: nothing deleted" in declined.stderr, declined
+    with MnemoClient(server.address, secret) as client:
+        assert len(list(client.list_memories(limit=100))) == 4
 
 
 def test_memory_clear_deletes_what_it_counted_created_later_than_this_machines_clock(

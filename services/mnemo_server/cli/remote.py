@@ -404,7 +404,10 @@ def _purge_confirmed(client: MnemoClient, f: memory_pb2.MemoryFilter, all_memori
     counted = client.count_purge(f, all_memories=all_memories)
     n = counted.purge_count
     if n:
-        click.confirm(f"delete {n} memories?", abort=True)
+        if not click.confirm(f"delete {n} memories?"):
+            # Said, and exit 1: a declined prompt ended as an interrupt would, exit 130 with
+            # nothing printed (probe).
+            raise click.ClickException("not confirmed: nothing deleted")
         n = client.purge_memories(
             f, force=True, all_memories=all_memories, snapshot_token=counted.snapshot_token
         )

@@ -122,6 +122,8 @@ def test_eval_refuses_what_would_fail_late_before_starting_anything(
             "--json-out",
         ),
         (["--data", str(data), "--out", str(tmp_path / "r.jsonl"), "--top-k", "101"], "--top-k"),
+        # os.access says yes to root: /proc refuses new files all the same (eval probe).
+        (["--data", str(data), "--out", "/proc/run.jsonl"], "cannot be written"),
         (["--data", str(empty), "--out", str(tmp_path / "r.jsonl")], "nothing to score"),
     ]
     for args, said in cases:

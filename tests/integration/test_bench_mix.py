@@ -117,3 +117,22 @@ def test_a_session_is_ended_after_its_start_was_timed(server: LiveServer) -> Non
             assert len(stats["EndSession"].latencies_ms) == 1 and not stats["EndSession"].errors
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--concurrency", "0"], "--concurrency"),
+        (["--duration", "nan"], "--duration"),
+        (["--duration", "0"], "--duration"),
+        (["--memories", "-5"], "--memories"),
+        (["--train-sessions", "-1"], "--train-sessions"),
+        (["--session-deadline-ms", "-5"], "--session-deadline-ms"),
+        (["--json-out", "/proc/bench.json"], "--json-out"),
+    ],
+)
+def test_bench_refuses_values_it_cannot_run_before_starting_anything(args: list[str], option: str) -> None:
+    """Each ran (an empty table, NaN in the JSON, -5 memories) or failed with a traceback,
+    some after the whole run (eval probe)."""
+    result = CliRunner().invoke(bench, ["--server", "127.0.0.1:1", *args])
+    assert result.exit_code == 2 and option in result.output, result.output

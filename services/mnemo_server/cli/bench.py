@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from mnemo_server.cli.common import finite_at_least, writable_output, write_output
+
 if TYPE_CHECKING:
     from mnemo_server.launcher import Launcher
 
@@ -151,12 +153,27 @@ def parse_mix(text: str, known: list[str]) -> tuple[tuple[str, float], ...]:
 
 
 @click.command()
-@click.option("--memories", type=int, default=100_000, show_default=True, help="Memories loaded first.")
 @click.option(
-    "--concurrency", type=int, default=8, show_default=True, help="Concurrent clients, mixed phase."
+    "--memories",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    help="Memories loaded first.",
 )
 @click.option(
-    "--duration", type=float, default=60.0, show_default=True, help="Seconds of each mixed workload."
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Concurrent clients, mixed phase.",
+)
+@click.option(
+    "--duration",
+    type=float,
+    callback=finite_at_least(0.0, above=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds of each mixed workload.",
 )
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--server", help="host:port of a running server; default: start a fresh server and sidecar.")
@@ -164,13 +181,14 @@ def parse_mix(text: str, known: list[str]) -> tuple[tuple[str, float], ...]:
 @click.option(
     "--session-deadline-ms",
     type=float,
+    callback=finite_at_least(0.0, above=True),
     default=120.0,
     show_default=True,
     help="StartSession budget of a started server.",
 )
 @click.option(
     "--train-sessions",
-    type=int,
+    type=click.IntRange(min=0),
     default=60,
     show_default=True,
     help="Synthetic sessions with feedback replayed (then the sidecar trains) before the workload.",
@@ -214,6 +232,9 @@ def bench(
     sidecar running, stopped and killed."""
     from mnemo_server.evaluation.bench import BenchConfig, run_bench
     from mnemo_server.launcher import Launcher, stopped_after
+
+    if json_out is not None:  # before a run a bad path would throw away (probe: after it)
+        writable_output(json_out, "--json-out")
 
     scopes = BenchConfig.scopes
     if quick:
@@ -272,4 +293,4 @@ def bench(
     print_tables(result)
     click.echo(json.dumps(result, indent=1))
     if json_out:
-        json_out.write_text(json.dumps(result, indent=1) + "\n")
+        write_output(json_out, json.dumps(result, indent=1) + "\n")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +15,7 @@ from rich.table import Table
 
 from mnemo.v1 import memory_service_pb2 as pb
 from mnemo_client.client import MnemoClient, MnemoError
+from mnemo_server.cli.common import writable_output, write_output
 
 if TYPE_CHECKING:
     from mnemo_server.evaluation.locomo import Naming
@@ -97,9 +97,9 @@ def locomo(
 ) -> None:
     """Load a LoCoMo-format split, Recall every query within its conversation, score the run.
     With --train-sessions: measure learning from sessions instead (see session_eval.py)."""
-    _writable(out, "--out")  # checked before any work that a bad path would throw away
+    writable_output(out, "--out")  # checked before any work that a bad path would throw away
     if json_out is not None:
-        _writable(json_out, "--json-out")
+        writable_output(json_out, "--json-out")
     if train_sessions is not None:
         _locomo_sessions(
             data, out, json_out, server, sidecar, api_key, train_sessions, cross_encoder, tenant, keep_data
@@ -165,7 +165,7 @@ def locomo(
     doc = result.as_json()
     click.echo(json.dumps(doc, indent=1))
     if json_out:
-        json_out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_output(json_out, json.dumps(doc, indent=1) + "\n")
 
 
 def _locomo_sessions(
@@ -246,7 +246,7 @@ def _locomo_sessions(
         write_run(phase_run_path(out, p.name), p.run)
     click.echo(json.dumps(doc, indent=1))
     if json_out:
-        json_out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_output(json_out, json.dumps(doc, indent=1) + "\n")
 
 
 def _dataset(data: Path, *, scored_only: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -263,15 +263,6 @@ def _dataset(data: Path, *, scored_only: bool = True) -> tuple[list[dict[str, An
             f"{data / 'queries.jsonl'}: no query has gold_memory_ids: nothing to score"
         )
     return memories, queries
-
-
-def _writable(path: Path, option: str) -> None:
-    """A file the command can write at the end: its folder exists and takes new files."""
-    folder = path.parent  # "." for a bare file name
-    if not folder.is_dir():
-        raise click.BadParameter(f"{folder} is not a directory", param_hint=option)
-    if path.is_dir() or (path.exists() and not os.access(path, os.W_OK)) or not os.access(folder, os.W_OK):
-        raise click.BadParameter(f"{path} cannot be written", param_hint=option)
 
 
 def _naming(fresh_server: bool) -> Naming:

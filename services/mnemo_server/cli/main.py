@@ -60,6 +60,9 @@ def main() -> None:
     except ClientError as exc:  # a call to a server (--server) failed: its status, one line
         click.echo(f"error: {exc.code.name}: {exc.message}", err=True)
         sys.exit(1)
+    except OSError as exc:  # the machine's: a full disk, a file gone, a wait that timed out
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

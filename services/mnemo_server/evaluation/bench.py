@@ -491,9 +491,16 @@ async def train_sidecar(
     async with aio.insecure_channel(address) as channel:
         stub = rpb_grpc.RankingServiceStub(channel)
         request = rpb.TrainRequest(tenant_id=tenant, models=list(models), force=True)
-        async for ev in stub.Train(request, timeout=3600):
-            if ev.HasField("outcome"):
-                outcomes.append(json_format.MessageToDict(ev.outcome, preserving_proto_field_name=True))
+        try:
+            async for ev in stub.Train(request, timeout=3600):
+                if ev.HasField("outcome"):
+                    outcomes.append(json_format.MessageToDict(ev.outcome, preserving_proto_field_name=True))
+        except aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            # Too few sessions with a used memory (few memories loaded): the run goes on
+            # untrained and says why (it ended in a traceback; probe).
+            return [{"model": "none", "reason": f"not trained: {err.details()}"}]
     return outcomes
 
 

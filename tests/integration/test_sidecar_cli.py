@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 TOKEN = "sidecar-token-for-the-cli-test"
 
 
@@ -120,3 +122,17 @@ def test_an_orderly_stop_takes_back_the_port_file(tmp_path: Path, model_cache: P
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_evals_training_refused_by_the_sidecar_is_one_clear_error(start_sidecar: Callable[..., Any]) -> None:
+    """`mnemo eval locomo --train-sessions` whose sessions used no memory: the sidecar's
+    refusal ended the command in the Train stream's traceback (eval probe)."""
+    from mnemo.ranking.v1 import ranking_service_pb2 as rpb
+    from mnemo_server.errors import FailedPrecondition
+    from mnemo_server.evaluation.session_eval import SidecarControl
+
+    side = start_sidecar()
+    control = SidecarControl(f"127.0.0.1:{side.port}", "nobody")
+    with pytest.raises(FailedPrecondition, match="the sidecar would not train") as err:
+        control.train([rpb.MODEL_KIND_RANKER], lambda _said: None)
+    assert err.value.reason == "NOT_ENOUGH_SESSIONS"

@@ -109,6 +109,12 @@ def test_a_memory_id_need_only_be_unique_in_its_conversation(tmp_path: Path) -> 
     names = [naming.to_memory(r).external_id for r in got]
     assert names == ["c1/c1:D1:1", "c2/c1:D1:1"]
     assert naming.dataset_ids([*names, "someone-else"]) == ["c1:D1:1", "c1:D1:1"]  # foreign hits left out
+    # A "/" in either id: conversation "a" with turn "b/c" and conversation "a/b" with turn
+    # "c" were one external id, "a/b/c", and the load failed ALREADY_EXISTS (probe).
+    one = naming.to_memory({**TURN, "conv_id": "a", "memory_id": "b/c"}).external_id
+    other = naming.to_memory({**TURN, "conv_id": "a/b", "memory_id": "c"}).external_id
+    assert one != other and one.count("/") == other.count("/") == 1
+    assert naming.dataset_ids([one, other]) == ["b/c", "c"]
 
 
 def test_ids_the_server_would_refuse_become_digests_and_a_shared_server_run_gets_a_tag() -> None:

@@ -154,6 +154,10 @@ def server_name(dataset_id: str) -> str:
     return "h-" + hashlib.sha256(dataset_id.encode()).hexdigest()[:40]
 
 
+def _without_slash(name: str) -> str:
+    return name if "/" not in name else "h-" + hashlib.sha256(name.encode()).hexdigest()[:40]
+
+
 class Naming:
     """The server's names for a split's conversations and turns. A conversation is a project
     scope; a turn's external id is its conversation's name and its own (a memory_id need only
@@ -176,7 +180,9 @@ class Naming:
         return common_pb2.Scope(kind=common_pb2.SCOPE_KIND_PROJECT, id=self.conversation(conv_id))
 
     def external_id(self, conv_id: str, memory_id: str) -> str:
-        name = f"{self.conversation(conv_id)}/{server_name(memory_id)}"
+        # Neither part holds the "/" that joins them: conversation "a" with turn "b/c" and
+        # conversation "a/b" with turn "c" were both "a/b/c" (probe: ALREADY_EXISTS).
+        name = f"{_without_slash(self.conversation(conv_id))}/{_without_slash(server_name(memory_id))}"
         self._dataset_ids[name] = memory_id
         return name
 

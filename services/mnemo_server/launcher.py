@@ -119,11 +119,18 @@ class Launcher:
                 stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout_s
-        while not port_file.exists():
-            if popen.poll() is not None or time.monotonic() > deadline:
-                popen.kill()
-                raise LaunchFailed(f"{name} failed to start (log: {log}):\n{log.read_text()[-4000:]}")
-            time.sleep(0.05)
+        try:
+            while not port_file.exists():
+                if popen.poll() is not None or time.monotonic() > deadline:
+                    raise LaunchFailed(f"{name} failed to start (log: {log}):\n{log.read_text()[-4000:]}")
+                time.sleep(0.05)
+        except BaseException:
+            # Not yet in self.processes, so stop_processes would not see it: a SIGTERM or
+            # Ctrl-C to eval or bench during a start left the server warming up, writing
+            # into the temporary directory removed meanwhile (probe).
+            popen.kill()
+            popen.wait()
+            raise
         proc = LaunchedProcess(name, popen, int(port_file.read_text()), log)
         # One of this name that ended is replaced by this one (supervisor.py).
         self.processes = [p for p in self.processes if p.name != name or p.popen.poll() is None]

@@ -703,3 +703,31 @@ def test_listings_print_memories_and_history_as_stored_not_as_markup(
     history = run(["memory", "history", odd.id], env)
     assert history.returncode == 0 and "Traceback" not in history.stderr, history.stderr
     assert "[/]" in history.stdout
+
+
+def test_an_interrupt_while_a_launched_server_warms_up_ends_it(model_cache: Path) -> None:
+    """A Ctrl-C or SIGTERM to eval or bench while the server it started was warming up
+    left that server running (it was not yet among the launcher's processes), writing into
+    the temporary directory removed meanwhile (eval probe)."""
+    import _thread
+    import threading
+
+    from mnemo_server.launcher import Launcher, stopped_after
+
+    launcher = Launcher()
+    timer = threading.Timer(0.5, _thread.interrupt_main)  # while the server loads its model
+    timer.start()
+    with pytest.raises(KeyboardInterrupt), stopped_after(launcher, lambda _said: None):
+        launcher.start_server({"MNEMO_EMBEDDING__CACHE_DIR": str(model_cache), "HF_HUB_OFFLINE": "1"})
+    timer.join()
+    port_file_arg = str(launcher.root / "server.port").encode()
+    assert [p for p in Path("/proc").iterdir() if p.name.isdigit() and port_file_arg in _cmdline(p)] == []
+    time.sleep(1.0)
+    assert not launcher.root.exists()  # nothing wrote into it again
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""

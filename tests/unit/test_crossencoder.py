@@ -572,24 +572,27 @@ def test_candidate_cap(tiny_model: Path, onnx_cache: Path, runtime: CrossEncoder
 # ---------------------------------------------------------------- command
 
 
+def _write_pairs(pairs_dir: Path, rows: list[Any], name: str = "rows") -> None:
+    pairs_dir.mkdir(parents=True, exist_ok=True)
+    lines = [
+        json.dumps(
+            {
+                "source": r.source,
+                "query": r.query,
+                "positive": r.positive,
+                "negatives": list(r.negatives),
+                "group": r.group,
+            }
+        )
+        for r in rows
+    ]
+    (pairs_dir / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def test_command_trains_exports_and_reports(tiny_base: Path, tmp_path: Path) -> None:
     pairs_dir = tmp_path / "pairs"
-    pairs_dir.mkdir()
     for source, seed in (("selqa_sent", 11), ("dstc9_faq", 12)):
-        rows = toy_rows(30, seed, source)
-        lines = [
-            json.dumps(
-                {
-                    "source": r.source,
-                    "query": r.query,
-                    "positive": r.positive,
-                    "negatives": list(r.negatives),
-                    "group": r.group,
-                }
-            )
-            for r in rows
-        ]
-        (pairs_dir / f"{source}.jsonl").write_text("\n".join(lines) + "\n")
+        _write_pairs(pairs_dir, toy_rows(30, seed, source), source)
     out, figures = tmp_path / "model", tmp_path / "figures.json"
     result = CliRunner().invoke(
         finetune_cross_encoder,
@@ -612,23 +615,6 @@ def test_command_trains_exports_and_reports(tiny_base: Path, tmp_path: Path) -> 
     assert read_card(out)["serving"] == {"precision": "int8"}
     assert CrossEncoderRuntime(out, out / "onnx").precision == "int8"  # the card chooses, the cache is reused
     assert "Validation: rank of the positive" in result.output and "NDCG" in result.output
-
-
-def _write_pairs(pairs_dir: Path, rows: list[Any]) -> None:
-    pairs_dir.mkdir(parents=True, exist_ok=True)
-    lines = [
-        json.dumps(
-            {
-                "source": r.source,
-                "query": r.query,
-                "positive": r.positive,
-                "negatives": list(r.negatives),
-                "group": r.group,
-            }
-        )
-        for r in rows
-    ]
-    (pairs_dir / "rows.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def test_the_command_refuses_inputs_it_cannot_use_in_one_line_before_loading_a_model(tmp_path: Path) -> None:

@@ -458,3 +458,32 @@ def test_a_category_filter_matches_as_categories_are_stored(tenant_a: TenantClie
         assert [x.id for x in listed] == [m.id], asked
         hits = stub.Recall(pb.RecallRequest(query="pager", filter=f), metadata=tenant_a.md, timeout=10).hits
         assert [h.memory.id for h in hits] == [m.id], asked
+
+
+def test_a_scope_named_twice_in_a_filter_lists_each_memory_once(tenant_a: TenantClient) -> None:
+    """The workspace as "" and as "default" (or any scope twice): ListMemories' first page,
+    read from each scope's newest ids, held each memory once per naming (probe: 8 entries
+    for 6 memories)."""
+    stub = tenant_a.memory()
+    for i in range(6):
+        stub.CreateMemory(
+            pb.CreateMemoryRequest(memory=memory_pb2.Memory(content=f"note number {i}")),
+            metadata=tenant_a.md,
+            timeout=10,
+        )
+    workspace = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_WORKSPACE)
+    named = common_pb2.Scope(kind=common_pb2.SCOPE_KIND_WORKSPACE, id="default")
+    for scopes in ([workspace, workspace], [workspace, named]):
+        listed, token = [], ""
+        while True:
+            page = stub.ListMemories(
+                pb.ListMemoriesRequest(
+                    filter=memory_pb2.MemoryFilter(scopes=scopes), page_size=4, page_token=token
+                ),
+                metadata=tenant_a.md,
+                timeout=10,
+            )
+            listed += [m.content for m in page.memories]
+            if not (token := page.next_page_token):
+                break
+        assert sorted(listed) == [f"note number {i}" for i in range(6)]

@@ -4,7 +4,8 @@ place that knows both shapes."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
@@ -78,6 +79,9 @@ def struct_to_dict(s: struct_pb2.Struct, field: str) -> dict[str, Any]:
     except ValueError:  # NaN or an infinity: JSON has no spelling for them
         raise InvalidArgument(field, "numbers must be finite (JSON has no NaN or Infinity)") from None
     return d
+
+
+T = TypeVar("T")
 
 
 def dict_to_struct(d: dict[str, Any]) -> struct_pb2.Struct:
@@ -286,15 +290,21 @@ def filter_from_pb(msg: Message, name: str = "filter") -> MemoryFilter:
     if not msg.HasField(name):
         return MemoryFilter()
     f: memory_pb2.MemoryFilter = getattr(msg, name)
+    # Each value once (dict.fromkeys keeps the order): a scope named twice, or the workspace
+    # as "" and as "default", listed its memories twice on ListMemories' first page (probe).
     return MemoryFilter(
-        scopes=tuple(scope_from_pb(s, f"{name}.scopes[{i}]") for i, s in enumerate(f.scopes)),
-        types=tuple(
+        scopes=_once(scope_from_pb(s, f"{name}.scopes[{i}]") for i, s in enumerate(f.scopes)),
+        types=_once(
             memory_type_from_pb(t, f"{name}.types[{i}]", default=None) for i, t in enumerate(f.types)
         ),
         # As a category is stored, so "Ops" finds what was created as "Ops" (stored "ops").
-        categories=tuple(sanitize_category(c) for c in f.categories),
+        categories=_once(sanitize_category(c) for c in f.categories),
         create_time=time_range_from_pb(f, "create_time", name),
         event_time=time_range_from_pb(f, "event_time", name),
         pinned_only=f.pinned_only,
-        source_session_ids=tuple(f.source_session_ids),
+        source_session_ids=_once(f.source_session_ids),
     )
+
+
+def _once(values: Iterable[T]) -> tuple[T, ...]:
+    return tuple(dict.fromkeys(values))

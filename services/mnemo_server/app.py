@@ -59,6 +59,9 @@ def _maintenance_level(seconds: float) -> int:
     return logging.INFO if seconds >= 1.0 else logging.DEBUG
 
 
+# The first retention sweep after start, once warm-up's own work has settled.
+RETENTION_FIRST_AFTER_S = 60.0
+
 META_MODEL = "embedding_model"
 META_DIMENSION = "embedding_dimension"
 # What the model's files held (embed/fingerprint.py); absent in stores from before it.
@@ -528,7 +531,11 @@ class MnemoServer:
         self.scheduler.add("reconcile", cfg.index.reconcile_interval_s, core.indexer.reconcile)
         self.scheduler.add("optimize", cfg.index.optimize_interval_s, core.optimize_dirty)
         self.scheduler.add("index_residency", cfg.index.optimize_interval_s, core.index.trim)
-        self.scheduler.add("retention", cfg.retention.interval_s, core.retention.sweep)
+        # Soon after start too: a sweep only every interval_s (6 h) after start never came
+        # for a server restarted more often, and windows were overrun by up to that (probe).
+        self.scheduler.add(
+            "retention", cfg.retention.interval_s, core.retention.sweep, first_after_s=RETENTION_FIRST_AFTER_S
+        )
         self.scheduler.add("access_counts", cfg.ranking.access_flush_interval_s, core.access_counts.flush)
         self.scheduler.start()
         try:

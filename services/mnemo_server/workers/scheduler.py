@@ -15,6 +15,8 @@ class PeriodicJob:
     name: str
     interval_s: float
     run: Callable[[], object]
+    # The first run this long after start (default: a whole interval).
+    first_after_s: float | None = None
     runs: int = 0
     failures: int = 0
     last_error: str = ""
@@ -26,8 +28,10 @@ class Scheduler:
         self.jobs: list[PeriodicJob] = []
         self._stop = threading.Event()
 
-    def add(self, name: str, interval_s: float, run: Callable[[], object]) -> PeriodicJob:
-        job = PeriodicJob(name, interval_s, run)
+    def add(
+        self, name: str, interval_s: float, run: Callable[[], object], first_after_s: float | None = None
+    ) -> PeriodicJob:
+        job = PeriodicJob(name, interval_s, run, first_after_s)
         self.jobs.append(job)
         return job
 
@@ -41,7 +45,9 @@ class Scheduler:
                 job._thread.start()
 
     def _loop(self, job: PeriodicJob) -> None:
-        while not self._stop.wait(job.interval_s):
+        wait = job.interval_s if job.first_after_s is None else min(job.first_after_s, job.interval_s)
+        while not self._stop.wait(wait):
+            wait = job.interval_s
             try:
                 job.run()
                 job.runs += 1

@@ -147,8 +147,8 @@ class MemoryServiceServicer:
     def GetMemoryHistory(self, request, context):
         """What happened to a memory, oldest first: its creation (by whom, why), updates (which
         fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
-        a deleted memory, and by id for a purged one while its history is kept
-        (retention.history_days).
+        a deleted memory, and by id for a purged one while its history is kept (each entry
+        retention.history_days after it was written).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

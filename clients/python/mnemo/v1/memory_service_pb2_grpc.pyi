@@ -51,8 +51,8 @@ class MemoryServiceStub:
     GetMemoryHistory: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryHistoryRequest, _memory_service_pb2.GetMemoryHistoryResponse]
     """What happened to a memory, oldest first: its creation (by whom, why), updates (which
     fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
-    a deleted memory, and by id for a purged one while its history is kept
-    (retention.history_days).
+    a deleted memory, and by id for a purged one while its history is kept (each entry
+    retention.history_days after it was written).
     """
     ListMemories: _grpc.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoriesRequest, _memory_service_pb2.ListMemoriesResponse]
     """Newest first: the most recently stored (created or imported) first. An update does not
@@ -130,8 +130,8 @@ class MemoryServiceAsyncStub(MemoryServiceStub):
     GetMemoryHistory: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.GetMemoryHistoryRequest, _memory_service_pb2.GetMemoryHistoryResponse]  # type: ignore[assignment]
     """What happened to a memory, oldest first: its creation (by whom, why), updates (which
     fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
-    a deleted memory, and by id for a purged one while its history is kept
-    (retention.history_days).
+    a deleted memory, and by id for a purged one while its history is kept (each entry
+    retention.history_days after it was written).
     """
     ListMemories: _aio.UnaryUnaryMultiCallable[_memory_service_pb2.ListMemoriesRequest, _memory_service_pb2.ListMemoriesResponse]  # type: ignore[assignment]
     """Newest first: the most recently stored (created or imported) first. An update does not
@@ -230,8 +230,8 @@ class MemoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_memory_service_pb2.GetMemoryHistoryResponse, _abc.Awaitable[_memory_service_pb2.GetMemoryHistoryResponse]]:
         """What happened to a memory, oldest first: its creation (by whom, why), updates (which
         fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
-        a deleted memory, and by id for a purged one while its history is kept
-        (retention.history_days).
+        a deleted memory, and by id for a purged one while its history is kept (each entry
+        retention.history_days after it was written).
         """
 
     @_abc_1.abstractmethod

@@ -7838,8 +7838,8 @@ export const MemoryServiceService = {
   /**
    * What happened to a memory, oldest first: its creation (by whom, why), updates (which
    * fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
-   * a deleted memory, and by id for a purged one while its history is kept
-   * (retention.history_days).
+   * a deleted memory, and by id for a purged one while its history is kept (each entry
+   * retention.history_days after it was written).
    */
   getMemoryHistory: {
     path: "/mnemo.v1.MemoryService/GetMemoryHistory" as const,
@@ -8030,8 +8030,8 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
   /**
    * What happened to a memory, oldest first: its creation (by whom, why), updates (which
    * fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
-   * a deleted memory, and by id for a purged one while its history is kept
-   * (retention.history_days).
+   * a deleted memory, and by id for a purged one while its history is kept (each entry
+   * retention.history_days after it was written).
    */
   getMemoryHistory: handleUnaryCall<GetMemoryHistoryRequest, GetMemoryHistoryResponse>;
   /**
@@ -8157,8 +8157,8 @@ export interface MemoryServiceClient extends Client {
   /**
    * What happened to a memory, oldest first: its creation (by whom, why), updates (which
    * fields), deletion or purge, and the server's own decisions (pruned past a cap). Also for
-   * a deleted memory, and by id for a purged one while its history is kept
-   * (retention.history_days).
+   * a deleted memory, and by id for a purged one while its history is kept (each entry
+   * retention.history_days after it was written).
    */
   getMemoryHistory(
     request: GetMemoryHistoryRequest,

@@ -553,7 +553,12 @@ class MnemoServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self.grpc.stop(self.config.server.shutdown_grace_s if grace_s is None else grace_s)
+        # Past the grace, CreateMemory/UpdateMemory calls waiting for the index answer
+        # PENDING: they held the stop ~30 s (index.max_wait_for_index_s), whatever the grace.
+        self.grpc.stop(
+            self.config.server.shutdown_grace_s if grace_s is None else grace_s,
+            on_calls_cancelled=self.core.indexer.release_waiters,
+        )
         self.lock_wait.stop()
         self.scheduler.stop()
         self.core.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -10,7 +13,7 @@ from google.protobuf import field_mask_pb2, struct_pb2, timestamp_pb2
 
 from mnemo.v1 import common_pb2, memory_pb2
 from mnemo.v1 import memory_service_pb2 as pb
-from tests.conftest import TenantClient, error_info
+from tests.conftest import LiveServer, TenantClient, error_info, provision
 
 
 def _mem(content: str, **kw: object) -> memory_pb2.Memory:
@@ -487,3 +490,43 @@ def test_a_scope_named_twice_in_a_filter_lists_each_memory_once(tenant_a: Tenant
             if not (token := page.next_page_token):
                 break
         assert sorted(listed) == [f"note number {i}" for i in range(6)]
+
+
+def test_calls_waiting_for_the_index_do_not_hold_an_orderly_stop_past_its_grace(
+    start_server: Callable[..., LiveServer],
+) -> None:
+    """CreateMemory with wait_for_index waited up to index.max_wait_for_index_s (30 s) when
+    the server stopped, whatever server.shutdown_grace_s said (shutdown probe: a stop with
+    a 3 s grace took 30 s). Past the grace, such waits end."""
+    live = start_server()
+    t = TenantClient(provision(live, "t"), live.channel())
+    assert live.server.core.indexer.stop()  # nothing gets indexed: the creates wait
+    answers: list[object] = []
+
+    def create(i: int) -> None:
+        try:
+            answers.append(
+                t.memory().CreateMemory(
+                    pb.CreateMemoryRequest(
+                        memory=memory_pb2.Memory(content=f"waits for the index {i}"), wait_for_index=True
+                    ),
+                    metadata=t.md,
+                    timeout=60,
+                )
+            )
+        except grpc.RpcError as err:
+            answers.append(err.code())
+
+    callers = [threading.Thread(target=create, args=(i,)) for i in range(3)]
+    for c in callers:
+        c.start()
+    time.sleep(1.0)  # the three are written and waiting
+    started = time.monotonic()
+    live.server.stop(grace_s=0.5)
+    took = time.monotonic() - started
+    for c in callers:
+        c.join(10)
+    # The grace, gRPC's second, and the handlers returning: no 5 s wait for them to let go
+    # (after which the stores were closed under them, and the process could not exit).
+    assert took < 4.0, took
+    assert len(answers) == 3

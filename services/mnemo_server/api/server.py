@@ -9,6 +9,7 @@ import ipaddress
 import socket
 import ssl
 import sys
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -280,9 +281,12 @@ class GrpcServer:
         for name in ["", *self.service_names]:
             self.health.set(name, status)
 
-    def stop(self, grace_s: float) -> None:
+    def stop(self, grace_s: float, on_calls_cancelled: Callable[[], object] | None = None) -> None:
         """NOT_SERVING, refuse new calls, let in-flight ones finish within the grace period,
-        then wait (a little longer) for handlers of cancelled calls to return."""
+        then wait (a little longer) for handlers of cancelled calls to return, once
+        `on_calls_cancelled` has told what they may be waiting on to let them go."""
         self.set_serving(False)
         self.server.stop(grace_s).wait(grace_s + 1.0)
+        if on_calls_cancelled is not None:
+            on_calls_cancelled()
         self.interceptor.wait_idle(grace_s + 5.0)

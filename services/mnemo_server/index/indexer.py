@@ -88,6 +88,7 @@ class IndexWorker:
         self._queued_lock = threading.Lock()
         self._waiters: dict[Key, list[threading.Event]] = defaultdict(list)
         self._waiters_lock = threading.Lock()
+        self._released = threading.Event()  # see release_waiters
         self._wait_slots = threading.Semaphore(cfg.max_index_waits)
         self._idle = threading.Condition()
         self._busy = 0
@@ -140,10 +141,21 @@ class IndexWorker:
                 ]
                 if not waiting:
                     return True
+                if self._released.is_set():  # the server stops: answered as not yet indexed
+                    return False
                 if not all(events[i].wait(max(0.0, deadline - time.monotonic())) for i in waiting):
                     return False
             finally:
                 self._unregister(tenant_id, events)
+
+    def release_waiters(self) -> None:
+        """Let every call waiting for its memories to be indexed go at once, now and from
+        now on (the server is stopping: they answer PENDING)."""
+        self._released.set()
+        with self._waiters_lock:
+            waiting = [ev for events in self._waiters.values() for ev in events]
+        for ev in waiting:
+            ev.set()
 
     def _register(self, tenant_id: str, ids: Sequence[str]) -> dict[str, threading.Event]:
         events = {i: threading.Event() for i in ids}

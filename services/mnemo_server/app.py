@@ -173,6 +173,10 @@ def check_model_identity(db: Database, model: ModelIdentity) -> None:
         )
 
 
+class StartCancelled(Exception):
+    """MnemoServer.start was told to stop before it served."""
+
+
 class Core:
     """Stores, models and domain services: everything but the network."""
 
@@ -519,12 +523,19 @@ class MnemoServer:
     def port(self) -> int:
         return self.grpc.port
 
-    def start(self) -> int:
+    def start(self, cancelled: Callable[[], bool] = lambda: False) -> int:
+        """Warm up and serve; the port. StartCancelled, having served nothing, once
+        `cancelled()` is true between the stages (a SIGTERM during warm-up was answered by
+        binding the port, reporting SERVING and only then stopping; shutdown probe)."""
         core = self.core
         if not self.config.auth.enabled:
             core.tenants.ensure_tenant(self.config.auth.local_tenant)
         core.check_index_at_start()
-        core.warm_up()
+        if not cancelled():
+            core.warm_up()
+        if cancelled():
+            self.stop(0.0)
+            raise StartCancelled("stopped before serving")
         core.indexer.start()
         core.delivery.start()
         cfg = self.config

@@ -731,3 +731,32 @@ def _cmdline(proc: Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_a_server_stopped_while_it_warms_up_never_serves_and_drops_a_stale_port_file(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """A SIGTERM during warm-up was answered by binding the port, reporting SERVING and
+    writing the port file, then stopping; and the port file a kill -9 left named a dead
+    port all through the next start (shutdown probe)."""
+    port_file = tmp_path / "port"
+    port_file.write_text("41975")  # what a server killed -9 left
+    proc = subprocess.Popen(
+        [*MNEMO, "serve", "--data-dir", str(tmp_path / "d"), "--port", "0", "--port-file", str(port_file)],
+        env=base_env(model_cache, MNEMO_AUTH__ENABLED="false"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while port_file.exists():  # withdrawn before warm-up
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "stopped before serving" in err and "serving on" not in err, err
+    assert not port_file.exists()

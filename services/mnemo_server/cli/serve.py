@@ -13,7 +13,7 @@ from typing import NoReturn
 import click
 
 from mnemo_server.api.server import announce_listening, is_loopback, withdraw_port_file
-from mnemo_server.app import MnemoServer
+from mnemo_server.app import MnemoServer, StartCancelled
 from mnemo_server.cli.common import build_config, config_options
 from mnemo_server.config import Config
 from mnemo_server.errors import FailedPrecondition
@@ -60,7 +60,15 @@ def run_until_signalled(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    port = server.start()
+    if port_file is not None:
+        # Left by a server killed -9: it named a port nothing served while this one warmed
+        # up, and a supervisor waiting for the file took a starting server for a serving one.
+        port_file.unlink(missing_ok=True)
+    try:
+        port = server.start(cancelled=stop.is_set)
+    except StartCancelled:
+        click.echo("mnemo stopped before serving", err=True)
+        return
     refreezer: HeapRefreezer | None = None
     if server.config.server.gc_freeze_after_warm_up:
         freeze_warm_heap()

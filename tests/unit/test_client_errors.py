@@ -46,3 +46,19 @@ def test_load_shedding_refusals_are_transient_and_others_are_not(reason: str, tr
     """A stream refused while others of the tenant run passes once one ends, yet was not
     transient (an export sent again 0.3 s later succeeded: client probe)."""
     assert MnemoError(grpc.StatusCode.RESOURCE_EXHAUSTED, "refused", reason).transient is transient
+
+
+@pytest.mark.parametrize(
+    ("code", "transient"),
+    [
+        (grpc.StatusCode.CANCELLED, True),
+        (grpc.StatusCode.UNAVAILABLE, True),
+        (grpc.StatusCode.INVALID_ARGUMENT, False),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, False),
+    ],
+)
+def test_a_call_a_stopping_server_cancelled_is_transient(code: grpc.StatusCode, transient: bool) -> None:
+    """A server that stops ends the calls not yet handed to a handler with CANCELLED (gRPC
+    core); this client never cancels a unary call itself, so it is retried like
+    UNAVAILABLE (shutdown probe: 10 errors at one restart under load)."""
+    assert MnemoError(code, "x").transient is transient

@@ -42,7 +42,10 @@ SCOPE_KINDS = {
     "workspace": common_pb2.SCOPE_KIND_WORKSPACE,
 }
 
-_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED})
+# CANCELLED too: this client never cancels a unary call of its own, and a server that
+# stops ends the calls it has not yet handed to a handler with CANCELLED (gRPC core,
+# grpc/grpc#41785), which agents saw as errors at every restart under load (probe).
+_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
 # RESOURCE_EXHAUSTED is retried only as load shedding, told by the ErrorInfo reason Mnemo sets
 # on it (the sidecar's admission gate, the server's compute queue). The others do not pass in
 # a retry's second: Mnemo's STORAGE_FULL lasts until space is freed, and gRPC's own (a message

@@ -59,10 +59,16 @@ class Supervisor:
     def start(self) -> None:
         self._thread.start()
 
+    def halt(self) -> None:
+        """Start nothing from now on, without waiting (from a signal handler: a Ctrl-C
+        reaches the whole process group, and the sidecar that ended of it was started
+        again while `mnemo up` drained its server; shutdown probe)."""
+        self._stopping.set()
+
     def stop(self, timeout_s: float = 2.0) -> None:
         """No start after this returns (one under way is not waited for past timeout_s: its
         process watches this one's and ends with it)."""
-        self._stopping.set()
+        self.halt()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -41,13 +42,20 @@ PARENT_PID = click.option(
 
 
 def run_until_signalled(
-    server: MnemoServer, port_file: Path | None = None, parent_pid: int | None = None
+    server: MnemoServer,
+    port_file: Path | None = None,
+    parent_pid: int | None = None,
+    on_signal_received: Callable[[], object] | None = None,
 ) -> None:
+    """Serve until SIGTERM/SIGINT (or a failed store); `on_signal_received` runs at once
+    from the signal handler, before the drain."""
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s; draining", signal.Signals(signum).name)
         stop.set()
+        if on_signal_received is not None:
+            on_signal_received()
 
     # The watcher holds this event, not the server: a thread holding the server would keep
     # its DuckDB objects alive past the interpreter's last collection (nanobind reports leaks).
@@ -250,7 +258,9 @@ def up(
             )
             supervisor.start()
         click.echo(f"mnemo up: data in {data_dir.resolve()}, local mode (no API key needed)", err=True)
-        run_until_signalled(MnemoServer(cfg), port_file, parent_pid)
+        run_until_signalled(
+            MnemoServer(cfg), port_file, parent_pid, supervisor.halt if supervisor is not None else None
+        )
     finally:
         if supervisor is not None:
             supervisor.stop()

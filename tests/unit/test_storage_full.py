@@ -79,3 +79,24 @@ def test_a_full_disk_behind_another_error_is_found_in_its_chain() -> None:
 )
 def test_other_failures_stay_internal(exc: BaseException) -> None:
     assert storage_full(exc, "abc123") is None
+
+
+def test_duckdbs_memory_limit_reached_is_a_retryable_refusal_not_an_internal_error() -> None:
+    """Concurrent exports of large memories passed storage.duckdb_memory_limit, and their
+    calls, and another tenant's lists, failed INTERNAL (fairness probe)."""
+    db = duckdb.connect()
+    db.execute("SET memory_limit = '8MB'")
+    db.execute("SET threads = 1")
+    try:
+        db.execute("SELECT i, repeat('x', 2000) AS t FROM range(200000) r(i) ORDER BY t, i").fetchall()
+    except duckdb.OutOfMemoryException as exc:
+        try:
+            raise RuntimeError("while reading a page") from exc
+        except RuntimeError as wrapped:
+            found = storage_full(wrapped, "abc123")
+    else:
+        raise AssertionError("the query fit in 8 MB")
+    finally:
+        db.close()
+    assert found is not None and found.reason == "STORE_MEMORY_LIMIT"
+    assert "retry" in found.message and found.metadata == {"incident": "abc123"}

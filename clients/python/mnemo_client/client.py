@@ -50,7 +50,9 @@ _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, gr
 # on it (the sidecar's admission gate, the server's compute queue). The others do not pass in
 # a retry's second: Mnemo's STORAGE_FULL lasts until space is freed, and gRPC's own (a message
 # or trailers past a limit, which carry no reason) come back the same on every attempt.
-_SHED_REASONS = frozenset({"SIDECAR_OVERLOADED", "COMPUTE_QUEUE_FULL", "TOO_MANY_STREAMS"})
+_SHED_REASONS = frozenset(
+    {"SIDECAR_OVERLOADED", "COMPUTE_QUEUE_FULL", "TOO_MANY_STREAMS", "STORE_MEMORY_LIMIT"}
+)
 
 
 class MnemoError(Exception):

@@ -3,6 +3,7 @@ ErrorInfo (UPPER_SNAKE reason, domain, metadata) always, BadRequest for field vi
 
 from __future__ import annotations
 
+import duckdb
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -106,9 +107,19 @@ def internal_status(incident: str) -> grpc.Status:
 
 
 def storage_full(exc: BaseException, incident: str) -> errors.ResourceExhausted | None:
-    """The error for a call that failed because the server's disk is full, else None. A
-    client can tell it from a bug (INTERNAL) and retry once space is freed: the write that
+    """The error for a call that failed because the server's disk is full, or DuckDB's
+    memory limit was reached, else None. A client can tell it from a bug (INTERNAL) and
+    retry: once space is freed, or once the queries beside it are done. The write that
     failed was rolled back (a streamed import keeps the batches committed before it)."""
+    if _store_out_of_memory(exc):
+        # Queries of several calls at once past storage.duckdb_memory_limit (probe: four
+        # exports of large memories, and another tenant's exports and lists failed INTERNAL).
+        return errors.ResourceExhausted(
+            "the store's memory limit was reached by the queries running at once; retry "
+            f"shortly (incident {incident})",
+            reason="STORE_MEMORY_LIMIT",
+            metadata={"incident": incident},
+        )
     if not errors.is_storage_full(exc):
         return None
     return errors.ResourceExhausted(
@@ -117,3 +128,12 @@ def storage_full(exc: BaseException, incident: str) -> errors.ResourceExhausted 
         reason="STORAGE_FULL",
         metadata={"incident": incident},
     )
+
+
+def _store_out_of_memory(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, duckdb.OutOfMemoryException):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

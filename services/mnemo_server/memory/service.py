@@ -480,7 +480,7 @@ class MemoryService:
         )
         done, after = 0, 0
         while True:
-            rows = memory_repo.scan(
+            rows, last = memory_repo.scan(
                 self.db.reader(),
                 tenant_id,
                 f,
@@ -489,11 +489,11 @@ class MemoryService:
                 through_seq=through,
                 limit=batch_size,
             )
-            if not rows:
+            if last == after:  # no row left
                 if done == 0:
                     yield [], 0, total
                 return
-            after = rows[-1].seq
+            after = last
             while rows:  # in messages a client takes
                 fits = fitting(rows, memory_bytes, self._largest)
                 done += fits

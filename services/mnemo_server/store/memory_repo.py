@@ -542,16 +542,24 @@ def scan(
     after_seq: int,
     through_seq: int,
     limit: int,
-) -> list[Memory]:
-    """Oldest first, numbered after after_seq and up to through_seq (exports)."""
+) -> tuple[list[Memory], int]:
+    """Oldest first, numbered after after_seq and up to through_seq (exports); and the
+    number of the last one looked at, for the next batch to start after. The batch's ids are
+    ordered first and its rows read by id: sorting whole rows took DuckDB ~128 MiB a batch of
+    60 KB memories, and four exports at once passed its memory limit (probe)."""
     where = _filter_where(tenant_id, f, include_deleted=include_deleted)
     where.add("seq > ?", after_seq)
     where.add("seq <= ?", through_seq)
-    rows = cur.execute(
-        f"SELECT {SELECT_COLUMNS} FROM memories WHERE {where.sql()} ORDER BY seq LIMIT ?",
+    keys = cur.execute(
+        f"SELECT id, seq FROM memories WHERE {where.sql()} ORDER BY seq LIMIT ?",
         [*where.params, limit],
     ).fetchall()
-    return [_decode(r) for r in rows]
+    if not keys:
+        return [], after_seq
+    found = get_many(cur, tenant_id, [k[0] for k in keys])
+    # A row deleted or purged between the two reads is left out as the filter says.
+    rows = [m for i, _ in keys if (m := found.get(i)) is not None and (include_deleted or not m.deleted)]
+    return rows, int(keys[-1][1])
 
 
 _LARGEST_SEQ = "SELECT coalesce(max(seq), 0) FROM memories WHERE tenant_id = ?"

@@ -90,7 +90,8 @@ class StorageConfig:
     data_dir: str = "./mnemo-data"
     # DuckDB's buffer pool would otherwise grow to 80% of RAM; the store needs far less.
     duckdb_memory_limit: str = "512MB"
-    # Memory rows kept in memory for Recall's and StartSession's reads (~0.6 KB each; 0: none).
+    # Memory rows kept in memory for Recall's and StartSession's reads (~0.6 KB each, rows
+    # over 4 KB are not kept; 0: none).
     # Reading rows by id from DuckDB costs ~0.4 ms a row at 100k (see store/row_cache.py).
     row_cache_rows: int = 120_000
     # Each scope's newest live ids kept in memory (store/recent_ids.py) for StartSession's

@@ -492,6 +492,20 @@ def test_a_row_marshal_cannot_write_is_not_cached() -> None:
     assert cache.stats().fills_skipped == 1
 
 
+def test_a_large_row_is_read_from_duckdb_not_kept(tmp_path: Path) -> None:
+    """The cache is bounded by rows: a tenant's memories of 20,000 characters took the
+    server ~1.6 GB past its size for 4,000 of them (fairness probe). A row packed past
+    MAX_PACKED_BYTES is not kept, and reads of it still answer from DuckDB."""
+    db = Database(tmp_path / "d.duckdb", rows=memory_repo.new_row_cache(1000))
+    big = replace(stored_memory(0, 0), id="big", content="界" * 20_000, content_hash="hbig")
+    with db.transaction() as cur:
+        memory_repo.insert_many(cur, [(stored_memory(1, 1), "memory 1"), (big, big.content)], db.stored)
+    read = memory_repo.read_many(db.reader(), db.rows, "t", ["m1", "big"])
+    assert read["big"].content == big.content and read["m1"].content == "memory 1"
+    assert db.rows.lookup("t", ["m1", "big"])[1] == ["big"]
+    db.close()
+
+
 def test_a_tenant_drop_leaves_a_tenant_whose_name_starts_alike() -> None:
     cache = RowCache(100, id_column=1)
     cache.fill("t", [_row("m1")], cache.generation())

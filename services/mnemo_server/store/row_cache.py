@@ -313,10 +313,15 @@ class _Packing:
     shared ones, which are replaced by the number of their combination (a bench row's eight
     repeat across all rows). Combinations are numbered up to MAX_COMBINATIONS; a row with a
     new one past that carries its shared values itself, so numbers are never reused and a
-    packed row never changes meaning. A row marshal cannot write (no such column type today)
-    is not cached."""
+    packed row never changes meaning. A row marshal cannot write (no such column type today),
+    or one packed past MAX_PACKED_BYTES, is not cached."""
 
     MAX_COMBINATIONS = 4096
+    # A row packed larger is not cached (read from DuckDB each time): the cache is bounded by
+    # rows, and a tenant's memories of 20,000 characters took it, and the server, ~1.6 GB
+    # past its size for 4,000 rows (fairness probe); this keeps it under ~470 MiB at the
+    # default 120,000 rows, where typical rows pack to ~0.6 KB.
+    MAX_PACKED_BYTES = 4096
 
     def __init__(self, width: int, id_column: int, shared: frozenset[int]):
         self.width = width
@@ -346,9 +351,10 @@ class _Packing:
                     number = self._numbers[shared] = len(self._combinations) - 1
         own = tuple(row[i] for i in self._own)
         try:
-            return marshal.dumps((own, shared if number is None else number))
+            packed = marshal.dumps((own, shared if number is None else number))
         except ValueError:
             return None
+        return packed if len(packed) <= self.MAX_PACKED_BYTES else None
 
     def unpack(self, mid: str, packed: bytes) -> Row:
         own, shared = marshal.loads(packed)

@@ -155,10 +155,10 @@ def parse_mix(text: str, known: list[str]) -> tuple[tuple[str, float], ...]:
 @click.command()
 @click.option(
     "--memories",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=0),
     default=100_000,
     show_default=True,
-    help="Memories loaded first.",
+    help="Memories loaded first (0: the mix runs on what the server holds).",
 )
 @click.option(
     "--concurrency",
